@@ -1,0 +1,169 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// CallerSpec declares a caller harness: a program that submits HCP tasks and
+// consumes their event streams.
+type CallerSpec struct {
+	// callerID is the caller's protocol id (its event queue is
+	// hcp.evt.{callerID}, bound with {callerID}.#). Defaults to metadata.name;
+	// immutable.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`
+	CallerID string `json:"callerID,omitempty"`
+
+	// broker the caller connects to. Immutable.
+	// +optional
+	// +kubebuilder:default={vhost: "/hcp"}
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.broker is immutable; delete and recreate the Caller to move it"
+	Broker BrokerSpec `json:"broker,omitempty"`
+
+	// eventQueue sets TTL and limits of the quorum queue hcp.evt.{callerID}.
+	// +optional
+	// +kubebuilder:default={}
+	EventQueue EventQueueSpec `json:"eventQueue,omitempty"`
+
+	// consumer tunes the event consumer.
+	// +optional
+	// +kubebuilder:default={}
+	Consumer ConsumerSpec `json:"consumer,omitempty"`
+
+	// harness, when set, deploys the caller app with the hcp-sidecar in
+	// caller mode. Without it the Caller is external: the operator issues its
+	// broker credentials Secret for a program outside the cluster.
+	// +optional
+	Harness *HarnessSpec `json:"harness,omitempty"`
+
+	// sidecar tunes the injected hcp-sidecar (with a harness only).
+	// +optional
+	Sidecar SidecarSpec `json:"sidecar,omitempty"`
+}
+
+// EventQueueSpec sets the event queue's TTL and length limits.
+// +kubebuilder:validation:XValidation:rule="!has(self.maxLengthBytes) || self.maxLengthBytes > 0",message="maxLengthBytes must be positive"
+type EventQueueSpec struct {
+	// messageTTL is x-message-ttl: events not consumed within it are stale
+	// and discarded (L1 recommends 24 hours).
+	// +optional
+	// +kubebuilder:default="PT24H"
+	MessageTTL ISO8601Duration `json:"messageTTL,omitempty"`
+
+	// maxLength is x-max-length.
+	// +optional
+	// +kubebuilder:default=100000
+	// +kubebuilder:validation:Minimum=1
+	MaxLength *int64 `json:"maxLength,omitempty"`
+
+	// maxLengthBytes is x-max-length-bytes.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxLengthBytes *int64 `json:"maxLengthBytes,omitempty"`
+
+	// overflow is x-overflow: drop-head (default, L1: discard the oldest) or
+	// reject-publish (the callee's publish is nacked and it retries).
+	// +optional
+	// +kubebuilder:default=drop-head
+	// +kubebuilder:validation:Enum=drop-head;reject-publish
+	Overflow string `json:"overflow,omitempty"`
+}
+
+// ConsumerSpec tunes the caller's event consumer.
+type ConsumerSpec struct {
+	// prefetch is basic.qos prefetch_count (L1: 1–100, recommended 10).
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Prefetch int32 `json:"prefetch,omitempty"`
+}
+
+// CallerStatus is the observed state of a Caller.
+type CallerStatus struct {
+	// observedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: TopologyReady, HarnessReady, Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// callerID in effect (spec.callerID or metadata.name).
+	// +optional
+	CallerID string `json:"callerID,omitempty"`
+
+	// vhost in effect.
+	// +optional
+	Vhost string `json:"vhost,omitempty"`
+
+	// eventQueue is the name of the caller's event queue.
+	// +optional
+	EventQueue string `json:"eventQueue,omitempty"`
+
+	// username is the caller's broker user (the AMQP user_id of its commands).
+	// +optional
+	Username string `json:"username,omitempty"`
+
+	// credentialsSecret holds the caller's connection details: username,
+	// password, vhost, and an amqp(s) URL when the broker address is known.
+	// +optional
+	CredentialsSecret string `json:"credentialsSecret,omitempty"`
+
+	// external is true when the Caller has no harness and runs outside the
+	// cluster with the credentials Secret.
+	// +optional
+	External bool `json:"external,omitempty"`
+
+	// readyReplicas is the number of caller harness pods ready.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+}
+
+// Caller is a caller harness (an agent or workflow that hands tasks to
+// callees), given its own event queue and broker user.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=hcpcaller;hcpcr,categories=hcp
+// +kubebuilder:printcolumn:name="ID",type=string,JSONPath=`.status.callerID`
+// +kubebuilder:printcolumn:name="Queue",type=string,JSONPath=`.status.eventQueue`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Secret",type=string,JSONPath=`.status.credentialsSecret`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.callerID) || self.metadata.name.matches('^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$')",message="metadata.name is not a valid caller id (lowercase letters, digits, '-' and '_', at most 63): set spec.callerID"
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.callerID) ? self.spec.callerID : self.metadata.name) == (has(oldSelf.spec.callerID) ? oldSelf.spec.callerID : oldSelf.metadata.name)",message="spec.callerID is immutable"
+type Caller struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec   CallerSpec   `json:"spec"`
+	Status CallerStatus `json:"status,omitempty"`
+}
+
+// ID returns the caller id in effect: spec.callerID or metadata.name.
+func (c *Caller) ID() string {
+	if c.Spec.CallerID != "" {
+		return c.Spec.CallerID
+	}
+	return c.Name
+}
+
+// +kubebuilder:object:root=true
+
+// CallerList contains a list of Caller.
+type CallerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Caller `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Caller{}, &CallerList{})
+}

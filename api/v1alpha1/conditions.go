@@ -1,0 +1,62 @@
+package v1alpha1
+
+// Condition types reported in status.conditions.
+const (
+	// ConditionReady summarises the object: true when everything it needs works.
+	ConditionReady = "Ready"
+	// ConditionTopologyReady is true when every topology-operator object
+	// (vhost, exchanges, queue, binding, user, permission) reports Ready.
+	ConditionTopologyReady = "TopologyReady"
+	// ConditionHarnessReady is true when the harness Deployment is available.
+	ConditionHarnessReady = "HarnessReady"
+	// ConditionRulesMatched is true when every rule of a CapabilityPolicy
+	// matches at least one Callee and one Caller.
+	ConditionRulesMatched = "RulesMatched"
+	// ConditionAbortRequested is set on an HCPSession once an abort reached it.
+	ConditionAbortRequested = "AbortRequested"
+)
+
+// Condition reasons.
+const (
+	ReasonReconciled            = "Reconciled"
+	ReasonReconcileFailed       = "ReconcileFailed"
+	ReasonIDConflict            = "IDConflict"
+	ReasonInvalidID             = "InvalidID"
+	ReasonBrokerNotConfigured   = "BrokerNotConfigured"
+	ReasonBrokerSecretNotFound  = "BrokerSecretNotFound"
+	ReasonBrokerSecretUnlabeled = "BrokerSecretUnlabeled"
+	ReasonBrokerSecretInvalid   = "BrokerSecretInvalid"
+	ReasonTopologyPending       = "TopologyPending"
+	ReasonTopologyFailed        = "TopologyFailed"
+	ReasonDeploymentAvailable   = "DeploymentAvailable"
+	ReasonDeploymentUnavailable = "DeploymentUnavailable"
+	ReasonDeploymentProgressing = "DeploymentProgressing"
+	ReasonNoHarness             = "NoHarness"
+	ReasonScaledToZero          = "ScaledToZero"
+	ReasonAllRulesMatched       = "AllRulesMatched"
+	ReasonRuleMatchesNothing    = "RuleMatchesNothing"
+	ReasonNoCalleesSelected     = "NoCalleesSelected"
+	ReasonInvalidSelector       = "InvalidSelector"
+)
+
+// Labels and annotations the operator sets or reads.
+const (
+	// LabelCallee marks objects belonging to a Callee (value: Callee name).
+	LabelCallee = "hcp.io/callee"
+	// LabelCaller marks objects belonging to a Caller (value: Caller name).
+	LabelCaller = "hcp.io/caller"
+	// LabelCalleeID is set on HCPSessions to the session's callee id.
+	LabelCalleeID = "hcp.io/callee-id"
+	// LabelCallerID is set on HCPSessions to the session's caller id.
+	LabelCallerID = "hcp.io/caller-id"
+	// LabelSessionState mirrors status.state on HCPSessions for selection.
+	LabelSessionState = "hcp.io/state"
+	// LabelVhostKey groups shared per-vhost objects (the two exchanges).
+	LabelVhostKey = "hcp.io/vhost-key"
+	// LabelManagedBy is app.kubernetes.io/managed-by.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// ManagedByValue is the value of LabelManagedBy on objects we create.
+	ManagedByValue = "hcp-operator"
+	// AnnotationConfigHash on the pod template rolls pods on config changes.
+	AnnotationConfigHash = "hcp.io/config-hash"
+)

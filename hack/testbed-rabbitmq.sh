@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Makes sure a RabbitMQ broker with the management plugin answers on localhost,
+# for envtest suites, the topology operator and the local stack.
+#
+#   running                 → enable rabbitmq_management (idempotent) and wait for it
+#   installed but stopped   → rabbitmq-server -detached, then as above
+#   not installed, root     → apt-get install rabbitmq-server, then as above
+#   otherwise               → explain and exit 1
+#
+# Also makes sure quorum queues can be declared (feature flags enabled; a probe
+# quorum queue is declared and deleted through the management API).
+# Idempotent and cheap when everything is already in place (HTTP checks only).
+# Prints the management URL on the last line of stdout.
+#
+# Environment:
+#   RABBITMQ_MANAGEMENT_URL  default http://127.0.0.1:15672
+#   RABBITMQ_USERNAME        default guest
+#   RABBITMQ_PASSWORD        default guest
+#   TESTBED_WAIT_SECONDS     bound for each wait, default 60
+set -euo pipefail
+
+url=${RABBITMQ_MANAGEMENT_URL:-http://127.0.0.1:15672}
+url=${url%/}
+user=${RABBITMQ_USERNAME:-guest}
+pass=${RABBITMQ_PASSWORD:-guest}
+wait_s=${TESTBED_WAIT_SECONDS:-60}
+# Debian installs the CLI tools in /usr/sbin, which a non-login shell may lack.
+export PATH="$PATH:/usr/sbin:/sbin"
+
+log() { echo "[testbed-rabbitmq] $*" >&2; }
+die() { echo "[testbed-rabbitmq] ERROR: $*" >&2; exit 1; }
+
+# api METHOD PATH [BODY]: prints the HTTP status code; the body goes to $api_body.
+api_body=$(mktemp)
+trap 'rm -f "$api_body"' EXIT
+api() {
+  local args=(-sS -o "$api_body" -w '%{http_code}' --max-time 10 -u "$user:$pass" -X "$1")
+  if [ $# -ge 3 ]; then args+=(-H 'content-type: application/json' --data "$3"); fi
+  curl "${args[@]}" "$url$2" 2>/dev/null || true
+}
+
+management_up() { [ "$(api GET /api/overview)" = 200 ]; }
+
+quorum_enabled() {
+  [ "$(api GET /api/feature-flags)" = 200 ] &&
+    tr -d ' \n' <"$api_body" | grep -q '"name":"quorum_queue"[^}]*"state":"enabled"\|"state":"enabled"[^}]*"name":"quorum_queue"'
+}
+
+# Declares and deletes a quorum queue in the default vhost: the real proof.
+quorum_declarable() {
+  local q=hcp-testbed-probe-$$ code
+  code=$(api PUT "/api/queues/%2F/$q" '{"durable":true,"auto_delete":false,"arguments":{"x-queue-type":"quorum"}}')
+  case "$code" in
+    201|204) api DELETE "/api/queues/%2F/$q" >/dev/null; return 0 ;;
+    *) log "declaring a quorum queue failed: HTTP $code $(head -c 300 "$api_body")"; return 1 ;;
+  esac
+}
+
+ready() { management_up && quorum_enabled; }
+
+cli_ping() { command -v rabbitmq-diagnostics >/dev/null && timeout 30 rabbitmq-diagnostics -q ping >/dev/null 2>&1; }
+
+# wait_for WHAT CMD...: polls CMD every 2s until it succeeds or the bound passes.
+wait_for() {
+  local what=$1; shift
+  local deadline=$((SECONDS + wait_s))
+  until "$@"; do
+    if [ $SECONDS -ge $deadline ]; then return 1; fi
+    sleep 2
+  done
+  log "$what after $((SECONDS - start))s"
+}
+
+command -v curl >/dev/null || die "curl is required (apt-get install -y curl)"
+start=$SECONDS
+
+if ready && quorum_declarable; then
+  log "RabbitMQ management API answers at $url; quorum queues work"
+  echo "$url"
+  exit 0
+fi
+
+# Parallel test packages may all get here: one fixes the broker, the others wait and re-check.
+lock_dir=${XDG_CACHE_HOME:-$HOME/.cache}/hcp-operator
+mkdir -p "$lock_dir"
+exec 9>"$lock_dir/rabbitmq.lock"
+command -v flock >/dev/null && flock 9
+if ready && quorum_declarable; then
+  log "RabbitMQ management API answers at $url; quorum queues work"
+  echo "$url"
+  exit 0
+fi
+
+if ! command -v rabbitmq-server >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "rabbitmq-server is not installed; installing it from Debian (apt-get)"
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server >&2
+  else
+    die "RabbitMQ is not installed and this script cannot install it (needs root and apt-get).
+  Install it:  sudo apt-get install -y rabbitmq-server   (then re-run $0)
+  or point RABBITMQ_MANAGEMENT_URL at a broker with the management plugin enabled."
+  fi
+fi
+
+if ! cli_ping; then
+  if [ "$(id -u)" != 0 ] && [ "$(id -un)" != rabbitmq ]; then
+    die "RabbitMQ does not answer rabbitmq-diagnostics ping, and only root or the rabbitmq user can start it.
+  Start it:  sudo rabbitmq-server -detached   (then re-run $0)"
+  fi
+  log "RabbitMQ is installed but not running; starting it (rabbitmq-server -detached)"
+  # As root, Debian's wrapper switches to the rabbitmq user.
+  rabbitmq-server -detached >&2 || true
+  wait_for "RabbitMQ answers ping" cli_ping ||
+    die "RabbitMQ did not answer ping within ${wait_s}s; see /var/log/rabbitmq/ (startup_err, rabbit@*.log)"
+fi
+
+if ! management_up; then
+  log "enabling rabbitmq_management"
+  rabbitmq-plugins enable rabbitmq_management >&2 ||
+    die "rabbitmq-plugins enable rabbitmq_management failed"
+  wait_for "management API answers at $url" management_up || {
+    code=$(api GET /api/overview)
+    case "$code" in
+      401) die "management API at $url refuses $user (HTTP 401): the user is missing, has a different password, lacks the management tag, or (guest) the request did not come from localhost" ;;
+      000) die "management API did not answer at $url within ${wait_s}s (rabbitmq-plugins list -e; /var/log/rabbitmq/rabbit@*.log)" ;;
+      *) die "management API at $url answered HTTP $code: $(head -c 300 "$api_body")" ;;
+    esac
+  }
+fi
+
+if ! quorum_enabled; then
+  log "enabling all feature flags (quorum queues need quorum_queue)"
+  rabbitmqctl -q enable_feature_flag all >&2 || die "rabbitmqctl enable_feature_flag all failed"
+  wait_for "feature flag quorum_queue enabled" quorum_enabled ||
+    die "feature flag quorum_queue is still not enabled (rabbitmqctl list_feature_flags)"
+fi
+
+quorum_declarable || die "quorum queues cannot be declared on this broker"
+log "RabbitMQ management API answers at $url; quorum queues work ($((SECONDS - start))s)"
+echo "$url"

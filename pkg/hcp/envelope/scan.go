@@ -1,0 +1,294 @@
+package envelope
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+)
+
+// hardMaxDepth bounds nesting where no Decoder limit applies (Validate), so
+// the recursive scanner cannot be driven into a huge stack. It matches
+// encoding/json's own limit.
+const hardMaxDepth = 10000
+
+// smallObject is how many keys an object may have before duplicate
+// detection switches from a linear scan to a map, so a large object cannot
+// make the check quadratic.
+const smallObject = 16
+
+// scanner is a single-pass JSON validator (RFC 8259 grammar, as
+// encoding/json accepts it) that also bounds nesting depth and, when
+// checkDup is set, rejects objects with duplicate keys. It does not check
+// UTF-8: callers check the whole input first.
+//
+// It exists because encoding/json silently keeps the last of duplicate keys
+// and matches keys case-insensitively; both let a crafted message mean one
+// thing to this decoder and another to a different JSON parser.
+type scanner struct {
+	data     []byte
+	pos      int
+	maxDepth int
+	checkDup bool
+	// keys is a stack of the keys of the objects being scanned (raw bytes
+	// between the quotes, or the unescaped form when the key has escapes).
+	keys [][]byte
+}
+
+// dupKeyError is returned by the scanner for a duplicate object key.
+type dupKeyError struct {
+	key    string
+	offset int
+}
+
+func (e *dupKeyError) Error() string {
+	return "duplicate key " + quoteShort(e.key) + " at offset " + strconv.Itoa(e.offset)
+}
+
+func (s *scanner) syntaxErr(reason string) error {
+	return &SyntaxError{Offset: s.pos, Reason: reason}
+}
+
+func (s *scanner) skipWS() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value scans one JSON value starting at s.pos (no leading whitespace).
+// depth is the number of containers enclosing it.
+func (s *scanner) value(depth int) error {
+	if s.pos >= len(s.data) {
+		return s.syntaxErr("unexpected end of input, expected a value")
+	}
+	switch c := s.data[s.pos]; {
+	case c == '{':
+		return s.object(depth + 1)
+	case c == '[':
+		return s.array(depth + 1)
+	case c == '"':
+		_, err := s.str()
+		return err
+	case c == '-' || (c >= '0' && c <= '9'):
+		return s.number()
+	case c == 't':
+		return s.literal("true")
+	case c == 'f':
+		return s.literal("false")
+	case c == 'n':
+		return s.literal("null")
+	default:
+		return s.syntaxErr("invalid character " + strconv.QuoteRune(rune(c)) + " looking for a value")
+	}
+}
+
+func (s *scanner) literal(lit string) error {
+	if !bytes.HasPrefix(s.data[s.pos:], []byte(lit)) {
+		return s.syntaxErr("invalid literal, expected " + lit)
+	}
+	s.pos += len(lit)
+	return nil
+}
+
+func (s *scanner) digits() int {
+	n := 0
+	for s.pos < len(s.data) && s.data[s.pos] >= '0' && s.data[s.pos] <= '9' {
+		s.pos++
+		n++
+	}
+	return n
+}
+
+func (s *scanner) number() error {
+	if s.data[s.pos] == '-' {
+		s.pos++
+	}
+	switch {
+	case s.pos >= len(s.data):
+		return s.syntaxErr("unexpected end of input in number")
+	case s.data[s.pos] == '0':
+		s.pos++
+	case s.data[s.pos] >= '1' && s.data[s.pos] <= '9':
+		s.digits()
+	default:
+		return s.syntaxErr("invalid number")
+	}
+	if s.pos < len(s.data) && s.data[s.pos] == '.' {
+		s.pos++
+		if s.digits() == 0 {
+			return s.syntaxErr("invalid number: no digits after decimal point")
+		}
+	}
+	if s.pos < len(s.data) && (s.data[s.pos] == 'e' || s.data[s.pos] == 'E') {
+		s.pos++
+		if s.pos < len(s.data) && (s.data[s.pos] == '+' || s.data[s.pos] == '-') {
+			s.pos++
+		}
+		if s.digits() == 0 {
+			return s.syntaxErr("invalid number: no digits in exponent")
+		}
+	}
+	return nil
+}
+
+// str scans a string starting at the opening quote and reports whether it
+// contains escapes.
+func (s *scanner) str() (escaped bool, err error) {
+	s.pos++ // opening quote
+	for s.pos < len(s.data) {
+		c := s.data[s.pos]
+		switch {
+		case c == '"':
+			s.pos++
+			return escaped, nil
+		case c == '\\':
+			escaped = true
+			s.pos++
+			if s.pos >= len(s.data) {
+				return escaped, s.syntaxErr("unexpected end of input in string escape")
+			}
+			switch s.data[s.pos] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.pos++
+			case 'u':
+				s.pos++
+				for i := 0; i < 4; i++ {
+					if s.pos >= len(s.data) || !isHex(s.data[s.pos]) {
+						return escaped, s.syntaxErr("invalid \\u escape in string")
+					}
+					s.pos++
+				}
+			default:
+				return escaped, s.syntaxErr("invalid escape in string")
+			}
+		case c < 0x20:
+			return escaped, s.syntaxErr("control character in string")
+		default:
+			s.pos++
+		}
+	}
+	return escaped, s.syntaxErr("unexpected end of input in string")
+}
+
+func (s *scanner) array(depth int) error {
+	if depth > s.maxDepth {
+		return s.syntaxErr("nesting depth exceeds " + strconv.Itoa(s.maxDepth))
+	}
+	s.pos++ // '['
+	s.skipWS()
+	if s.pos < len(s.data) && s.data[s.pos] == ']' {
+		s.pos++
+		return nil
+	}
+	for {
+		s.skipWS()
+		if err := s.value(depth); err != nil {
+			return err
+		}
+		s.skipWS()
+		if s.pos >= len(s.data) {
+			return s.syntaxErr("unexpected end of input in array")
+		}
+		switch s.data[s.pos] {
+		case ',':
+			s.pos++
+		case ']':
+			s.pos++
+			return nil
+		default:
+			return s.syntaxErr("expected ',' or ']' in array")
+		}
+	}
+}
+
+func (s *scanner) object(depth int) error {
+	if depth > s.maxDepth {
+		return s.syntaxErr("nesting depth exceeds " + strconv.Itoa(s.maxDepth))
+	}
+	s.pos++ // '{'
+	s.skipWS()
+	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+		s.pos++
+		return nil
+	}
+	base := len(s.keys)
+	defer func() { s.keys = s.keys[:base] }()
+	var seen map[string]struct{} // only for large objects
+	for {
+		s.skipWS()
+		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+			return s.syntaxErr("expected a string object key")
+		}
+		start := s.pos
+		escaped, err := s.str()
+		if err != nil {
+			return err
+		}
+		if s.checkDup {
+			key := s.data[start+1 : s.pos-1]
+			if escaped {
+				key = []byte(unquote(s.data[start:s.pos]))
+			}
+			if seen != nil {
+				if _, dup := seen[string(key)]; dup {
+					return &dupKeyError{key: string(key), offset: start}
+				}
+				seen[string(key)] = struct{}{}
+			} else {
+				for _, k := range s.keys[base:] {
+					if bytes.Equal(k, key) {
+						return &dupKeyError{key: string(key), offset: start}
+					}
+				}
+				s.keys = append(s.keys, key)
+				if len(s.keys)-base > smallObject {
+					seen = make(map[string]struct{}, 2*smallObject)
+					for _, k := range s.keys[base:] {
+						seen[string(k)] = struct{}{}
+					}
+				}
+			}
+		}
+		s.skipWS()
+		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+			return s.syntaxErr("expected ':' after object key")
+		}
+		s.pos++
+		s.skipWS()
+		if err := s.value(depth); err != nil {
+			return err
+		}
+		s.skipWS()
+		if s.pos >= len(s.data) {
+			return s.syntaxErr("unexpected end of input in object")
+		}
+		switch s.data[s.pos] {
+		case ',':
+			s.pos++
+		case '}':
+			s.pos++
+			return nil
+		default:
+			return s.syntaxErr("expected ',' or '}' in object")
+		}
+	}
+}
+
+// unquote decodes a JSON string token that the scanner has already
+// validated. Invalid surrogate escapes become U+FFFD, as encoding/json does.
+func unquote(tok []byte) string {
+	if bytes.IndexByte(tok, '\\') < 0 {
+		return string(tok[1 : len(tok)-1])
+	}
+	var out string
+	if err := json.Unmarshal(tok, &out); err != nil {
+		// Unreachable for a validated token; keep the raw form so a
+		// caller still sees something meaningful.
+		return string(tok[1 : len(tok)-1])
+	}
+	return out
+}

@@ -1,0 +1,43 @@
+// Package task holds the L3 (safety and contract) and L4 (task) vocabulary of
+// HCP as this project designs it (see docs and DESIGN.md section 4; the HCP
+// specification has no L3/L4 document): risk levels R1–R5, data classes
+// T1–T4, rejection reason codes, ISO 8601 durations and UTC timestamps, and
+// the payloads of the task_submit, task_accepted, task_rejected,
+// task_completed, task_failed and abort messages.
+//
+// The package is plain Go with no Kubernetes imports so that the sidecar, the
+// operator and tests share one definition of the wire format.
+//
+// # Validation
+//
+// Every payload has a Validate method. It checks the payload on its own
+// (shape, formats, ranges); checks that need context (is the caller the one
+// the broker authenticated, does the capability exist, does a policy admit
+// it) belong to the L3 gate. Validate reports every problem it finds as a
+// [ValidationError], a list of [FieldError] values each naming the offending
+// JSON field (for example "constraints.max_duration"). All validation errors
+// match [ErrInvalid] with errors.Is, which maps to [ReasonMalformed].
+//
+// # Decisions where the design is silent
+//
+//   - Identifiers (caller_id, callee_id) follow the routing-key-safe id rule
+//     ^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$. Capability names may also contain
+//     '.', ':' and '/' (but never whitespace or the glob characters used by
+//     policy patterns) and are at most 253 characters.
+//   - Message and session ids are UUIDs in canonical lowercase form, version 4
+//     (L1 requires UUID v4 message ids; session ids are derived in v4 form).
+//   - constraints.data_classification is required: a task that does not say
+//     how sensitive its data is cannot be checked against a policy, and
+//     assuming T1 would be unsafe. max_duration, max_risk_level and deadline
+//     are optional (the callee's defaults and the policy apply).
+//   - inputs must be a JSON object (possibly empty). Binary data travels by
+//     URI only (L1). Validate rejects the one unambiguous form of inline
+//     binary, a base64 data: URI anywhere in inputs; it deliberately does not
+//     guess at base64-looking strings, which would reject legitimate tokens,
+//     hashes and ids. Artifact URIs may not use the data: scheme either.
+//   - output_format is optional and may be a JSON string (for example a media
+//     type) or a JSON object (for example a JSON Schema).
+//   - Unknown JSON fields are ignored (tolerant reader) so that newer peers
+//     can add fields.
+//   - Durations: see [ParseDuration]. Timestamps: see [Timestamp].
+package task
