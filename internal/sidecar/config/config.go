@@ -1,0 +1,152 @@
+// Package config is the contract between the operator, which renders the
+// hcp-sidecar container, and the sidecar, which reads it: environment
+// variable names, defaults and parsing. Both sides import it, so the pod spec
+// and the binary cannot drift apart.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Mode is the sidecar's role.
+type Mode string
+
+// Sidecar modes.
+const (
+	ModeCallee Mode = "callee"
+	ModeCaller Mode = "caller"
+)
+
+// Environment variables of the hcp-sidecar container.
+const (
+	EnvMode        = "HCP_MODE"          // callee or caller
+	EnvID          = "HCP_ID"            // callee or caller id
+	EnvObjectName  = "HCP_OBJECT_NAME"   // name of the Callee or Caller object
+	EnvNamespace   = "HCP_NAMESPACE"     // namespace (downward API)
+	EnvPodName     = "HCP_POD_NAME"      // pod name (downward API)
+	EnvVhost       = "HCP_VHOST"         // AMQP vhost
+	EnvAMQPURL     = "HCP_AMQP_URL"      // amqp(s)://user:pass@host:port/vhost, from the credentials Secret
+	EnvUsername    = "HCP_USERNAME"      // broker username (the user_id set on every publish)
+	EnvTokenKey    = "HCP_TOKEN_KEY"     // callee: PEM PKCS#8 Ed25519 private key, from the token Secret
+	EnvHarnessURL  = "HCP_HARNESS_URL"   // callee: base URL of the harness; caller: base URL of the app
+	EnvAPIAddr     = "HCP_API_ADDR"      // listen address of the local harness API
+	EnvProbeAddr   = "HCP_PROBE_ADDR"    // listen address of /healthz, /readyz, /metrics
+	EnvPrefetch    = "HCP_PREFETCH"      // basic.qos prefetch count
+	EnvHeartbeat   = "HCP_HEARTBEAT"     // AMQP heartbeat (Go duration)
+	EnvTLSCAFile   = "HCP_TLS_CA_FILE"   // CA bundle for amqps
+	EnvTLSCertFile = "HCP_TLS_CERT_FILE" // client certificate for amqps
+	EnvTLSKeyFile  = "HCP_TLS_KEY_FILE"  // client key for amqps
+	EnvLogLevel    = "HCP_LOG_LEVEL"     // debug, info or error
+	EnvStateDir    = "HCP_STATE_DIR"     // caller: where last_processed_sequence is persisted
+)
+
+// Defaults.
+const (
+	DefaultAPIAddr        = "127.0.0.1:9090"
+	DefaultProbeAddr      = ":9091"
+	DefaultAPIPort        = 9090
+	DefaultProbePort      = 9091
+	DefaultCalleePrefetch = 10
+	DefaultCallerPrefetch = 10
+	DefaultHeartbeat      = 30 * time.Second
+	DefaultStateDir       = "/var/lib/hcp"
+	DefaultLogLevel       = "info"
+)
+
+// Config is the parsed sidecar configuration.
+type Config struct {
+	Mode        Mode
+	ID          string
+	ObjectName  string
+	Namespace   string
+	PodName     string
+	Vhost       string
+	AMQPURL     string
+	Username    string
+	TokenKeyPEM string
+	HarnessURL  string
+	APIAddr     string
+	ProbeAddr   string
+	Prefetch    int
+	Heartbeat   time.Duration
+	TLSCAFile   string
+	TLSCertFile string
+	TLSKeyFile  string
+	LogLevel    string
+	StateDir    string
+}
+
+// FromEnv reads the configuration from the environment (lookup is os.LookupEnv
+// in production, a map in tests) and validates it, naming every problem.
+func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
+	get := func(k, def string) string {
+		if v, ok := lookup(k); ok && v != "" {
+			return v
+		}
+		return def
+	}
+	c := &Config{
+		Mode:        Mode(get(EnvMode, "")),
+		ID:          get(EnvID, ""),
+		Namespace:   get(EnvNamespace, ""),
+		PodName:     get(EnvPodName, ""),
+		Vhost:       get(EnvVhost, "/hcp"),
+		AMQPURL:     get(EnvAMQPURL, ""),
+		Username:    get(EnvUsername, ""),
+		TokenKeyPEM: get(EnvTokenKey, ""),
+		HarnessURL:  get(EnvHarnessURL, ""),
+		APIAddr:     get(EnvAPIAddr, DefaultAPIAddr),
+		ProbeAddr:   get(EnvProbeAddr, DefaultProbeAddr),
+		TLSCAFile:   get(EnvTLSCAFile, ""),
+		TLSCertFile: get(EnvTLSCertFile, ""),
+		TLSKeyFile:  get(EnvTLSKeyFile, ""),
+		LogLevel:    get(EnvLogLevel, DefaultLogLevel),
+		StateDir:    get(EnvStateDir, DefaultStateDir),
+	}
+	c.ObjectName = get(EnvObjectName, c.ID)
+	var errs []error
+	switch c.Mode {
+	case ModeCallee, ModeCaller:
+	default:
+		errs = append(errs, fmt.Errorf("%s must be %q or %q, got %q", EnvMode, ModeCallee, ModeCaller, c.Mode))
+	}
+	for k, v := range map[string]string{EnvID: c.ID, EnvNamespace: c.Namespace, EnvAMQPURL: c.AMQPURL, EnvUsername: c.Username, EnvHarnessURL: c.HarnessURL} {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s is required", k))
+		}
+	}
+	if c.Mode == ModeCallee && c.TokenKeyPEM == "" {
+		errs = append(errs, fmt.Errorf("%s is required in callee mode", EnvTokenKey))
+	}
+	if c.AMQPURL != "" {
+		if u, err := url.Parse(c.AMQPURL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
+			errs = append(errs, fmt.Errorf("%s must be an amqp:// or amqps:// URL", EnvAMQPURL))
+		}
+	}
+	def := DefaultCalleePrefetch
+	if c.Mode == ModeCaller {
+		def = DefaultCallerPrefetch
+	}
+	p, err := strconv.Atoi(get(EnvPrefetch, strconv.Itoa(def)))
+	if err != nil || p < 1 || p > 100 {
+		errs = append(errs, fmt.Errorf("%s must be an integer in 1..100", EnvPrefetch))
+	}
+	c.Prefetch = p
+	hb, err := time.ParseDuration(get(EnvHeartbeat, DefaultHeartbeat.String()))
+	if err != nil || hb < 0 {
+		errs = append(errs, fmt.Errorf("%s must be a non-negative Go duration such as 30s", EnvHeartbeat))
+	}
+	c.Heartbeat = hb
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		errs = append(errs, fmt.Errorf("%s and %s must be set together", EnvTLSCertFile, EnvTLSKeyFile))
+	}
+	return c, errors.Join(errs...)
+}
+
+// FromOSEnv is FromEnv over the process environment.
+func FromOSEnv() (*Config, error) { return FromEnv(os.LookupEnv) }

@@ -1,0 +1,60 @@
+// Package metrics defines the hcp-sidecar's Prometheus metrics, shared by
+// both modes so dashboards and alerts see one set of names.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the sidecar's collectors. Create them once with New and
+// register them on the registry served at /metrics.
+type Metrics struct {
+	// MessagesIn counts deliveries consumed, by message type.
+	MessagesIn *prometheus.CounterVec
+	// MessagesOut counts messages published, by message type.
+	MessagesOut *prometheus.CounterVec
+	// Confirms counts publisher confirm outcomes: ack, nack, returned, lost.
+	Confirms *prometheus.CounterVec
+	// Redeliveries counts deliveries with the redelivered flag set.
+	Redeliveries prometheus.Counter
+	// Rejects counts task rejections and discarded messages, by reason code.
+	Rejects *prometheus.CounterVec
+	// Duplicates counts deliveries skipped as duplicates, by kind
+	// (message_id for task_submit, sequence for events).
+	Duplicates *prometheus.CounterVec
+	// Sessions is the number of sessions this sidecar tracks, by L2 state.
+	Sessions *prometheus.GaugeVec
+	// StatusWrites counts HCPSession writes, by result (ok, conflict, error).
+	StatusWrites *prometheus.CounterVec
+	// Reconnects counts AMQP connection recoveries.
+	Reconnects prometheus.Counter
+	// Connected is 1 while the AMQP connection is up.
+	Connected prometheus.Gauge
+	// AppDeliveries counts events handed to the local app/harness over HTTP,
+	// by result (ok, error).
+	AppDeliveries *prometheus.CounterVec
+	// Latency observes the time from an event's envelope timestamp to its
+	// delivery to the app (caller mode), in seconds.
+	Latency prometheus.Histogram
+}
+
+// New creates the collectors and registers them on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		MessagesIn:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_in_total", Help: "AMQP deliveries consumed, by HCP message type."}, []string{"type"}),
+		MessagesOut:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_out_total", Help: "Messages published, by HCP message type."}, []string{"type"}),
+		Confirms:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_publisher_confirms_total", Help: "Publisher confirm outcomes."}, []string{"result"}),
+		Redeliveries:  prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_redeliveries_total", Help: "Deliveries that carried the redelivered flag."}),
+		Rejects:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_rejects_total", Help: "Tasks rejected and messages discarded, by reason code."}, []string{"reason"}),
+		Duplicates:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_duplicates_total", Help: "Deliveries skipped as duplicates."}, []string{"kind"}),
+		Sessions:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_sessions", Help: "Sessions tracked by this sidecar, by L2 state."}, []string{"state"}),
+		StatusWrites:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_status_writes_total", Help: "HCPSession writes, by result."}, []string{"result"}),
+		Reconnects:    prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries."}),
+		Connected:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up."}),
+		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{"result"}),
+		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+	}
+	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
+		m.Sessions, m.StatusWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.Latency)
+	return m
+}
