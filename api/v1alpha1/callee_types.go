@@ -217,8 +217,8 @@ type CalleeStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Vhost",type=string,JSONPath=`.status.vhost`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-// +kubebuilder:validation:XValidation:rule="has(self.spec.calleeID) || self.metadata.name.matches('^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$')",message="metadata.name is not a valid callee id (lowercase letters, digits, '-' and '_', at most 63): set spec.calleeID"
-// +kubebuilder:validation:XValidation:rule="(has(self.spec.calleeID) ? self.spec.calleeID : self.metadata.name) == (has(oldSelf.spec.calleeID) ? oldSelf.spec.calleeID : oldSelf.metadata.name)",message="spec.calleeID is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.spec.calleeID) || self.metadata.name.matches('^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$')",message="metadata.name is not a valid callee id (lowercase letters, digits, '-' and '_', at most 63): set spec.calleeID",fieldPath=`.spec.calleeID`
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.calleeID) ? self.spec.calleeID : self.metadata.name) == (has(oldSelf.spec.calleeID) ? oldSelf.spec.calleeID : oldSelf.metadata.name)",message="spec.calleeID is immutable",fieldPath=`.spec.calleeID`
 type Callee struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -136,8 +136,8 @@ type CallerStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Secret",type=string,JSONPath=`.status.credentialsSecret`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-// +kubebuilder:validation:XValidation:rule="has(self.spec.callerID) || self.metadata.name.matches('^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$')",message="metadata.name is not a valid caller id (lowercase letters, digits, '-' and '_', at most 63): set spec.callerID"
-// +kubebuilder:validation:XValidation:rule="(has(self.spec.callerID) ? self.spec.callerID : self.metadata.name) == (has(oldSelf.spec.callerID) ? oldSelf.spec.callerID : oldSelf.metadata.name)",message="spec.callerID is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.spec.callerID) || self.metadata.name.matches('^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$')",message="metadata.name is not a valid caller id (lowercase letters, digits, '-' and '_', at most 63): set spec.callerID",fieldPath=`.spec.callerID`
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.callerID) ? self.spec.callerID : self.metadata.name) == (has(oldSelf.spec.callerID) ? oldSelf.spec.callerID : oldSelf.metadata.name)",message="spec.callerID is immutable",fieldPath=`.spec.callerID`
 type Caller struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

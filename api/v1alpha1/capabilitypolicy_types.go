@@ -19,6 +19,7 @@ type CapabilityPolicySpec struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(r, !has(r.name) || self.exists_one(s, has(s.name) && s.name == r.name))",message="rule names must be unique within a policy"
 	Rules []PolicyRule `json:"rules"`
 }
 
@@ -60,7 +61,9 @@ type PolicyRule struct {
 	MaxDuration ISO8601Duration `json:"maxDuration,omitempty"`
 
 	// maxConcurrentSessions caps the non-terminal sessions of one caller on
-	// one callee under this rule.
+	// one callee: the rule admits a new task only while the caller has fewer
+	// sessions on the callee than this, counting all of them (sessions do not
+	// record which rule admitted them).
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	MaxConcurrentSessions *int32 `json:"maxConcurrentSessions,omitempty"`

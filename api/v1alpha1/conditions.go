@@ -37,6 +37,7 @@ const (
 	ReasonRuleMatchesNothing    = "RuleMatchesNothing"
 	ReasonNoCalleesSelected     = "NoCalleesSelected"
 	ReasonInvalidSelector       = "InvalidSelector"
+	ReasonInvalidRules          = "InvalidRules"
 )
 
 // Labels and annotations the operator sets or reads.

@@ -214,11 +214,11 @@ type HCPSessionStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`,priority=1
 // +kubebuilder:printcolumn:name="Pod",type=string,JSONPath=`.status.podName`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.abortRequested) || !oldSelf.spec.abortRequested || (has(self.spec.abortRequested) && self.spec.abortRequested)",message="spec.abortRequested cannot be unset once true"
-// +kubebuilder:validation:XValidation:rule="has(self.spec.riskLevel) == has(oldSelf.spec.riskLevel) && (!has(self.spec.riskLevel) || self.spec.riskLevel == oldSelf.spec.riskLevel)",message="spec.riskLevel is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.spec.dataClassification) == has(oldSelf.spec.dataClassification) && (!has(self.spec.dataClassification) || self.spec.dataClassification == oldSelf.spec.dataClassification)",message="spec.dataClassification is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.spec.maxDuration) == has(oldSelf.spec.maxDuration) && (!has(self.spec.maxDuration) || self.spec.maxDuration == oldSelf.spec.maxDuration)",message="spec.maxDuration is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.spec.intent) == has(oldSelf.spec.intent) && (!has(self.spec.intent) || self.spec.intent == oldSelf.spec.intent)",message="spec.intent is immutable"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.abortRequested) || !oldSelf.spec.abortRequested || (has(self.spec.abortRequested) && self.spec.abortRequested)",message="spec.abortRequested cannot be unset once true",fieldPath=`.spec.abortRequested`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.riskLevel) == has(oldSelf.spec.riskLevel) && (!has(self.spec.riskLevel) || self.spec.riskLevel == oldSelf.spec.riskLevel)",message="spec.riskLevel is immutable",fieldPath=`.spec.riskLevel`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.dataClassification) == has(oldSelf.spec.dataClassification) && (!has(self.spec.dataClassification) || self.spec.dataClassification == oldSelf.spec.dataClassification)",message="spec.dataClassification is immutable",fieldPath=`.spec.dataClassification`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.maxDuration) == has(oldSelf.spec.maxDuration) && (!has(self.spec.maxDuration) || self.spec.maxDuration == oldSelf.spec.maxDuration)",message="spec.maxDuration is immutable",fieldPath=`.spec.maxDuration`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.intent) == has(oldSelf.spec.intent) && (!has(self.spec.intent) || self.spec.intent == oldSelf.spec.intent)",message="spec.intent is immutable",fieldPath=`.spec.intent`
 type HCPSession struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -82,7 +82,7 @@ func (s *scanner) value(depth int) error {
 	case c == 'n':
 		return s.literal("null")
 	default:
-		return s.syntaxErr("invalid character " + strconv.QuoteRune(rune(c)) + " looking for a value")
+		return s.syntaxErr("invalid character " + strconv.Quote(string([]byte{c})) + " looking for a value")
 	}
 }
 
@@ -279,7 +279,9 @@ func (s *scanner) object(depth int) error {
 }
 
 // unquote decodes a JSON string token that the scanner has already
-// validated. Invalid surrogate escapes become U+FFFD, as encoding/json does.
+// validated. Invalid surrogate escapes become U+FFFD, as encoding/json does;
+// so two keys that differ only in such escapes count as duplicates, which
+// is what they are to a Go reader of the payload.
 func unquote(tok []byte) string {
 	if bytes.IndexByte(tok, '\\') < 0 {
 		return string(tok[1 : len(tok)-1])

@@ -21,11 +21,14 @@
 // # Decisions where the design is silent
 //
 //   - Identifiers (caller_id, callee_id) follow the routing-key-safe id rule
-//     ^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$. Capability names may also contain
+//     topology.IDPattern. Capability names may also contain
 //     '.', ':' and '/' (but never whitespace or the glob characters used by
 //     policy patterns) and are at most 253 characters.
-//   - Message and session ids are UUIDs in canonical lowercase form, version 4
-//     (L1 requires UUID v4 message ids; session ids are derived in v4 form).
+//   - Message and session ids are UUID v4 in canonical 8-4-4-4-12 form,
+//     either letter case, by the same rule as the envelope
+//     (envelope.IsUUIDv4). task_rejected quotes task_message_id as any
+//     non-empty string up to 128 characters, so that a task_submit rejected
+//     as malformed can still be answered.
 //   - constraints.data_classification is required: a task that does not say
 //     how sensitive its data is cannot be checked against a policy, and
 //     assuming T1 would be unsafe. max_duration, max_risk_level and deadline

@@ -1,0 +1,71 @@
+package envelope
+
+import (
+	"errors"
+)
+
+// Encode validates e and returns its wire form: compact JSON with the six
+// fields in spec order, session_id written as null when absent, the payload
+// copied verbatim (surrounding whitespace trimmed). Decode(Encode(e)) equals
+// e. Encode applies no size or depth limit; a receiver applies its own (see
+// Decoder), so a publisher that wants to fail early compares the length with
+// the peer's limit, MaxEnvelopeBytes by default.
+func Encode(e *Envelope) ([]byte, error) {
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	payload := trimJSONSpace(e.Payload)
+	// Every value but the payload was validated to be plain ASCII without
+	// quotes or backslashes, so it needs no escaping.
+	buf := make([]byte, 0, 160+len(payload))
+	buf = append(buf, `{"hcp_version":"`...)
+	buf = append(buf, e.HCPVersion...)
+	buf = append(buf, `","message_id":"`...)
+	buf = append(buf, e.MessageID...)
+	buf = append(buf, `","timestamp":"`...)
+	buf = e.Timestamp.UTC().AppendFormat(buf, TimestampLayout)
+	buf = append(buf, `","session_id":`...)
+	if e.SessionID == nil {
+		buf = append(buf, "null"...)
+	} else {
+		buf = append(buf, '"')
+		buf = append(buf, *e.SessionID...)
+		buf = append(buf, '"')
+	}
+	buf = append(buf, `,"type":"`...)
+	buf = append(buf, e.Type...)
+	buf = append(buf, `","payload":`...)
+	buf = append(buf, payload...)
+	buf = append(buf, '}')
+	return buf, nil
+}
+
+// MarshalJSON implements json.Marshaler with Encode. It has a value
+// receiver so that marshalling an Envelope value, not only a pointer, yields
+// the wire form rather than Go field names.
+func (e Envelope) MarshalJSON() ([]byte, error) { return Encode(&e) }
+
+// UnmarshalJSON implements json.Unmarshaler with Decode and the default
+// limits.
+func (e *Envelope) UnmarshalJSON(b []byte) error {
+	if e == nil {
+		return errors.New("hcp envelope: UnmarshalJSON on nil pointer")
+	}
+	d, err := Decode(b)
+	if err != nil {
+		return err
+	}
+	*e = *d
+	return nil
+}
+
+func trimJSONSpace(b []byte) []byte {
+	isSpace := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+	for len(b) > 0 && isSpace(b[0]) {
+		b = b[1:]
+	}
+	for len(b) > 0 && isSpace(b[len(b)-1]) {
+		b = b[:len(b)-1]
+	}
+	return b
+}

@@ -1,0 +1,415 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+)
+
+// DefaultMaxBuffer is the reorder buffer bound used when
+// TrackerOptions.MaxBuffer is not set. It is below the caller's default
+// consumer prefetch (10), see TrackerOptions.MaxBuffer.
+const DefaultMaxBuffer = 8
+
+// maxSkipped bounds the skipped ranges a Tracker remembers to recognise
+// late arrivals.
+const maxSkipped = 16
+
+// Verdict says what a Tracker made of an offered event and what the caller
+// must do with the delivery.
+type Verdict int
+
+// Verdicts of Tracker.Offer.
+const (
+	// None is the zero Verdict (Outcome of Skip).
+	None Verdict = iota
+	// Deliver: the event is next in order. It is first in Outcome.Ready,
+	// followed by any buffered events it unblocked. Process them in order,
+	// Commit each, then ack its delivery.
+	Deliver
+	// Buffered: the event is ahead of a gap. Keep the delivery unacked; the
+	// event comes back in Outcome.Ready of a later call.
+	Buffered
+	// Duplicate: the event was already processed, or an identical sequence
+	// is already buffered. Ack the delivery without processing it.
+	Duplicate
+	// InFlight: the application is processing this sequence right now (the
+	// copy is a redelivery after a lost channel). Do not process it; nack it
+	// with requeue after a short delay (it will then come back as Duplicate
+	// or, if processing failed, Deliver).
+	InFlight
+	// Late: the event arrived after its gap was skipped. It cannot be
+	// processed in order any more; ack it without processing and log a
+	// warning.
+	Late
+	// Invalid: sequence below 1. Ack and drop (the payload failed L2
+	// validation).
+	Invalid
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case None:
+		return "none"
+	case Deliver:
+		return "deliver"
+	case Buffered:
+		return "buffered"
+	case Duplicate:
+		return "duplicate"
+	case InFlight:
+		return "in-flight"
+	case Late:
+		return "late"
+	case Invalid:
+		return "invalid"
+	}
+	return fmt.Sprintf("Verdict(%d)", int(v))
+}
+
+// Range is an inclusive range of sequence numbers.
+type Range struct{ From, To int64 }
+
+// Len returns the number of sequences in r.
+func (r Range) Len() int64 { return r.To - r.From + 1 }
+
+func (r Range) String() string {
+	if r.From == r.To {
+		return fmt.Sprint(r.From)
+	}
+	return fmt.Sprintf("%d-%d", r.From, r.To)
+}
+
+// Entry is an item with its sequence number.
+type Entry[T any] struct {
+	Seq  int64
+	Item T
+}
+
+// Outcome is the result of Tracker.Offer and Tracker.Skip.
+type Outcome[T any] struct {
+	// Verdict classifies the offered event (None for Skip).
+	Verdict Verdict
+	// Ready are the events now deliverable, in sequence order. The tracker
+	// counts them as in flight until Commit or Requeue.
+	Ready []Entry[T]
+	// Gap, when set, is a newly detected (or changed) range of missing
+	// sequences before the buffered events. Log a warning; the events may
+	// still arrive via redelivery. Each gap is reported once.
+	Gap *Range
+	// Skipped, when set, is a gap the tracker gave up on (the buffer
+	// overflowed, or Skip was called): those events are treated as lost and
+	// later copies get the Late verdict. Log a warning.
+	Skipped *Range
+}
+
+// TrackerOptions configure a Tracker.
+type TrackerOptions struct {
+	// Store persists last_processed_sequence; nil keeps it in memory only
+	// (then L1's idempotency recommendation covers redeliveries after a
+	// restart).
+	Store Store
+	// MaxBuffer bounds the reorder buffer. When more events than this wait
+	// behind a gap, the gap is skipped (L2: "log a warning and continue").
+	// Choose it below the consumer prefetch: buffered events stay unacked,
+	// and with the prefetch window full of them the broker sends nothing
+	// more, so a gap could never fill. Zero or less means DefaultMaxBuffer.
+	// A caller should also call Skip when a gap has been open for too long
+	// (events can be lost for good: queue TTL, drop-head overflow, a callee
+	// restart).
+	MaxBuffer int
+}
+
+// ErrNotInFlight is matched by errors from Commit and Requeue for a
+// sequence that is not in flight.
+var ErrNotInFlight = errors.New("sequence not in flight")
+
+// Tracker is a caller's per-session view of the event stream: it keeps
+// last_processed_sequence, deduplicates redeliveries, releases events in
+// sequence order, buffers out-of-order arrivals in a bounded buffer and
+// reports gaps (L2 "Integration with L1 Stream Continuity"). T is whatever
+// the caller needs to process and acknowledge an event, typically the AMQP
+// delivery. A Tracker is safe for concurrent use.
+//
+// Sequences move through: offered → buffered (ahead of a gap) → ready/in
+// flight (handed to the caller) → committed (processed; last processed
+// sequence advances, Store saves it). A failed one is requeued instead.
+type Tracker[T any] struct {
+	mu        sync.Mutex
+	sessionID string
+	store     Store
+	maxBuf    int
+	committed int64       // last processed sequence
+	next      int64       // lowest sequence not yet handed out
+	inflight  []Entry[T]  // handed out, not committed, ascending
+	buf       map[int64]T // ahead of next
+	requeued  int64       // requeued sequence awaited again (0: none)
+	reported  Range       // last gap reported (zero: none)
+	skipped   []Range     // recently skipped gaps, oldest first
+}
+
+// NewTracker returns a Tracker for a session, resuming from the Store's
+// last processed sequence when a Store is given.
+func NewTracker[T any](sessionID string, opts TrackerOptions) (*Tracker[T], error) {
+	t := &Tracker[T]{sessionID: sessionID, store: opts.Store, maxBuf: opts.MaxBuffer, buf: map[int64]T{}}
+	if t.maxBuf <= 0 {
+		t.maxBuf = DefaultMaxBuffer
+	}
+	if t.store != nil {
+		last, err := t.store.Load(sessionID)
+		if err != nil {
+			return nil, fmt.Errorf("load last processed sequence of session %s: %w", sessionID, err)
+		}
+		if last < 0 {
+			return nil, fmt.Errorf("load last processed sequence of session %s: negative value %d", sessionID, last)
+		}
+		t.committed = last
+	}
+	t.next = t.committed + 1
+	return t, nil
+}
+
+// Offer classifies an arriving event; see Verdict for what to do with it.
+func (t *Tracker[T]) Offer(seq int64, item T) Outcome[T] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out Outcome[T]
+	switch {
+	case seq < 1:
+		out.Verdict = Invalid
+		return out
+	case t.wasSkipped(seq):
+		out.Verdict = Late
+		return out
+	case seq <= t.committed:
+		out.Verdict = Duplicate
+		return out
+	case t.isInFlight(seq):
+		out.Verdict = InFlight
+		return out
+	case seq < t.next:
+		// Below next but neither committed nor in flight: part of a skipped
+		// gap older than the ones still remembered.
+		out.Verdict = Late
+		return out
+	}
+	if _, ok := t.buf[seq]; ok {
+		out.Verdict = Duplicate
+		return out
+	}
+	if seq == t.next {
+		out.Verdict = Deliver
+		out.Ready = t.handOut(Entry[T]{seq, item})
+	} else {
+		out.Verdict = Buffered
+		t.buf[seq] = item
+		// Never give up on a requeued event: it is known to be in the queue,
+		// and its nack freed the prefetch slot it needs to come back.
+		if len(t.buf) > t.maxBuf && t.next != t.requeued {
+			t.skipGap(&out)
+		}
+	}
+	t.reportGap(&out)
+	return out
+}
+
+// Skip gives up on the gap before the lowest buffered event, releasing the
+// buffered events behind it; use it when a gap has been open too long.
+// Without buffered events there is nothing to skip to and Skip returns a
+// zero Outcome. Unlike the automatic skip on buffer overflow, Skip also
+// gives up on a requeued event that has not come back (it may have been
+// dropped by the broker: TTL, overflow, delivery limit), so give the
+// application time to recover before calling it.
+func (t *Tracker[T]) Skip() Outcome[T] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out Outcome[T]
+	if len(t.buf) == 0 {
+		return out
+	}
+	t.skipGap(&out)
+	t.reportGap(&out)
+	return out
+}
+
+// Commit records that the application processed seq, which must be the
+// oldest in-flight sequence: last_processed_sequence advances to seq and is
+// saved to the Store. Committing an already committed sequence is a no-op.
+// When the Store fails the in-memory value has still advanced (the event
+// was processed) and the error is returned for logging; after a restart the
+// event may be redelivered once.
+func (t *Tracker[T]) Commit(seq int64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if seq <= t.committed && !t.isInFlight(seq) {
+		return nil
+	}
+	if len(t.inflight) == 0 || t.inflight[0].Seq != seq {
+		if t.isInFlight(seq) {
+			return fmt.Errorf("commit %d of session %s: %w in order; the oldest in flight is %d", seq, t.sessionID, ErrNotInFlight, t.inflight[0].Seq)
+		}
+		return fmt.Errorf("commit %d of session %s: %w", seq, t.sessionID, ErrNotInFlight)
+	}
+	t.inflight = t.inflight[1:]
+	t.committed = seq
+	if t.store != nil {
+		if err := t.store.Save(t.sessionID, seq); err != nil {
+			return fmt.Errorf("save last processed sequence %d of session %s: %w", seq, t.sessionID, err)
+		}
+	}
+	return nil
+}
+
+// Requeue records that processing seq failed and its delivery will be
+// nacked with requeue: seq is expected again (its redelivery gets Deliver)
+// and the events handed out after it go back into the buffer, so drop them
+// from whatever batch is being processed and keep their deliveries
+// unacked; they come back in Ready after seq. A requeued event is never
+// skipped automatically (only by an explicit Skip), and its absence is not
+// reported as a gap.
+func (t *Tracker[T]) Requeue(seq int64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i := slices.IndexFunc(t.inflight, func(e Entry[T]) bool { return e.Seq == seq })
+	if i < 0 {
+		return fmt.Errorf("requeue %d of session %s: %w", seq, t.sessionID, ErrNotInFlight)
+	}
+	for _, e := range t.inflight[i+1:] {
+		t.buf[e.Seq] = e.Item
+	}
+	t.inflight = slices.Clip(t.inflight[:i])
+	t.next = seq
+	t.requeued = seq
+	// The hole at seq is ours, not the transport's: do not report it.
+	if lo, ok := t.lowestBuffered(); ok {
+		t.reported = Range{seq, lo - 1}
+	}
+	return nil
+}
+
+// Reset drops the buffered events and returns them, for use after the AMQP
+// channel was lost: their deliveries can no longer be acked and the broker
+// will redeliver them. In-flight events stay in flight (the application may
+// still finish them; their redelivered copies get InFlight until then).
+func (t *Tracker[T]) Reset() []Entry[T] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	dropped := make([]Entry[T], 0, len(t.buf))
+	for _, s := range slices.Sorted(maps.Keys(t.buf)) {
+		dropped = append(dropped, Entry[T]{s, t.buf[s]})
+	}
+	clear(t.buf)
+	t.reported = Range{}
+	return dropped
+}
+
+// LastProcessed returns last_processed_sequence.
+func (t *Tracker[T]) LastProcessed() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.committed
+}
+
+// NextExpected returns the lowest sequence not yet handed out.
+func (t *Tracker[T]) NextExpected() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.next
+}
+
+// Buffered returns the number of buffered events.
+func (t *Tracker[T]) Buffered() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.buf)
+}
+
+// InFlight returns the number of events handed out and not yet committed.
+func (t *Tracker[T]) InFlight() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.inflight)
+}
+
+// handOut marks first and every buffered successor as in flight.
+func (t *Tracker[T]) handOut(first Entry[T]) []Entry[T] {
+	ready := []Entry[T]{first}
+	if first.Seq >= t.requeued {
+		t.requeued = 0
+	}
+	t.next = first.Seq + 1
+	for {
+		item, ok := t.buf[t.next]
+		if !ok {
+			break
+		}
+		delete(t.buf, t.next)
+		ready = append(ready, Entry[T]{t.next, item})
+		t.next++
+	}
+	t.inflight = append(t.inflight, ready...)
+	return ready
+}
+
+// skipGap skips from next to the lowest buffered event and hands out what
+// that unblocks. The buffer must not be empty.
+func (t *Tracker[T]) skipGap(out *Outcome[T]) {
+	lo, _ := t.lowestBuffered()
+	gap := Range{t.next, lo - 1}
+	out.Skipped = &gap
+	t.skipped = append(t.skipped, gap)
+	if len(t.skipped) > maxSkipped {
+		t.skipped = slices.Delete(t.skipped, 0, len(t.skipped)-maxSkipped)
+	}
+	item := t.buf[lo]
+	delete(t.buf, lo)
+	out.Ready = append(out.Ready, t.handOut(Entry[T]{lo, item})...)
+}
+
+// reportGap sets out.Gap when the gap before the buffered events is new.
+func (t *Tracker[T]) reportGap(out *Outcome[T]) {
+	lo, ok := t.lowestBuffered()
+	if !ok {
+		t.reported = Range{}
+		return
+	}
+	g := Range{t.next, lo - 1}
+	if g != t.reported {
+		t.reported = g
+		out.Gap = &g
+	}
+}
+
+func (t *Tracker[T]) lowestBuffered() (int64, bool) {
+	if len(t.buf) == 0 {
+		return 0, false
+	}
+	var lo int64
+	first := true
+	for s := range t.buf {
+		if first || s < lo {
+			lo, first = s, false
+		}
+	}
+	return lo, true
+}
+
+func (t *Tracker[T]) isInFlight(seq int64) bool {
+	for _, e := range t.inflight {
+		if e.Seq == seq {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Tracker[T]) wasSkipped(seq int64) bool {
+	for _, r := range t.skipped {
+		if seq >= r.From && seq <= r.To {
+			return true
+		}
+	}
+	return false
+}

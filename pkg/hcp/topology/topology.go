@@ -1,0 +1,162 @@
+package topology
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+)
+
+// Exchanges and the vhost, fixed by L1.
+const (
+	CommandsExchange     = "hcp.commands"
+	CommandsExchangeType = "direct"
+	EventsExchange       = "hcp.events"
+	EventsExchangeType   = "topic"
+	DefaultVhost         = "/hcp"
+
+	CommandQueuePrefix = "hcp.cmd."
+	EventQueuePrefix   = "hcp.evt."
+
+	// DefaultEventMessageTTL is L1's recommended x-message-ttl for caller
+	// event queues.
+	DefaultEventMessageTTL = 24 * time.Hour
+)
+
+// IDPattern is the regular expression every callee and caller id matches.
+// Ids are single routing-key words, so they never contain '.', '*' or '#'
+// (nor '@', which the username scheme relies on). The API's CRD markers use
+// this same string.
+const IDPattern = `^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`
+
+// MaxIDLength is the longest id IDPattern admits.
+const MaxIDLength = 63
+
+var (
+	ErrInvalidID         = errors.New("hcp topology: invalid id")
+	ErrInvalidRoutingKey = errors.New("hcp topology: invalid event routing key")
+	ErrInvalidUsername   = errors.New("hcp topology: invalid broker username")
+)
+
+var idRE = regexp.MustCompile(IDPattern)
+
+// ValidateID reports whether id matches IDPattern; the error wraps
+// ErrInvalidID and says what is wrong.
+func ValidateID(id string) error {
+	if idRE.MatchString(id) {
+		return nil
+	}
+	var reason string
+	switch {
+	case id == "":
+		reason = "must not be empty"
+	case len(id) > MaxIDLength:
+		reason = fmt.Sprintf("must be at most %d characters", MaxIDLength)
+	case !isIDEnd(id[0]) || !isIDEnd(id[len(id)-1]):
+		reason = "must start and end with a lowercase letter or digit"
+	default:
+		reason = "may contain only lowercase letters, digits, '-' and '_'"
+	}
+	return fmt.Errorf("%w %q: %s", ErrInvalidID, truncate(id), reason)
+}
+
+func isIDEnd(c byte) bool { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') }
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+// CommandQueue is the callee's command queue, hcp.cmd.{calleeID}.
+func CommandQueue(calleeID string) string { return CommandQueuePrefix + calleeID }
+
+// EventQueue is the caller's event queue, hcp.evt.{callerID}.
+func EventQueue(callerID string) string { return EventQueuePrefix + callerID }
+
+// CommandRoutingKey is the key a caller publishes a command to calleeID
+// with on hcp.commands, and the command queue's binding key: {calleeID}.
+func CommandRoutingKey(calleeID string) string { return calleeID }
+
+// EventRoutingKey is the key a callee publishes with on hcp.events:
+// {callerID}.{sessionID}.{type}. t should be an event type.
+func EventRoutingKey(callerID, sessionID string, t envelope.MessageType) string {
+	return callerID + "." + sessionID + "." + string(t)
+}
+
+// EventBindingKey binds a caller's event queue to all of its events:
+// {callerID}.#.
+func EventBindingKey(callerID string) string { return callerID + ".#" }
+
+// SessionBindingKey binds to one session's events: {callerID}.{sessionID}.#.
+func SessionBindingKey(callerID, sessionID string) string {
+	return callerID + "." + sessionID + ".#"
+}
+
+// TypeBindingKey binds to one event type across sessions:
+// {callerID}.*.{type}.
+func TypeBindingKey(callerID string, t envelope.MessageType) string {
+	return callerID + ".*." + string(t)
+}
+
+// ParseEventRoutingKey splits an hcp.events routing key into its parts and
+// validates each: a valid caller id, a UUID v4 session id and an event (not
+// command) message type. Errors wrap ErrInvalidRoutingKey.
+func ParseEventRoutingKey(key string) (callerID, sessionID string, t envelope.MessageType, err error) {
+	parts := strings.Split(key, ".")
+	if len(parts) != 3 {
+		return "", "", "", fmt.Errorf("%w %q: want {caller_id}.{session_id}.{type}, got %d words", ErrInvalidRoutingKey, truncate(key), len(parts))
+	}
+	if err := ValidateID(parts[0]); err != nil {
+		return "", "", "", fmt.Errorf("%w %q: caller id: %w", ErrInvalidRoutingKey, truncate(key), err)
+	}
+	if !envelope.IsUUIDv4(parts[1]) {
+		return "", "", "", fmt.Errorf("%w %q: session id is not a UUID v4", ErrInvalidRoutingKey, truncate(key))
+	}
+	mt := envelope.MessageType(parts[2])
+	if !mt.IsEvent() {
+		return "", "", "", fmt.Errorf("%w %q: %q is not an event message type", ErrInvalidRoutingKey, truncate(key), truncate(parts[2]))
+	}
+	return parts[0], parts[1], mt, nil
+}
+
+// Permissions are a RabbitMQ user's configure/write/read regular
+// expressions on a vhost.
+type Permissions struct {
+	Configure string
+	Write     string
+	Read      string
+}
+
+// CalleePermissions: no configure (the operator declares topology), write
+// to hcp.events only, read its own command queue only.
+func CalleePermissions(calleeID string) Permissions {
+	return Permissions{
+		Configure: "^$",
+		Write:     `^hcp\.events$`,
+		Read:      `^hcp\.cmd\.` + regexp.QuoteMeta(calleeID) + `$`,
+	}
+}
+
+// CallerPermissions: no configure, write to hcp.commands only, read its own
+// event queue only.
+func CallerPermissions(callerID string) Permissions {
+	return Permissions{
+		Configure: "^$",
+		Write:     `^hcp\.commands$`,
+		Read:      `^hcp\.evt\.` + regexp.QuoteMeta(callerID) + `$`,
+	}
+}
+
+// PermissionsFor returns the permissions of a harness with the given role
+// (role must be Valid; anything but RoleCallee gets caller permissions).
+func PermissionsFor(role Role, id string) Permissions {
+	if role == RoleCallee {
+		return CalleePermissions(id)
+	}
+	return CallerPermissions(id)
+}
