@@ -1,0 +1,182 @@
+package transport
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"k8s.io/utils/clock"
+
+	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
+)
+
+// Defaults for Options.
+const (
+	DefaultHeartbeat    = 30 * time.Second
+	DefaultBackoffMin   = time.Second
+	DefaultBackoffMax   = 60 * time.Second
+	DefaultJitter       = 0.2
+	DefaultDialTimeout  = 30 * time.Second
+	DefaultDrainTimeout = 10 * time.Second
+	// DefaultWindow is the publisher's default bound on unconfirmed messages.
+	DefaultWindow = 256
+)
+
+// Options configure a Conn. Only URL is required.
+type Options struct {
+	// URL is amqp://user:pass@host:port/vhost or amqps://…; the vhost is one
+	// path segment, so "/hcp" is written %2Fhcp.
+	URL string
+	// TLS is used for amqps:// URLs (build it with TLSConfig). It is cloned
+	// per dial: amqp091-go writes ServerName into the config it is given.
+	// Setting it with an amqp:// URL is an error rather than a silent
+	// plaintext connection.
+	TLS *tls.Config
+	// Heartbeat is the AMQP heartbeat interval proposed to the broker;
+	// 0 means DefaultHeartbeat. (amqp091-go cannot disable heartbeats from
+	// its Config; a heartbeat=0 URL parameter can.)
+	Heartbeat time.Duration
+	// ConnectionName is sent as the connection_name client property, shown
+	// by the management UI and rabbitmqctl list_connections. It also
+	// prefixes consumer tags.
+	ConnectionName string
+	// Logger receives structured logs; the zero value discards them.
+	Logger logr.Logger
+	// Metrics, when set, receives Reconnects, Connected, Confirms and
+	// Redeliveries.
+	Metrics *metrics.Metrics
+	// BackoffMin and BackoffMax bound the exponential redial backoff
+	// (defaults 1s and 60s); Jitter is the ± fraction applied to each delay
+	// (default 0.2; negative means none).
+	BackoffMin, BackoffMax time.Duration
+	Jitter                 float64
+	// DialTimeout bounds TCP connect plus the TLS and AMQP handshakes of one
+	// attempt (default 30s).
+	DialTimeout time.Duration
+	// DrainTimeout bounds how long a Consume whose ctx ended waits for its
+	// handlers to settle the deliveries they hold (default 10s). Conn.Close
+	// uses its own ctx instead.
+	DrainTimeout time.Duration
+	// Clock drives backoff delays (default: the real clock).
+	Clock clock.Clock
+	// Rand returns values in [0,1) for jitter (default math/rand/v2).
+	Rand func() float64
+}
+
+func (o Options) withDefaults() Options {
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = DefaultHeartbeat
+	}
+	if o.BackoffMin <= 0 {
+		o.BackoffMin = DefaultBackoffMin
+	}
+	if o.BackoffMax <= 0 {
+		o.BackoffMax = DefaultBackoffMax
+	}
+	if o.BackoffMax < o.BackoffMin {
+		o.BackoffMax = o.BackoffMin
+	}
+	if o.Jitter == 0 {
+		o.Jitter = DefaultJitter
+	}
+	if o.Jitter < 0 {
+		o.Jitter = 0
+	}
+	if o.Jitter > 1 {
+		o.Jitter = 1
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Rand == nil {
+		o.Rand = rand.Float64
+	}
+	if o.ConnectionName == "" {
+		o.ConnectionName = "hcp"
+	}
+	return o
+}
+
+// Backoff returns the delay before redial attempt n (n ≥ 1 counts
+// consecutive failures): min·2^(n-1) capped at max, then scaled by a random
+// factor in [1-jitter, 1+jitter] drawn from rnd (values in [0,1)).
+func Backoff(n int, min, max time.Duration, jitter float64, rnd func() float64) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	d := min
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	if jitter > 0 && rnd != nil {
+		d = time.Duration(float64(d) * (1 + jitter*(2*rnd()-1)))
+	}
+	return d
+}
+
+// TLSConfig builds the client TLS configuration for amqps from PEM files.
+// caFile, when set, replaces the system roots for verifying the broker;
+// certFile and keyFile, when set (both or neither), are the client
+// certificate for mutual TLS (RabbitMQ's EXTERNAL mechanism or
+// verify_peer). TLS 1.2 is the minimum.
+func TLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pemBytes, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("transport: reading TLS CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemBytes) {
+			return nil, fmt.Errorf("transport: TLS CA file %s holds no PEM certificate", caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case certFile == "" && keyFile == "":
+	case certFile == "" || keyFile == "":
+		return nil, errors.New("transport: TLS client certificate and key files must be set together")
+	default:
+		for _, f := range []struct{ what, path, block string }{{"certificate", certFile, "CERTIFICATE"}, {"key", keyFile, "PRIVATE KEY"}} {
+			b, err := os.ReadFile(f.path)
+			if err != nil {
+				return nil, fmt.Errorf("transport: reading TLS client %s file: %w", f.what, err)
+			}
+			if blk, _ := pem.Decode(b); blk == nil {
+				return nil, fmt.Errorf("transport: TLS client %s file %s holds no PEM block (want %s)", f.what, f.path, f.block)
+			}
+		}
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("transport: loading TLS client certificate %s and key %s: %w", certFile, keyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// redactedURL renders an AMQP URI without its password, for logs and errors.
+func redactedURL(u amqp.URI) string {
+	user := ""
+	if u.Username != "" {
+		user = u.Username + "@"
+	}
+	return fmt.Sprintf("%s://%s%s:%d/%s", u.Scheme, user, u.Host, u.Port, url.PathEscape(u.Vhost))
+}
