@@ -48,7 +48,9 @@ build() {
   # Test packages run in parallel and may all ask for the build: one builds, the others wait.
   mkdir -p "$cache"
   exec 9>"$cache/mto-build.lock"
-  command -v flock >/dev/null && flock 9
+  if command -v flock >/dev/null && ! flock -w 900 9; then
+    die "another build still holds $cache/mto-build.lock after 15 min"
+  fi
   if [ -x "$bin" ]; then
     log "messaging-topology-operator $mto_version built by another process"
     return
@@ -56,8 +58,10 @@ build() {
   log "building messaging-topology-operator $mto_version (cluster-operator $co_version) in $work (cold: a few minutes)"
   mkdir -p "$work" "$(dirname "$bin")"
   cd "$work"
-  [ -f go.mod ] || go mod init hcp-testbed-mto >/dev/null 2>&1
-  go mod edit -require="$mto_mod@$mto_version" -require="$co_mod@$co_version"
+  # fd 9 (the lock) is closed for go commands: a helper they leave running
+  # (telemetry upload) must not keep the lock.
+  [ -f go.mod ] || go mod init hcp-testbed-mto >/dev/null 2>&1 9>&-
+  go mod edit -require="$mto_mod@$mto_version" -require="$co_mod@$co_version" 9>&-
   cat >tools.go <<GO
 //go:build tools
 
@@ -66,11 +70,11 @@ package tools
 import _ "$mto_mod/cmd"
 GO
   log "resolving modules"
-  go mod tidy >&2
+  go mod tidy >&2 9>&-
   local start=$SECONDS
   log "go build $mto_mod/cmd"
   # Build to a temporary name and rename, so an interrupted build never looks done.
-  go build -trimpath -ldflags "-s -w" -o "$bin.tmp" "$mto_mod/cmd"
+  go build -trimpath -ldflags "-s -w" -o "$bin.tmp" "$mto_mod/cmd" 9>&-
   mv "$bin.tmp" "$bin"
   log "built $bin in $((SECONDS - start))s"
 }

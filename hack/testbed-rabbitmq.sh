@@ -58,7 +58,7 @@ quorum_declarable() {
 
 ready() { management_up && quorum_enabled; }
 
-cli_ping() { command -v rabbitmq-diagnostics >/dev/null && timeout 30 rabbitmq-diagnostics -q ping >/dev/null 2>&1; }
+cli_ping() { command -v rabbitmq-diagnostics >/dev/null && timeout 30 rabbitmq-diagnostics -q ping </dev/null >/dev/null 2>&1 9>&-; }
 
 # wait_for WHAT CMD...: polls CMD every 2s until it succeeds or the bound passes.
 wait_for() {
@@ -81,10 +81,15 @@ if ready && quorum_declarable; then
 fi
 
 # Parallel test packages may all get here: one fixes the broker, the others wait and re-check.
+# Every command below that may leave a daemon behind (beam, epmd) runs with fd 9
+# closed, or the daemon would hold the lock for as long as it lives.
 lock_dir=${XDG_CACHE_HOME:-$HOME/.cache}/hcp-operator
-mkdir -p "$lock_dir"
-exec 9>"$lock_dir/rabbitmq.lock"
-command -v flock >/dev/null && flock 9
+mkdir -p "$lock_dir" 2>/dev/null || lock_dir=${TMPDIR:-/tmp}
+exec 9>"$lock_dir/rabbitmq-setup.lock"
+# Bounded: a holder that died oddly must not block everyone forever.
+if command -v flock >/dev/null && ! flock -w "$wait_s" 9; then
+  log "another testbed-rabbitmq.sh still holds $lock_dir/rabbitmq-setup.lock after ${wait_s}s; going ahead"
+fi
 if ready && quorum_declarable; then
   log "RabbitMQ management API answers at $url; quorum queues work"
   echo "$url"
@@ -94,8 +99,15 @@ fi
 if ! command -v rabbitmq-server >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "rabbitmq-server is not installed; installing it from Debian (apt-get)"
-    apt-get update -q >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server >&2
+    # Its postinst may start the broker: keep the daemon off our stdio (see below).
+    apt_log=$(mktemp /tmp/testbed-rabbitmq-apt.XXXXXX)
+    if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server; } \
+      </dev/null >"$apt_log" 2>&1 9>&-; then
+      die "apt-get install rabbitmq-server failed:
+$(tail -n 30 "$apt_log")"
+    fi
+    rm -f "$apt_log"
+    log "installed $(dpkg-query -W -f '${Package} ${Version}' rabbitmq-server 2>/dev/null)"
   else
     die "RabbitMQ is not installed and this script cannot install it (needs root and apt-get).
   Install it:  sudo apt-get install -y rabbitmq-server   (then re-run $0)
@@ -103,21 +115,31 @@ if ! command -v rabbitmq-server >/dev/null; then
   fi
 fi
 
+# Everything below needs the CLI, which only root and the rabbitmq user can use.
+if [ "$(id -u)" != 0 ] && [ "$(id -un)" != rabbitmq ]; then
+  die "no RabbitMQ management API with quorum queues at $url, and $(id -un) cannot fix that
+  (starting RabbitMQ, enabling rabbitmq_management and feature flags need root or the rabbitmq user).
+  Run once:  sudo $0"
+fi
+
 if ! cli_ping; then
-  if [ "$(id -u)" != 0 ] && [ "$(id -un)" != rabbitmq ]; then
-    die "RabbitMQ does not answer rabbitmq-diagnostics ping, and only root or the rabbitmq user can start it.
-  Start it:  sudo rabbitmq-server -detached   (then re-run $0)"
-  fi
   log "RabbitMQ is installed but not running; starting it (rabbitmq-server -detached)"
   # As root, Debian's wrapper switches to the rabbitmq user.
-  rabbitmq-server -detached >&2 || true
+  # The daemon must not inherit our stdout/stderr: a caller reading them through a
+  # pipe (go test) would wait for it to exit.
+  start_log=$(mktemp /tmp/testbed-rabbitmq-start.XXXXXX)
+  rabbitmq-server -detached </dev/null >"$start_log" 2>&1 9>&- || true
   wait_for "RabbitMQ answers ping" cli_ping ||
-    die "RabbitMQ did not answer ping within ${wait_s}s; see /var/log/rabbitmq/ (startup_err, rabbit@*.log)"
+    die "RabbitMQ did not answer ping within ${wait_s}s: $(cat "$start_log"); see /var/log/rabbitmq/ (startup_err, rabbit@*.log)"
+  rm -f "$start_log"
+  # ping answers before the boot (and the plugins) finished.
+  timeout "$wait_s" rabbitmqctl -q await_startup --timeout "$wait_s" >/dev/null 2>&1 9>&- || true
+  log "RabbitMQ booted after $((SECONDS - start))s"
 fi
 
 if ! management_up; then
   log "enabling rabbitmq_management"
-  rabbitmq-plugins enable rabbitmq_management >&2 ||
+  rabbitmq-plugins enable rabbitmq_management >&2 9>&- ||
     die "rabbitmq-plugins enable rabbitmq_management failed"
   wait_for "management API answers at $url" management_up || {
     code=$(api GET /api/overview)
@@ -131,7 +153,7 @@ fi
 
 if ! quorum_enabled; then
   log "enabling all feature flags (quorum queues need quorum_queue)"
-  rabbitmqctl -q enable_feature_flag all >&2 || die "rabbitmqctl enable_feature_flag all failed"
+  rabbitmqctl -q enable_feature_flag all >&2 9>&- || die "rabbitmqctl enable_feature_flag all failed"
   wait_for "feature flag quorum_queue enabled" quorum_enabled ||
     die "feature flag quorum_queue is still not enabled (rabbitmqctl list_feature_flags)"
 fi

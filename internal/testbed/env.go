@@ -7,14 +7,18 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -61,6 +65,9 @@ func KubebuilderAssets(ctx context.Context) (string, error) {
 		return d, nil
 	}
 	return k8sAssets.do(func() (string, error) {
+		// Not ctx: the result is shared by the whole process.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Minute)
+		defer cancel()
 		var dir string
 		err := withFileLock(filepath.Join(cacheDir(), "testbed-k8s.lock"), func() error {
 			var err error
@@ -78,6 +85,8 @@ var topologyCRDs once[[]string]
 // (hack/testbed-mto.sh crds).
 func TopologyCRDDirs(ctx context.Context) ([]string, error) {
 	return topologyCRDs.do(func() ([]string, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
 		_, out, err := runScript(ctx, "testbed-mto.sh", "crds")
 		if err != nil {
 			return nil, err
@@ -153,6 +162,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if e.Config, err = e.Environment.Start(); err != nil {
 		return nil, fmt.Errorf("testbed: start envtest (assets %s): %w", assets, err)
 	}
+	if err := waitForAggregatedDiscovery(ctx, e.Config, e.Environment.CRDs); err != nil {
+		return nil, err
+	}
 	if e.Client, err = client.New(e.Config, client.Options{Scheme: scheme}); err != nil {
 		return nil, err
 	}
@@ -169,6 +181,44 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// waitForAggregatedDiscovery waits until every installed CRD's resources are
+// in the API server's aggregated discovery document. envtest waits only for
+// the per-group-version endpoints, and the API server updates the aggregated
+// document asynchronously; controller-runtime's REST mapper (the topology
+// operator's, a manager's) loads that document once, and a kind missing from
+// it fails controller setup with "no matches for kind".
+func waitForAggregatedDiscovery(ctx context.Context, cfg *rest.Config, crds []*apiextensionsv1.CustomResourceDefinition) error {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	return Poll(ctx, 30*time.Second, func(context.Context) error {
+		_, byGV, _, err := dc.GroupsAndMaybeResources()
+		if err != nil {
+			return err
+		}
+		if byGV == nil {
+			return nil // the server has no aggregated discovery: nothing to wait for
+		}
+		for _, crd := range crds {
+			for _, v := range crd.Spec.Versions {
+				if !v.Served {
+					continue
+				}
+				gv := schema.GroupVersion{Group: crd.Spec.Group, Version: v.Name}
+				found := false
+				if rl := byGV[gv]; rl != nil {
+					found = slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == crd.Spec.Names.Plural })
+				}
+				if !found {
+					return fmt.Errorf("%s in %s not yet in aggregated discovery", crd.Spec.Names.Plural, gv)
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // Stop stops the control plane and removes the kubeconfig.

@@ -1,10 +1,8 @@
 package testbed
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // ModulePath is the module whose checkout RepoRoot looks for.
@@ -61,19 +60,22 @@ func runScript(ctx context.Context, name string, args ...string) (last, stdout s
 	cmd.Dir = root
 	cmd.Stdout = &out
 	cmd.Stderr = io.MultiWriter(&errOut, os.Stderr)
+	// A daemon the script starts (RabbitMQ) might keep our pipes open; do not
+	// wait for it once the script itself has exited.
+	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Run(); err != nil {
 		return "", out.String(), fmt.Errorf("hack/%s %s: %w\n%s", name, strings.Join(args, " "), err, tail(errOut.String(), 4000))
 	}
-	sc := bufio.NewScanner(&out)
-	for sc.Scan() {
-		if l := strings.TrimSpace(sc.Text()); l != "" {
+	stdout = out.String()
+	for l := range strings.Lines(stdout) {
+		if l = strings.TrimSpace(l); l != "" {
 			last = l
 		}
 	}
 	if last == "" {
-		return "", out.String(), fmt.Errorf("hack/%s printed nothing on stdout\n%s", name, tail(errOut.String(), 4000))
+		return "", stdout, fmt.Errorf("hack/%s printed nothing on stdout\n%s", name, tail(errOut.String(), 4000))
 	}
-	return last, out.String(), nil
+	return last, stdout, nil
 }
 
 // once caches the result of a slow, machine-wide step for the whole test
@@ -124,5 +126,3 @@ func tail(s string, n int) string {
 	}
 	return "…" + s[len(s)-n:]
 }
-
-var errNotFound = errors.New("not found")
