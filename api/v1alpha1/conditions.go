@@ -38,6 +38,9 @@ const (
 	ReasonNoCalleesSelected     = "NoCalleesSelected"
 	ReasonInvalidSelector       = "InvalidSelector"
 	ReasonInvalidRules          = "InvalidRules"
+	// ReasonDeleting: a Callee or Caller waits for its topology objects to
+	// be removed from the broker before it goes.
+	ReasonDeleting = "Deleting"
 )
 
 // Labels and annotations the operator sets or reads.
