@@ -67,10 +67,10 @@ func run(m *testing.M) int {
 // silently, so a typo in a sample fails here rather than being ignored.
 var strict = client.FieldValidation(metav1.FieldValidationStrict)
 
-// samples returns the files kustomization.yaml lists, in order.
+// samples returns the files config/samples/Kustomization lists, in order.
 func samples(t *testing.T) []string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(repoRoot, "config", "samples", "kustomization.yaml"))
+	data, err := os.ReadFile(filepath.Join(repoRoot, "config", "samples", "Kustomization"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,10 +78,10 @@ func samples(t *testing.T) []string {
 		Resources []string `json:"resources"`
 	}
 	if err := yaml.Unmarshal(data, &k); err != nil {
-		t.Fatalf("kustomization.yaml: %v", err)
+		t.Fatalf("config/samples/Kustomization: %v", err)
 	}
 	if len(k.Resources) == 0 {
-		t.Fatal("kustomization.yaml lists no resources")
+		t.Fatal("config/samples/Kustomization lists no resources")
 	}
 	files := make([]string, len(k.Resources))
 	for i, r := range k.Resources {
@@ -153,24 +153,28 @@ func TestSamplesAccepted(t *testing.T) {
 }
 
 // TestKubectlDryRunSamples runs what a user runs: kubectl apply
-// --dry-run=server -k config/samples.
+// --dry-run=server with -k config/samples and with -f config/samples.
 func TestKubectlDryRunSamples(t *testing.T) {
 	t.Parallel()
 	kubectl := filepath.Join(env.AssetsDir, "kubectl")
 	if _, err := os.Stat(kubectl); err != nil {
-		t.Skipf("no kubectl in %s (hack/testbed-k8s.sh builds it): %v", env.AssetsDir, err)
+		t.Fatalf("no kubectl in %s (hack/testbed-k8s.sh builds it): %v", env.AssetsDir, err)
 	}
-	ns := env.CreateNamespace(t, "kubectl-")
-	cmd := exec.CommandContext(t.Context(), kubectl, "--kubeconfig", env.Kubeconfig, "apply", "--dry-run=server", "-n", ns, "-k", filepath.Join(repoRoot, "config", "samples"))
-	out, err := cmd.CombinedOutput()
-	t.Logf("$ %s\n%s", strings.Join(cmd.Args, " "), out)
-	if err != nil {
-		t.Fatalf("kubectl apply --dry-run=server -k config/samples: %v", err)
-	}
-	for _, want := range []string{"callee.hcp.io/lab-cvd created (server dry run)", "caller.hcp.io/alpha created (server dry run)", "capabilitypolicy.hcp.io/materials-lab created (server dry run)"} {
-		if !strings.Contains(string(out), want) {
-			t.Errorf("kubectl output lacks %q", want)
-		}
+	for _, flag := range []string{"-k", "-f"} {
+		t.Run(flag, func(t *testing.T) {
+			ns := env.CreateNamespace(t, "kubectl-")
+			cmd := exec.CommandContext(t.Context(), kubectl, "--kubeconfig", env.Kubeconfig, "apply", "--dry-run=server", "-n", ns, flag, filepath.Join(repoRoot, "config", "samples"))
+			out, err := cmd.CombinedOutput()
+			t.Logf("$ %s\n%s", strings.Join(cmd.Args, " "), out)
+			if err != nil {
+				t.Fatalf("kubectl apply --dry-run=server %s config/samples: %v", flag, err)
+			}
+			for _, want := range []string{"callee.hcp.io/lab-cvd created (server dry run)", "caller.hcp.io/alpha created (server dry run)", "capabilitypolicy.hcp.io/materials-lab created (server dry run)"} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("kubectl output lacks %q", want)
+				}
+			}
+		})
 	}
 }
 
