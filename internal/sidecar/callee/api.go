@@ -1,0 +1,336 @@
+package callee
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
+	"github.com/hcp-io/hcp-operator/internal/transport"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+)
+
+// Request body limits of the local API.
+const (
+	maxEventBody = envelope.MaxEnvelopeBytes // one event (it must fit an envelope)
+	maxBatchBody = 8 << 20                   // a batch of events
+	maxBatchSize = 1000
+)
+
+// harnessEvent is one event the harness posts: an event type it may emit
+// and its data, which is forwarded as sent (unknown fields included).
+type harnessEvent struct {
+	EventType session.EventType `json:"event_type"`
+	Data      json.RawMessage   `json:"data"`
+}
+
+// routes is the harness → sidecar side of the local API (docs/harness-api.md).
+func (s *Sidecar) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/events", s.apiEvents)
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/pause", s.apiReason((*sess).pause))
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/resume", s.apiReason((*sess).resume))
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/aborted", s.apiReason((*sess).aborted))
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/checkpoint", s.apiCheckpoint)
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/complete", s.apiComplete)
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/fail", s.apiFail)
+	mux.HandleFunc("GET /hcp/v1/sessions/{id}", s.apiGet)
+	mux.HandleFunc("GET /hcp/v1/sessions", s.apiList)
+	mux.HandleFunc("/hcp/v1/sessions/{id}/{action}", func(w http.ResponseWriter, r *http.Request) {
+		server.Errorf(w, http.StatusNotFound, server.CodeNotFound, "no endpoint %s %s", r.Method, r.URL.Path)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		server.Errorf(w, http.StatusNotFound, server.CodeNotFound, "no endpoint %s %s", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+// lookup finds the session of the request or answers 404.
+func (s *Sidecar) lookup(w http.ResponseWriter, r *http.Request) *sess {
+	id := r.PathValue("id")
+	if ss := s.session(strings.ToLower(id)); ss != nil {
+		return ss
+	}
+	server.Errorf(w, http.StatusNotFound, server.CodeNotFound, "no session %q runs on this sidecar (it never existed, ended long ago, or runs on another replica)", truncate(id, 64))
+	return nil
+}
+
+func writeAPIError(w http.ResponseWriter, e *apiError) { server.WriteError(w, e.status, e.body) }
+
+// respond waits for the confirms of ps (unless the harness asked for an
+// asynchronous answer) and answers with body.
+//
+// By default the call returns once every message it caused is confirmed by
+// the broker, so a 200 means the events are durable in the caller's queue.
+// That costs a broker round trip per call; a harness that posts
+// sequentially is then limited to one call per round trip. It can post
+// batches (one round trip for many events), post concurrently (order across
+// concurrent calls is the order they reach the sidecar), or send
+// "Prefer: respond-async" to get 202 as soon as the events are sequenced
+// and written to the channel (delivery failures are then only logged and
+// counted).
+func respond(w http.ResponseWriter, r *http.Request, ps []*pending, body map[string]any) {
+	if slices.Contains(r.Header.Values("Prefer"), "respond-async") {
+		server.WriteJSON(w, http.StatusAccepted, body)
+		return
+	}
+	if err := waitAll(r.Context(), ps); err != nil {
+		writeAPIError(w, publishError(err))
+		return
+	}
+	server.WriteJSON(w, http.StatusOK, body)
+}
+
+// publishError maps a publish outcome to an API error.
+func publishError(err error) *apiError {
+	switch {
+	case errors.Is(err, transport.ErrUnroutable):
+		return &apiError{http.StatusBadGateway, &server.Error{Code: server.CodeUnroutable, Message: "the broker could not route the event: the caller's event queue does not exist (" + err.Error() + ")"}}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return &apiError{http.StatusGatewayTimeout, &server.Error{Code: server.CodeTimeout, Message: "gave up waiting for the broker's confirm; the outcome is unknown: " + err.Error()}}
+	default:
+		return &apiError{http.StatusServiceUnavailable, &server.Error{Code: server.CodeUnavailable, Message: "the broker did not confirm the event: " + err.Error()}}
+	}
+}
+
+// apiEvents: POST /hcp/v1/sessions/{id}/events with one event object or an
+// array of them (published with consecutive sequence numbers).
+func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
+	ss := s.lookup(w, r)
+	if ss == nil {
+		return
+	}
+	var raw json.RawMessage
+	if err := server.DecodeJSON(r, maxBatchBody, false, &raw); err != nil {
+		err.(*server.RequestError).Write(w)
+		return
+	}
+	raw = bytes.TrimSpace(raw)
+	batch := len(raw) > 0 && raw[0] == '['
+	var evs []harnessEvent
+	if batch {
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			writeAPIError(w, badRequest(fmt.Errorf("invalid batch: %w", err)))
+			return
+		}
+		if len(items) == 0 || len(items) > maxBatchSize {
+			writeAPIError(w, badRequest(fmt.Errorf("a batch holds 1 to %d events, got %d", maxBatchSize, len(items))))
+			return
+		}
+		for i, it := range items {
+			ev, err := parseEvent(it)
+			if err != nil {
+				writeAPIError(w, badRequest(fmt.Errorf("event [%d]: %w", i, err)))
+				return
+			}
+			evs = append(evs, ev)
+		}
+	} else {
+		ev, err := parseEvent(raw)
+		if err != nil {
+			writeAPIError(w, badRequest(err))
+			return
+		}
+		evs = []harnessEvent{ev}
+	}
+	ps, seqs, e := ss.publishEvents(r.Context(), evs)
+	if e != nil {
+		writeAPIError(w, e)
+		return
+	}
+	if batch {
+		respond(w, r, ps, map[string]any{"sequences": seqs})
+	} else {
+		respond(w, r, ps, map[string]any{"sequence": seqs[0]})
+	}
+}
+
+// parseEvent validates one harness event: a type the harness may emit and
+// data valid for it (pkg/hcp/session), within the envelope size limit.
+func parseEvent(raw json.RawMessage) (harnessEvent, error) {
+	if len(raw) > maxEventBody-1024 {
+		return harnessEvent{}, fmt.Errorf("the event is %d bytes; an event must fit an envelope of %d bytes", len(raw), maxEventBody)
+	}
+	var ev harnessEvent
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ev); err != nil {
+		return ev, fmt.Errorf("want {\"event_type\": ..., \"data\": {...}}: %w", err)
+	}
+	if !ev.EventType.Valid() {
+		return ev, fmt.Errorf("unknown event_type %q (progress, intermediate_result, log, warning or error)", truncate(string(ev.EventType), 64))
+	}
+	if !ev.EventType.HarnessEmittable() {
+		return ev, fmt.Errorf("event_type %s is the sidecar's to emit; use the pause, resume, checkpoint, complete, fail and aborted endpoints", ev.EventType)
+	}
+	p := session.EventPayload{EventType: ev.EventType, Sequence: 1, Data: ev.Data}
+	if _, err := p.Decode(); err != nil {
+		return ev, err
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, ev.Data); err == nil {
+		ev.Data = compact.Bytes()
+	}
+	return ev, nil
+}
+
+type reasonBody struct {
+	Reason string `json:"reason"`
+}
+
+// apiReason serves pause, resume and aborted: an optional {"reason": ...}.
+func (s *Sidecar) apiReason(op func(*sess, context.Context, string) ([]*pending, *apiError)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ss := s.lookup(w, r)
+		if ss == nil {
+			return
+		}
+		var b reasonBody
+		if err := server.DecodeJSON(r, 64<<10, true, &b); err != nil {
+			err.(*server.RequestError).Write(w)
+			return
+		}
+		ps, e := op(ss, r.Context(), truncate(b.Reason, 512))
+		if e != nil {
+			writeAPIError(w, e)
+			return
+		}
+		s.answerState(w, r, ss, ps)
+	}
+}
+
+func (s *Sidecar) answerState(w http.ResponseWriter, r *http.Request, ss *sess, ps []*pending) {
+	body := map[string]any{}
+	if in, e := ss.info(r.Context()); e == nil {
+		body["state"] = in.State
+		body["last_sequence"] = in.LastSequence
+	}
+	respond(w, r, ps, body)
+}
+
+// apiCheckpoint: checkpoint_created data (created_at defaults to now).
+func (s *Sidecar) apiCheckpoint(w http.ResponseWriter, r *http.Request) {
+	ss := s.lookup(w, r)
+	if ss == nil {
+		return
+	}
+	var raw json.RawMessage
+	if err := server.DecodeJSON(r, 64<<10, false, &raw); err != nil {
+		err.(*server.RequestError).Write(w)
+		return
+	}
+	var d session.CheckpointCreatedData
+	if err := json.Unmarshal(raw, &d); err != nil {
+		writeAPIError(w, badRequest(err))
+		return
+	}
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = task.NewTimestamp(s.clk.Now())
+	}
+	if err := d.Validate(); err != nil {
+		writeAPIError(w, badRequest(err))
+		return
+	}
+	ps, e := ss.checkpoint(r.Context(), &d)
+	if e != nil {
+		writeAPIError(w, e)
+		return
+	}
+	respond(w, r, ps, map[string]any{"sequence": ps[0].seq})
+}
+
+// apiComplete: a task_completed payload (summary filled in when omitted).
+func (s *Sidecar) apiComplete(w http.ResponseWriter, r *http.Request) {
+	ss := s.lookup(w, r)
+	if ss == nil {
+		return
+	}
+	var tc task.TaskCompleted
+	if err := server.DecodeJSON(r, maxEventBody-4096, true, &tc); err != nil {
+		var re *server.RequestError
+		if errors.As(err, &re) {
+			re.Write(w)
+		} else {
+			writeAPIError(w, badRequest(err))
+		}
+		return
+	}
+	if err := tc.Validate(); err != nil {
+		writeAPIError(w, badRequest(err))
+		return
+	}
+	ps, e := ss.complete(r.Context(), &tc)
+	if e != nil {
+		writeAPIError(w, e)
+		return
+	}
+	s.answerState(w, r, ss, ps)
+}
+
+// apiFail: a task_failed payload.
+func (s *Sidecar) apiFail(w http.ResponseWriter, r *http.Request) {
+	ss := s.lookup(w, r)
+	if ss == nil {
+		return
+	}
+	var tf task.TaskFailed
+	if err := server.DecodeJSON(r, 64<<10, false, &tf); err != nil {
+		var re *server.RequestError
+		if errors.As(err, &re) {
+			re.Write(w)
+		} else {
+			writeAPIError(w, badRequest(err))
+		}
+		return
+	}
+	if err := tf.Validate(); err != nil {
+		writeAPIError(w, badRequest(err))
+		return
+	}
+	ps, e := ss.fail(r.Context(), &tf)
+	if e != nil {
+		writeAPIError(w, e)
+		return
+	}
+	s.answerState(w, r, ss, ps)
+}
+
+// apiGet: the session as this sidecar knows it.
+func (s *Sidecar) apiGet(w http.ResponseWriter, r *http.Request) {
+	ss := s.lookup(w, r)
+	if ss == nil {
+		return
+	}
+	in, e := ss.info(r.Context())
+	if e != nil {
+		writeAPIError(w, e)
+		return
+	}
+	server.WriteJSON(w, http.StatusOK, in)
+}
+
+// apiList: the sessions this sidecar runs or ran recently.
+func (s *Sidecar) apiList(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	all := make([]*sess, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	out := make([]info, 0, len(all))
+	for _, ss := range all {
+		if in, e := ss.info(r.Context()); e == nil {
+			out = append(out, in)
+		}
+	}
+	slices.SortFunc(out, func(a, b info) int { return a.StartedAt.Compare(b.StartedAt.Time) })
+	server.WriteJSON(w, http.StatusOK, map[string]any{"sessions": out})
+}

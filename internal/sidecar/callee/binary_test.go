@@ -1,0 +1,145 @@
+package callee
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/testbed"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+)
+
+// TestBinaries runs the real cmd/hcp-sidecar (callee mode) and
+// cmd/sample-callee as processes, configured only through the environment
+// contract, against the API server and the broker: a task completes, the
+// probes answer, and SIGTERM stops the sidecar cleanly.
+func TestBinaries(t *testing.T) {
+	b := newBed(t, bedOptions{noStart: true})
+	root, err := testbed.RepoRoot()
+	must(t, err)
+	bin := t.TempDir()
+	for _, cmd := range []string{"hcp-sidecar", "sample-callee"} {
+		build := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(bin, cmd), "./cmd/"+cmd)
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/%s: %v\n%s", cmd, err, out)
+		}
+	}
+	apiAddr, probeAddr, harnessAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	keyPEM, err := token.MarshalPrivateKeyPEM(b.key)
+	must(t, err)
+
+	harness := exec.Command(filepath.Join(bin, "sample-callee"), "--listen", harnessAddr, "--sidecar", "http://"+apiAddr)
+	harness.Stdout, harness.Stderr = testWriter{t, "sample-callee"}, testWriter{t, "sample-callee"}
+	must(t, harness.Start())
+	t.Cleanup(func() { _ = harness.Process.Kill(); _ = harness.Wait() })
+
+	sc := exec.Command(filepath.Join(bin, "hcp-sidecar"), "--mode=callee")
+	sc.Env = append(os.Environ(),
+		"KUBECONFIG="+b.env.Kubeconfig,
+		config.EnvID+"="+calleeID,
+		config.EnvObjectName+"="+calleeID,
+		config.EnvNamespace+"="+b.ns,
+		config.EnvPodName+"="+b.pod,
+		config.EnvVhost+"="+b.vhost,
+		config.EnvAMQPURL+"="+b.broker.AMQPURI(b.calleeU, password, b.vhost),
+		config.EnvUsername+"="+b.calleeU,
+		config.EnvTokenKey+"="+string(keyPEM),
+		config.EnvHarnessURL+"=http://"+harnessAddr,
+		config.EnvAPIAddr+"="+apiAddr,
+		config.EnvProbeAddr+"="+probeAddr,
+	)
+	sc.Stdout, sc.Stderr = testWriter{t, "hcp-sidecar"}, testWriter{t, "hcp-sidecar"}
+	must(t, sc.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- sc.Wait() }()
+	t.Cleanup(func() {
+		_ = sc.Process.Kill()
+		select {
+		case err := <-exited:
+			t.Logf("hcp-sidecar exited: %v", err)
+		case <-time.After(5 * time.Second):
+		}
+	})
+
+	testbed.Eventually(t, 60*time.Second, "/readyz", func(ctx context.Context) error {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("the sidecar exited: %v", err)
+		default:
+		}
+		code, body := httpGet(ctx, "http://"+probeAddr+"/readyz")
+		if code != 200 {
+			return fmt.Errorf("%d %s", code, body)
+		}
+		return nil
+	})
+
+	_, sid, _ := b.submit(newSubmit(nil))
+	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
+		t.Fatalf("session_closed = %+v", closed)
+	}
+	b.waitState(sid, v1alpha1.SessionCompleted, 10*time.Second)
+	if code, body := httpGet(t.Context(), "http://"+probeAddr+"/metrics"); code != 200 ||
+		!strings.Contains(body, `hcp_sidecar_messages_in_total{type="task_submit"} 1`) ||
+		!strings.Contains(body, `hcp_sidecar_amqp_connected 1`) {
+		t.Fatalf("/metrics: %d\n%s", code, body)
+	}
+	if code, _ := httpGet(t.Context(), "http://"+probeAddr+"/healthz"); code != 200 {
+		t.Fatalf("/healthz: %d", code)
+	}
+
+	must(t, sc.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("the sidecar exited with %v after SIGTERM", err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("the sidecar did not stop within 40s of SIGTERM")
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer func() { _ = ln.Close() }()
+	return ln.Addr().String()
+}
+
+func httpGet(ctx context.Context, url string) (int, string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// testWriter sends a process's output to the test log.
+type testWriter struct {
+	t    *testing.T
+	name string
+}
+
+func (w testWriter) Write(p []byte) (int, error) {
+	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		w.t.Logf("%s: %s", w.name, l)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,445 @@
+// Package status writes HCPSession status for the hcp-sidecar, in both
+// modes: the callee sidecar records the session's state, progress and
+// sequence numbers; the caller sidecar records callerAckedSequence.
+//
+// Writes are coalesced per session: whatever the event rate, a session's
+// status is written at most once per interval (latest state wins), a change
+// to a terminal state is written at once, and nothing is written when nothing
+// changed. Each write is a JSON merge patch of the status subresource holding
+// only the fields that differ from what this writer last wrote, under the
+// field manager "hcp-sidecar". Merge patches rather than server-side apply:
+// both sidecars share the field manager name, and an apply from the caller
+// sidecar (which owns only callerAckedSequence) would remove every field the
+// callee sidecar applied under the same manager. A diff-based merge patch
+// touches exactly the fields its writer changed, so the two sidecars never
+// clobber each other, and it needs no read before writing.
+package status
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
+)
+
+// FieldOwner is the field manager of every sidecar write.
+const FieldOwner = "hcp-sidecar"
+
+// DefaultInterval is the default minimum time between two status writes of
+// one session (Callee spec.sessions.statusUpdateInterval defaults to PT1S).
+const DefaultInterval = time.Second
+
+// DefaultWorkers is the default number of concurrent writes (of different
+// sessions; one session is never written concurrently).
+const DefaultWorkers = 4
+
+// ErrNotFound is returned by Flush when the HCPSession no longer exists.
+var ErrNotFound = errors.New("status: HCPSession not found")
+
+// Options configure a Writer.
+type Options struct {
+	// Client writes the status subresource. Required.
+	Client client.Client
+	// Namespace of the HCPSessions. Required.
+	Namespace string
+	// Interval is the minimum time between two writes of one session;
+	// <= 0 means DefaultInterval.
+	Interval time.Duration
+	// Clock is injected for tests; nil means the real clock.
+	Clock clock.WithTicker
+	// Metrics count writes (StatusWrites by result); optional.
+	Metrics *metrics.Metrics
+	// Log receives write failures.
+	Log logr.Logger
+	// FieldOwner overrides FieldOwner.
+	FieldOwner string
+	// Workers is the number of concurrent writers; <= 0 means DefaultWorkers.
+	Workers int
+	// WriteTimeout bounds one write; <= 0 means 10s.
+	WriteTimeout time.Duration
+}
+
+// Writer coalesces and writes HCPSession status. It is safe for concurrent
+// use. Start it with Run.
+type Writer struct {
+	c        client.Client
+	ns       string
+	interval time.Duration
+	clk      clock.WithTicker
+	m        *metrics.Metrics
+	log      logr.Logger
+	owner    string
+	workers  int
+	timeout  time.Duration
+	queue    workqueue.TypedDelayingInterface[string]
+
+	mu      sync.Mutex
+	entries map[string]*entry
+}
+
+// entry is what the writer knows of one session's status.
+type entry struct {
+	// base is the status this writer last wrote (or was seeded with);
+	// patches carry the difference between base and desired.
+	base v1alpha1.HCPSessionStatus
+	// desired is the status after every Update so far.
+	desired v1alpha1.HCPSessionStatus
+	// version counts Updates; written is the version base reflects.
+	version, written uint64
+	// lastWrite is when base was last written (zero: never).
+	lastWrite time.Time
+	// force asks the next write to ignore the interval (Flush).
+	force bool
+	// gone is set when the object was not found: updates are dropped.
+	gone    bool
+	waiters []waiter
+}
+
+type waiter struct {
+	version uint64
+	ch      chan error
+}
+
+// New returns a Writer. Call Run to start writing.
+func New(o Options) *Writer {
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.FieldOwner == "" {
+		o.FieldOwner = FieldOwner
+	}
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 10 * time.Second
+	}
+	return &Writer{
+		c:        o.Client,
+		ns:       o.Namespace,
+		interval: o.Interval,
+		clk:      o.Clock,
+		m:        o.Metrics,
+		log:      o.Log,
+		owner:    o.FieldOwner,
+		workers:  o.Workers,
+		timeout:  o.WriteTimeout,
+		queue:    workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Clock: o.Clock}),
+		entries:  map[string]*entry{},
+	}
+}
+
+// Interval returns the minimum time between two writes of one session.
+func (w *Writer) Interval() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.interval
+}
+
+// SetInterval changes the interval (the Callee's
+// spec.sessions.statusUpdateInterval, known only once the Callee is read);
+// <= 0 is ignored.
+func (w *Writer) SetInterval(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	w.mu.Lock()
+	w.interval = d
+	w.mu.Unlock()
+}
+
+// Run writes until ctx ends, then writes whatever is still pending (bounded
+// by a 10 s grace period) and returns. Updates after Run returned are not
+// written.
+func (w *Writer) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for range w.workers {
+		wg.Go(func() {
+			for w.processNext() {
+			}
+		})
+	}
+	<-ctx.Done()
+	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	err := w.FlushAll(flushCtx)
+	cancel()
+	w.queue.ShutDown()
+	wg.Wait()
+	return err
+}
+
+// Seed tells the writer what the stored status of name is (read from the
+// API server, or just written by the caller itself), so later patches are
+// computed against it. writtenAt, when not zero, counts as a write for the
+// interval.
+func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.entries[name]
+	if e == nil {
+		e = &entry{}
+		w.entries[name] = e
+	}
+	e.base = *st.DeepCopy()
+	e.desired = *st.DeepCopy()
+	e.version++
+	e.written = e.version
+	e.gone = false
+	if !writtenAt.IsZero() {
+		e.lastWrite = writtenAt
+	}
+	w.notify(e, nil)
+}
+
+// Update applies mutate to the desired status of name and schedules a write:
+// at once when the state becomes terminal or the session's last write is at
+// least one interval old, otherwise when the interval has passed. mutate runs
+// under the writer's lock and must not call the writer. A session this writer
+// has not seen starts from an empty status, so mutate should set absolute
+// values (the patch carries only what differs from what this writer wrote
+// before).
+func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.entries[name]
+	if e == nil {
+		e = &entry{}
+		w.entries[name] = e
+	}
+	if e.gone {
+		return
+	}
+	mutate(&e.desired)
+	e.version++
+	if equality.Semantic.DeepEqual(e.base, e.desired) {
+		// Back to what is stored: nothing to write.
+		e.written = e.version
+		w.notify(e, nil)
+		return
+	}
+	w.schedule(name, e)
+}
+
+// Flush writes the pending status of name now, ignoring the interval, and
+// waits for the write. It returns nil at once when nothing is pending, and
+// ErrNotFound when the object is gone.
+func (w *Writer) Flush(ctx context.Context, name string) error {
+	w.mu.Lock()
+	e := w.entries[name]
+	if e == nil || e.written == e.version {
+		w.mu.Unlock()
+		return nil
+	}
+	if e.gone {
+		w.mu.Unlock()
+		return ErrNotFound
+	}
+	ch := make(chan error, 1)
+	e.waiters = append(e.waiters, waiter{version: e.version, ch: ch})
+	e.force = true
+	w.mu.Unlock()
+	w.queue.Add(name)
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// FlushAll flushes every session with pending changes.
+func (w *Writer) FlushAll(ctx context.Context) error {
+	w.mu.Lock()
+	var names []string
+	for n, e := range w.entries {
+		if e.written != e.version && !e.gone {
+			names = append(names, n)
+		}
+	}
+	w.mu.Unlock()
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for _, n := range names {
+		wg.Go(func() {
+			if err := w.Flush(ctx, n); err != nil && !errors.Is(err, ErrNotFound) {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", n, err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Forget drops what the writer knows of name (the session ended here or the
+// object is gone). Pending changes are discarded.
+func (w *Writer) Forget(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e := w.entries[name]; e != nil {
+		w.notify(e, errors.New("status: forgotten"))
+		delete(w.entries, name)
+	}
+}
+
+// Pending reports whether name has changes not yet written.
+func (w *Writer) Pending(name string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.entries[name]
+	return e != nil && e.written != e.version && !e.gone
+}
+
+// Status returns the desired (latest) status of name as the writer knows it.
+func (w *Writer) Status(name string) (v1alpha1.HCPSessionStatus, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.entries[name]
+	if e == nil {
+		return v1alpha1.HCPSessionStatus{}, false
+	}
+	return *e.desired.DeepCopy(), true
+}
+
+// schedule queues name for writing when it is due. Called with w.mu held.
+func (w *Writer) schedule(name string, e *entry) {
+	if d := w.delay(e); d <= 0 {
+		w.queue.Add(name)
+	} else {
+		w.queue.AddAfter(name, d)
+	}
+}
+
+// delay is how long until e may be written; <= 0 means now. Called with
+// w.mu held.
+func (w *Writer) delay(e *entry) time.Duration {
+	if e.force || e.lastWrite.IsZero() || terminalChange(e) {
+		return 0
+	}
+	return e.lastWrite.Add(w.interval).Sub(w.clk.Now())
+}
+
+// terminalChange: the desired state is terminal and not yet written.
+func terminalChange(e *entry) bool {
+	return e.desired.State.IsTerminal() && e.desired.State != e.base.State
+}
+
+func (w *Writer) processNext() bool {
+	name, shutdown := w.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer w.queue.Done(name)
+
+	w.mu.Lock()
+	e := w.entries[name]
+	if e == nil || e.gone || e.written == e.version {
+		w.mu.Unlock()
+		return true
+	}
+	if d := w.delay(e); d > 0 {
+		// Queued early (an Update while a write was in flight): wait out
+		// the interval.
+		w.queue.AddAfter(name, d)
+		w.mu.Unlock()
+		return true
+	}
+	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
+	e.force = false
+	w.mu.Unlock()
+
+	err := w.write(name, base, target)
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.entries[name] != e {
+		return true // forgotten meanwhile
+	}
+	e.lastWrite = w.clk.Now()
+	switch {
+	case err == nil:
+		e.base = target
+		e.written = version
+		w.notify(e, nil)
+	case apierrors.IsNotFound(err):
+		e.gone = true
+		w.log.Info("HCPSession is gone; dropped its status updates", "hcpsession", klog.KRef(w.ns, name))
+		w.notify(e, ErrNotFound)
+		return true
+	default:
+		w.log.Error(err, "Failed to write HCPSession status; will retry", "hcpsession", klog.KRef(w.ns, name))
+		w.failWaiters(e, err)
+	}
+	if e.written != e.version {
+		w.schedule(name, e)
+	}
+	return true
+}
+
+func (w *Writer) write(name string, base, target v1alpha1.HCPSessionStatus) error {
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	defer cancel()
+	meta := metav1.ObjectMeta{Name: name, Namespace: w.ns}
+	from := &v1alpha1.HCPSession{ObjectMeta: meta, Status: base}
+	to := &v1alpha1.HCPSession{ObjectMeta: meta, Status: target}
+	err := w.c.Status().Patch(ctx, to, client.MergeFrom(from), client.FieldOwner(w.owner))
+	w.count(err)
+	return err
+}
+
+func (w *Writer) count(err error) {
+	if w.m == nil {
+		return
+	}
+	switch {
+	case err == nil:
+		w.m.StatusWrites.WithLabelValues("ok").Inc()
+	case apierrors.IsConflict(err):
+		w.m.StatusWrites.WithLabelValues("conflict").Inc()
+	default:
+		w.m.StatusWrites.WithLabelValues("error").Inc()
+	}
+}
+
+// notify completes the waiters whose version is written (or all, with a
+// non-nil err). Called with w.mu held.
+func (w *Writer) notify(e *entry, err error) {
+	kept := e.waiters[:0]
+	for _, wt := range e.waiters {
+		if err != nil || wt.version <= e.written {
+			wt.ch <- err
+			continue
+		}
+		kept = append(kept, wt)
+	}
+	e.waiters = kept
+}
+
+// failWaiters fails the pending Flushes after a failed write; the write is
+// retried regardless. Called with w.mu held.
+func (w *Writer) failWaiters(e *entry, err error) {
+	for _, wt := range e.waiters {
+		wt.ch <- err
+	}
+	e.waiters = nil
+}

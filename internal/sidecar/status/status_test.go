@@ -1,0 +1,245 @@
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
+)
+
+const ns = "ns"
+
+// countingClient is a fake API server that records every status patch.
+type countingClient struct {
+	client.Client
+	mu      sync.Mutex
+	patches []string // the patch bodies, in order
+}
+
+func (c *countingClient) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.patches)
+}
+
+func (c *countingClient) last() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.patches) == 0 {
+		return ""
+	}
+	return c.patches[len(c.patches)-1]
+}
+
+func newFixture(t *testing.T, interval time.Duration, objs ...client.Object) (*Writer, *countingClient, *clocktesting.FakeClock, *metrics.Metrics) {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	cc := &countingClient{}
+	cc.Client = fake.NewClientBuilder().WithScheme(s).
+		WithStatusSubresource(&v1alpha1.HCPSession{}).
+		WithObjects(objs...).
+		WithInterceptorFuncs(interceptor.Funcs{
+			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+				data, err := p.Data(obj)
+				if err != nil {
+					return err
+				}
+				cc.mu.Lock()
+				cc.patches = append(cc.patches, string(data))
+				cc.mu.Unlock()
+				return c.SubResource(sub).Patch(ctx, obj, p, opts...)
+			},
+		}).Build()
+	clk := clocktesting.NewFakeClock(time.Date(2025, 1, 15, 8, 30, 0, 0, time.UTC))
+	m := metrics.New(prometheus.NewRegistry())
+	w := New(Options{Client: cc, Namespace: ns, Interval: interval, Clock: clk, Metrics: m, Log: testr.New(t)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return w, cc, clk, m
+}
+
+func session(name string) *v1alpha1.HCPSession {
+	return &v1alpha1.HCPSession{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       v1alpha1.HCPSessionSpec{SessionID: name, CalleeID: "callee", CallerID: "caller", Capability: "c", TaskMessageID: name},
+	}
+}
+
+// settle waits (in real time) until the writer has made want writes, and
+// then a little longer to catch any extra one.
+func settle(t *testing.T, cc *countingClient, want int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for cc.count() < want && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := cc.count(); got != want {
+		t.Fatalf("writes = %d, want %d; patches: %v", got, want, cc.patches)
+	}
+}
+
+func get(t *testing.T, cc *countingClient, name string) v1alpha1.HCPSessionStatus {
+	t.Helper()
+	var s v1alpha1.HCPSession
+	if err := cc.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s.Status
+}
+
+func TestCoalescesToOneWritePerInterval(t *testing.T) {
+	w, cc, clk, m := newFixture(t, time.Second, session("s1"))
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning })
+	settle(t, cc, 1) // first write goes at once
+
+	// 100 events/s for 3 s of fake time: 300 updates.
+	seq := int64(0)
+	for step := range 300 {
+		seq++
+		w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.LastSequence = seq; s.EventCount = seq })
+		clk.Step(10 * time.Millisecond)
+		if step%100 == 99 {
+			// each full interval allows exactly one more write
+			settle(t, cc, 1+(step+1)/100)
+		}
+	}
+	clk.Step(time.Second)
+	settle(t, cc, 4) // nothing left: the last update was written at t=3s
+	st := get(t, cc, "s1")
+	if st.LastSequence != 300 || st.EventCount != 300 || st.State != v1alpha1.SessionRunning {
+		t.Fatalf("stored status = %+v, want the latest (seq 300, RUNNING)", st)
+	}
+	if n := testutil.ToFloat64(m.StatusWrites.WithLabelValues("ok")); n != 4 {
+		t.Fatalf("hcp_sidecar_status_writes_total{result=ok} = %v, want 4", n)
+	}
+}
+
+func TestTerminalStateIsWrittenAtOnce(t *testing.T) {
+	w, cc, _, _ := newFixture(t, time.Second, session("s1"))
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning })
+	settle(t, cc, 1)
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.LastSequence = 5 })
+	settle(t, cc, 1) // within the interval: waits
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) {
+		s.State = v1alpha1.SessionCompleted
+		s.LastSequence = 7
+	})
+	settle(t, cc, 2) // terminal: at once, with the pending change folded in
+	if st := get(t, cc, "s1"); st.State != v1alpha1.SessionCompleted || st.LastSequence != 7 {
+		t.Fatalf("stored status = %+v", st)
+	}
+}
+
+func TestNoWriteWithoutChange(t *testing.T) {
+	w, cc, clk, _ := newFixture(t, time.Second, session("s1"))
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning; s.LastSequence = 3 })
+	settle(t, cc, 1)
+	for range 50 {
+		w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning; s.LastSequence = 3 })
+		clk.Step(100 * time.Millisecond)
+	}
+	settle(t, cc, 1)
+	// A change and its undo within one interval cancel out.
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.LastSequence = 4 })
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.LastSequence = 3 })
+	clk.Step(2 * time.Second)
+	settle(t, cc, 1)
+	if w.Pending("s1") {
+		t.Fatal("Pending reports a change after an undo")
+	}
+}
+
+func TestFlushIgnoresInterval(t *testing.T) {
+	w, cc, _, _ := newFixture(t, time.Hour, session("s1"))
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning })
+	settle(t, cc, 1)
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.LastSequence = 9 })
+	if err := w.Flush(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, cc, 2)
+	if err := w.Flush(context.Background(), "s1"); err != nil { // nothing pending
+		t.Fatal(err)
+	}
+	settle(t, cc, 2)
+}
+
+func TestPatchCarriesOnlyChangedFields(t *testing.T) {
+	obj := session("s1")
+	w, cc, _, _ := newFixture(t, time.Second, obj)
+	// The callee sidecar's view.
+	callee := New(Options{Client: cc, Namespace: ns, Clock: clocktesting.NewFakeClock(time.Now())})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = callee.Run(ctx) }()
+	callee.Update("s1", func(s *v1alpha1.HCPSessionStatus) {
+		s.State = v1alpha1.SessionRunning
+		s.LastSequence = 40
+		s.PodName = "pod-a"
+	})
+	settle(t, cc, 1)
+
+	// The caller sidecar (w) knows nothing but its own field.
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.CallerAckedSequence = 12 })
+	settle(t, cc, 2)
+	var p map[string]map[string]any
+	if err := json.Unmarshal([]byte(cc.last()), &p); err != nil {
+		t.Fatal(err)
+	}
+	if len(p) != 1 || len(p["status"]) != 1 || p["status"]["callerAckedSequence"] != float64(12) {
+		t.Fatalf("caller patch = %s, want only status.callerAckedSequence", cc.last())
+	}
+	st := get(t, cc, "s1")
+	if st.State != v1alpha1.SessionRunning || st.LastSequence != 40 || st.PodName != "pod-a" || st.CallerAckedSequence != 12 {
+		t.Fatalf("stored status = %+v: a writer clobbered the other's fields", st)
+	}
+}
+
+func TestGoneObjectStopsWrites(t *testing.T) {
+	w, cc, clk, m := newFixture(t, time.Second)
+	w.Update("missing", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning })
+	settle(t, cc, 1)
+	for range 5 {
+		w.Update("missing", func(s *v1alpha1.HCPSessionStatus) { s.LastSequence++ })
+		clk.Step(2 * time.Second)
+	}
+	settle(t, cc, 1)
+	if err := w.Flush(context.Background(), "missing"); err != nil && err != ErrNotFound {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(m.StatusWrites.WithLabelValues("error")); n != 1 {
+		t.Fatalf("error writes = %v, want 1", n)
+	}
+}
+
+func TestSeedCountsAsWrite(t *testing.T) {
+	w, cc, clk, _ := newFixture(t, time.Second, session("s1"))
+	w.Seed("s1", v1alpha1.HCPSessionStatus{State: v1alpha1.SessionRunning, PodName: "p"}, clk.Now())
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.LastSequence = 2 })
+	settle(t, cc, 0) // within the interval of the seeded write
+	clk.Step(time.Second)
+	settle(t, cc, 1)
+	if got := cc.last(); got != `{"status":{"lastSequence":2}}` {
+		t.Fatalf("patch = %s", got)
+	}
+}
