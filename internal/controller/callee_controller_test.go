@@ -1,0 +1,634 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+)
+
+// TestCalleeLifecycle: create, converge, report, edit, delete.
+func TestCalleeLifecycle(t *testing.T) {
+	ns := newNamespace(t, "callee-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "lab-cvd", func(c *hcpv1alpha1.Callee) {
+		c.Spec.CommandQueue.MaxLength = new(int64(100))
+		c.Spec.CommandQueue.DeliveryLimit = new(int32(5))
+	})
+	create(t, callee)
+	base, credsName, tokenName := childNames("callee", "lab-cvd")
+
+	// Everything appears, owned by the Callee.
+	topo := topologyChildren(ns, base)
+	harness := harnessChildren(ns, base)
+	creds := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: credsName}}
+	tok := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tokenName}}
+	children := append(append(slices.Clone(topo), harness...), creds, tok)
+	checks := make([]func(context.Context) error, 0, len(children))
+	for _, o := range children {
+		checks = append(checks, exists(o, callee))
+	}
+	eventually(t, "every child exists with the Callee as controller", all(checks...))
+
+	eventually(t, "the Callee holds its id", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(callee), callee); err != nil {
+			return err
+		}
+		if !controllerutil.ContainsFinalizer(callee, TopologyFinalizer) || callee.Labels[hcpv1alpha1.LabelVhostKey] == "" {
+			return fmt.Errorf("finalizers %v labels %v", callee.Finalizers, callee.Labels)
+		}
+		return nil
+	})
+	vhostKey := callee.Labels[hcpv1alpha1.LabelVhostKey]
+
+	// Topology objects as DESIGN section 3 says.
+	q := topo[0].(*topologyv1beta1.Queue)
+	vhost := testVhost(ns)
+	if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Vhost != vhost ||
+		!reflect.DeepEqual(queueArgs(q), map[string]any{"x-max-length": float64(100), "x-delivery-limit": float64(5), "x-overflow": "reject-publish"}) {
+		t.Errorf("queue %+v args %v", q.Spec, queueArgs(q))
+	}
+	if !managedBy(q, resource.FieldManager) {
+		t.Errorf("the Queue was not written with field manager %q: %+v", resource.FieldManager, q.ManagedFields)
+	}
+	ref := q.Spec.RabbitmqClusterReference
+	if ref.Namespace != suiteBrokerNamespace || ref.ConnectionSecret == nil || ref.ConnectionSecret.Name != suiteBrokerSecret {
+		t.Errorf("default broker reference not used: %+v", ref)
+	}
+	if p := topo[3].(*topologyv1beta1.Permission).Spec; p.User != "callee.lab-cvd@"+vhost || p.Vhost != vhost || p.Permissions.Configure != "^$" ||
+		p.Permissions.Write != `^hcp\.events$` || p.Permissions.Read != `^hcp\.cmd\.lab-cvd$` {
+		t.Errorf("permission %+v", p)
+	}
+	if b := topo[1].(*topologyv1beta1.Binding).Spec; b.Source != "hcp.commands" || b.RoutingKey != "lab-cvd" || b.Destination != "hcp.cmd.lab-cvd" {
+		t.Errorf("binding %+v", b)
+	}
+	if u := topo[2].(*topologyv1beta1.User).Spec; u.ImportCredentialsSecret == nil || u.ImportCredentialsSecret.Name != credsName {
+		t.Errorf("user %+v", u)
+	}
+	if creds.Labels[resource.LabelTopologyOperator] != "true" || string(creds.Data["username"]) != "callee.lab-cvd@"+vhost ||
+		string(creds.Data["vhost"]) != vhost || len(creds.Data["password"]) < 24 ||
+		!strings.HasPrefix(string(creds.Data["uri"]), "amqp://callee.lab-cvd%40%2F"+ns+":") ||
+		!strings.HasSuffix(string(creds.Data["uri"]), "@rabbitmq.hcp-system.svc:5672/%2F"+ns) {
+		t.Errorf("credentials Secret labels %v data keys %v uri %q", creds.Labels, slices.Sorted(maps.Keys(creds.Data)), redact(creds.Data["uri"]))
+	}
+	role := harness[2].(*rbacv1.Role)
+	if !reflect.DeepEqual(role.Rules, resource.RoleRules(resource.Subject{Role: "callee", Name: "lab-cvd"})) {
+		t.Errorf("role rules %+v", role.Rules)
+	}
+	dep := harness[0].(*appsv1.Deployment)
+	if dep.Spec.Template.Spec.ServiceAccountName != base || len(dep.Spec.Template.Spec.Containers) != 2 ||
+		dep.Spec.Template.Spec.Containers[1].Image != suiteSidecarImage {
+		t.Errorf("deployment pod spec %+v", dep.Spec.Template.Spec)
+	}
+
+	// Shared exchanges: in the namespace, labelled, owned by no one.
+	exchanges, err := sharedExchanges(t.Context(), vhostKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(exchanges) != 2 {
+		t.Fatalf("want 2 shared exchanges, got %d", len(exchanges))
+	}
+	for _, x := range exchanges {
+		if len(x.OwnerReferences) != 0 || x.Namespace != ns {
+			t.Errorf("exchange %s/%s owners %v", x.Namespace, x.Name, x.OwnerReferences)
+		}
+	}
+
+	// Honest status while nothing is declared and no pod runs.
+	eventually(t, "status says what is pending", all(
+		calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending,
+			"Exchange hcp-commands-"+vhostKey+": not yet declared by the messaging-topology-operator"),
+		calleeCondition(callee, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionFalse, hcpv1alpha1.ReasonDeploymentProgressing, "Deployment "+base),
+		calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, ""),
+	))
+	st := callee.Status
+	if st.ObservedGeneration != callee.Generation || st.CalleeID != "lab-cvd" || st.CommandQueue != "hcp.cmd.lab-cvd" || st.Vhost != vhost ||
+		st.CredentialsSecret != credsName || st.Username != "callee.lab-cvd@"+vhost {
+		t.Errorf("status %+v", st)
+	}
+	if _, err := token.ParsePublicKeyPEM([]byte(st.TokenPublicKey)); err != nil || st.TokenPublicKey != string(tok.Data["public.pem"]) {
+		t.Errorf("status.tokenPublicKey %q: %v", st.TokenPublicKey, err)
+	}
+
+	// Play the topology operator and the Deployment controller.
+	for _, o := range topo {
+		setTopologyStatus(t, o, true, "")
+	}
+	for i := range exchanges {
+		setTopologyStatus(t, &exchanges[i], true, "")
+	}
+	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "6 topology objects ready"))
+	setDeploymentAvailable(t, dep, 1)
+	eventually(t, "Ready once the Deployment is available", all(
+		calleeCondition(callee, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionTrue, hcpv1alpha1.ReasonDeploymentAvailable, "1/1 replicas ready"),
+		calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, ""),
+		func(context.Context) error {
+			if callee.Status.ReadyReplicas != 1 {
+				return fmt.Errorf("readyReplicas %d", callee.Status.ReadyReplicas)
+			}
+			return nil
+		},
+	))
+
+	// A child failing shows on the Callee, with its message.
+	setTopologyStatus(t, q, false, "Error 403 (access_refused): vhost /hcp not found")
+	eventually(t, "TopologyReady names the failing child", all(
+		calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyFailed,
+			"Queue "+base+": Error 403 (access_refused): vhost /hcp not found"),
+		calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyFailed, "vhost /hcp not found"),
+	))
+	setTopologyStatus(t, q, true, "")
+
+	// Limits edited in the Callee reach the Queue.
+	hash := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]
+	privateKey := string(tok.Data["private.pem"])
+	update(t, callee, func(c *hcpv1alpha1.Callee) {
+		c.Spec.CommandQueue.MaxLength = new(int64(250))
+		c.Spec.CommandQueue.MaxLengthBytes = new(int64(1 << 20))
+	})
+	eventually(t, "new limits in the Queue", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(q), q); err != nil {
+			return err
+		}
+		want := map[string]any{"x-max-length": float64(250), "x-max-length-bytes": float64(1 << 20), "x-delivery-limit": float64(5), "x-overflow": "reject-publish"}
+		if got := queueArgs(q); !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("arguments %v, want %v", got, want)
+		}
+		return nil
+	})
+	eventually(t, "the new generation is pending until declared", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
+		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "Queue "+base+": not yet declared at generation 2"))
+	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(dep), dep); err != nil {
+		t.Fatal(err)
+	}
+	if got := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; got != hash {
+		t.Errorf("a queue limit rolled the pods: config hash %s -> %s", hash, got)
+	}
+
+	// Scaling does not roll the pods; a harness change does.
+	update(t, callee, func(c *hcpv1alpha1.Callee) { c.Spec.Harness.Replicas = new(int32(3)) })
+	eventually(t, "replicas reach the Deployment", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+			return err
+		}
+		if *dep.Spec.Replicas != 3 {
+			return fmt.Errorf("replicas %d", *dep.Spec.Replicas)
+		}
+		if got := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; got != hash {
+			return fmt.Errorf("scaling changed the config hash %s -> %s", hash, got)
+		}
+		return nil
+	})
+	update(t, callee, func(c *hcpv1alpha1.Callee) {
+		c.Spec.Harness.Template.Spec.Containers[0].Image = "example.com/harness:2"
+		c.Spec.Sidecar.LogLevel = "debug"
+	})
+	eventually(t, "a harness change rolls the pods", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+			return err
+		}
+		c := dep.Spec.Template.Spec.Containers
+		if got := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; got == hash || c[0].Image != "example.com/harness:2" {
+			return fmt.Errorf("config hash %s (was %s), image %s", got, hash, c[0].Image)
+		}
+		return nil
+	})
+	hash = dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]
+
+	// A changed credential rolls the pods too (the password lives in the
+	// Secret, and the sidecar reads it at start).
+	update(t, creds, func(s *corev1.Secret) { s.Data["password"] = []byte("rotated-by-hand-0123456789") })
+	eventually(t, "a Secret change rolls the pods", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+			return err
+		}
+		if got := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; got == hash {
+			return fmt.Errorf("config hash unchanged (%s)", got)
+		}
+		return nil
+	})
+	// The kept password is used in the uri.
+	eventually(t, "the uri follows the password", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(creds), creds); err != nil {
+			return err
+		}
+		if !strings.Contains(string(creds.Data["uri"]), ":rotated-by-hand-0123456789@") {
+			return fmt.Errorf("uri %s", redact(creds.Data["uri"]))
+		}
+		return nil
+	})
+	// The token key is never regenerated.
+	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(tok), tok); err != nil {
+		t.Fatal(err)
+	}
+	if string(tok.Data["private.pem"]) != privateKey {
+		t.Error("the token signing key changed")
+	}
+
+	// Active sessions.
+	running := newSession(ns, "lab-cvd", hcpv1alpha1.SessionRunning, nil)
+	done := newSession(ns, "lab-cvd", hcpv1alpha1.SessionCompleted, new(metav1.Now()))
+	createSession(t, running)
+	createSession(t, done)
+	eventually(t, "activeSessions counts the running session", activeSessions(callee, 1))
+	setSessionState(t, running, hcpv1alpha1.SessionCompleted)
+	eventually(t, "activeSessions drops when it ends", activeSessions(callee, 0))
+
+	// Events on change.
+	eventually(t, "Events recorded", func(ctx context.Context) error {
+		seen := eventReasons(ctx, ns, "Callee", "lab-cvd")
+		for _, r := range []string{"Created", "Updated", hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ReasonReconciled, hcpv1alpha1.ReasonTopologyFailed} {
+			if _, ok := seen[r]; !ok {
+				return fmt.Errorf("no %s event; seen %v", r, seen)
+			}
+		}
+		return nil
+	})
+
+	// Deletion: the finalizer removes the topology objects, then the
+	// shared exchanges (last user), then lets the Callee go.
+	if err := k8sClient.Delete(t.Context(), callee); err != nil {
+		t.Fatal(err)
+	}
+	checks = append(make([]func(context.Context) error, 0, 1+len(topo)+len(exchanges)), gone(callee))
+	for _, o := range topo {
+		checks = append(checks, gone(o))
+	}
+	for i := range exchanges {
+		checks = append(checks, gone(&exchanges[i]))
+	}
+	eventually(t, "the Callee, its topology and the shared exchanges are gone", all(checks...))
+	// envtest has no garbage collector: the rest is left to owner
+	// references, checked above.
+}
+
+func managedBy(o client.Object, manager string) bool {
+	for _, f := range o.GetManagedFields() {
+		if f.Manager == manager {
+			return true
+		}
+	}
+	return false
+}
+
+func redact(uri []byte) string {
+	s := string(uri)
+	if i, j := strings.Index(s, "://"), strings.LastIndex(s, "@"); i > 0 && j > i {
+		if k := strings.Index(s[i+3:j], ":"); k >= 0 {
+			return s[:i+3+k+1] + "***" + s[j:]
+		}
+	}
+	return s
+}
+
+func newSession(ns, calleeID string, state hcpv1alpha1.SessionState, completed *metav1.Time) *hcpv1alpha1.HCPSession {
+	id := fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", rand.Uint32(), rand.Uint32()&0xffff, rand.Uint32()&0xfff, rand.Uint32()&0xfff, rand.Uint64()&0xffffffffffff)
+	s := &hcpv1alpha1.HCPSession{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: id, Labels: map[string]string{hcpv1alpha1.LabelCalleeID: calleeID}},
+		Spec: hcpv1alpha1.HCPSessionSpec{
+			SessionID: id, CalleeID: calleeID, CallerID: "alpha", Capability: "cvd.run",
+			TaskMessageID: "6f1c2b1e-8d1a-4c3b-9a8e-1f2d3c4b5a69",
+		},
+	}
+	s.Status.State, s.Status.CompletedAt = state, completed
+	return s
+}
+
+func createSession(t *testing.T, s *hcpv1alpha1.HCPSession) {
+	t.Helper()
+	st := s.Status
+	create(t, s)
+	s.Status = st
+	if err := k8sClient.Status().Update(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setSessionState(t *testing.T, s *hcpv1alpha1.HCPSession, state hcpv1alpha1.SessionState) {
+	t.Helper()
+	eventually(t, "set session state", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+			return err
+		}
+		s.Status.State = state
+		if state.IsTerminal() {
+			s.Status.CompletedAt = new(metav1.Now())
+		}
+		return k8sClient.Status().Update(ctx, s)
+	})
+}
+
+func activeSessions(c *hcpv1alpha1.Callee, want int32) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(c), c); err != nil {
+			return err
+		}
+		if c.Status.ActiveSessions != want {
+			return fmt.Errorf("activeSessions %d, want %d", c.Status.ActiveSessions, want)
+		}
+		return nil
+	}
+}
+
+// eventReasons are the reasons of the Events about an object, by type.
+func eventReasons(ctx context.Context, ns, kind, name string) map[string]string {
+	var list eventsv1.EventList
+	if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil
+	}
+	seen := map[string]string{}
+	for _, e := range list.Items {
+		if e.Regarding.Kind == kind && e.Regarding.Name == name {
+			seen[e.Reason] = e.Type
+		}
+	}
+	return seen
+}
+
+// TestSharedExchanges: two users of one vhost in two namespaces; the
+// exchanges survive the first deletion and go with the last.
+func TestSharedExchanges(t *testing.T) {
+	ns1, ns2 := newNamespace(t, "shared-a-"), newNamespace(t, "shared-b-")
+	dumpOnFailure(t, ns1)
+	dumpOnFailure(t, ns2)
+	callee := newCallee(ns1, "worker", func(c *hcpv1alpha1.Callee) {
+		c.Spec.Broker = hcpv1alpha1.BrokerSpec{Vhost: "/shared-" + ns1, CreateVhost: true}
+	})
+	caller := newCaller(ns2, "agent", func(c *hcpv1alpha1.Caller) {
+		c.Spec.Broker = hcpv1alpha1.BrokerSpec{Vhost: "/shared-" + ns1, CreateVhost: true, VhostDeletionPolicy: "delete"}
+	})
+	create(t, callee, caller)
+
+	var key string
+	eventually(t, "both hold their ids in one vhost key", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(callee), callee); err != nil {
+			return err
+		}
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(caller), caller); err != nil {
+			return err
+		}
+		k1, k2 := callee.Labels[hcpv1alpha1.LabelVhostKey], caller.Labels[hcpv1alpha1.LabelVhostKey]
+		if k1 == "" || k1 != k2 {
+			return fmt.Errorf("vhost keys %q %q", k1, k2)
+		}
+		key = k1
+		return nil
+	})
+	cmd, evt := resource.ExchangeNames(key)
+	objs := make([]client.Object, 0, 6)
+	for _, ns := range []string{ns1, ns2} {
+		objs = append(objs,
+			&topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cmd}},
+			&topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: evt}},
+			&topologyv1beta1.Vhost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: resource.VhostObjectName(key)}})
+	}
+	checks := make([]func(context.Context) error, 0, len(objs))
+	for _, o := range objs {
+		checks = append(checks, exists(o, nil))
+	}
+	eventually(t, "each namespace has the exchanges and the vhost", all(checks...))
+	// retain in ns1 (the Callee did not ask for delete), delete in ns2.
+	eventually(t, "vhost deletion policies", func(ctx context.Context) error {
+		for i, want := range map[int]string{2: "retain", 5: "delete"} {
+			v := objs[i].(*topologyv1beta1.Vhost)
+			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(v), v); err != nil {
+				return err
+			}
+			if v.Spec.DeletionPolicy != want || v.Spec.Name != "/shared-"+ns1 {
+				return fmt.Errorf("vhost %s/%s: policy %s name %s, want %s", v.Namespace, v.Name, v.Spec.DeletionPolicy, v.Spec.Name, want)
+			}
+		}
+		return nil
+	})
+
+	// The first user goes: everything shared stays, in both namespaces.
+	if err := k8sClient.Delete(t.Context(), callee); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Callee is gone", gone(callee))
+	for _, o := range objs {
+		if err := exists(o, nil)(t.Context()); err != nil {
+			t.Errorf("shared object deleted while still in use: %v", err)
+		}
+		if !o.GetDeletionTimestamp().IsZero() {
+			t.Errorf("%T %s/%s is being deleted while still in use", o, o.GetNamespace(), o.GetName())
+		}
+	}
+
+	// The last user goes: everything shared goes, everywhere.
+	if err := k8sClient.Delete(t.Context(), caller); err != nil {
+		t.Fatal(err)
+	}
+	checks = append(make([]func(context.Context) error, 0, 1+len(objs)), gone(caller))
+	for _, o := range objs {
+		checks = append(checks, gone(o))
+	}
+	eventually(t, "the last user took the shared objects with it", all(checks...))
+}
+
+// TestIDConflict: ids are unique per vhost and broker across namespaces.
+func TestIDConflict(t *testing.T) {
+	ns1, ns2 := newNamespace(t, "idc-a-"), newNamespace(t, "idc-b-")
+	dumpOnFailure(t, ns2)
+	vhost := "/idc-" + ns1
+	first := newCallee(ns1, "spectro", func(c *hcpv1alpha1.Callee) { c.Spec.Broker.Vhost = vhost })
+	create(t, first)
+	eventually(t, "the first holds the id", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(first), first); err != nil {
+			return err
+		}
+		if !controllerutil.ContainsFinalizer(first, TopologyFinalizer) {
+			return fmt.Errorf("no finalizer yet")
+		}
+		return nil
+	})
+	second := newCallee(ns2, "spectro-copy", func(c *hcpv1alpha1.Callee) {
+		c.Spec.CalleeID = "spectro"
+		c.Spec.Broker.Vhost = vhost
+	})
+	elsewhere := newCallee(ns2, "spectro-other-vhost", func(c *hcpv1alpha1.Callee) {
+		c.Spec.CalleeID = "spectro"
+		c.Spec.Broker.Vhost = "/elsewhere-" + ns1
+	})
+	create(t, second, elsewhere)
+	eventually(t, "the second gets IDConflict naming the holder", all(
+		calleeCondition(second, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonIDConflict,
+			fmt.Sprintf(`calleeID "spectro" is already used in vhost %q on this broker by Callee %s/spectro`, vhost, ns1)),
+		calleeCondition(second, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonIDConflict, ""),
+	))
+	eventually(t, "the same id in another vhost is fine", calleeCondition(elsewhere, hcpv1alpha1.ConditionReady,
+		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, ""))
+	// The loser created nothing and holds nothing.
+	base, creds, tok := childNames("callee", "spectro-copy")
+	for _, o := range append(append(topologyChildren(ns2, base), harnessChildren(ns2, base)...),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns2, Name: creds}}, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns2, Name: tok}}) {
+		if err := gone(o)(t.Context()); err != nil {
+			t.Errorf("the losing Callee created something: %v", err)
+		}
+	}
+	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(second), second); err != nil {
+		t.Fatal(err)
+	}
+	if len(second.Finalizers) != 0 {
+		t.Errorf("the losing Callee holds finalizers %v", second.Finalizers)
+	}
+
+	// The holder goes: the second takes over.
+	if err := k8sClient.Delete(t.Context(), first); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the second takes over once the holder is gone", all(
+		gone(first),
+		calleeCondition(second, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, ""),
+		exists(&topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns2, Name: base}}, second),
+	))
+}
+
+// TestBrokerReferenceProblems: bad references produce conditions that say
+// what to do.
+func TestBrokerReferenceProblems(t *testing.T) {
+	ns := newNamespace(t, "broker-")
+	dumpOnFailure(t, ns)
+	withSecret := func(name string) func(*hcpv1alpha1.Callee) {
+		return func(c *hcpv1alpha1.Callee) {
+			c.Spec.Broker.RabbitmqClusterReference = &hcpv1alpha1.RabbitmqClusterReference{ConnectionSecret: &corev1.LocalObjectReference{Name: name}}
+		}
+	}
+
+	missing := newCallee(ns, "missing", withSecret("nope"))
+	create(t, missing)
+	eventually(t, "missing Secret", calleeCondition(missing, hcpv1alpha1.ConditionReady, metav1.ConditionFalse,
+		hcpv1alpha1.ReasonBrokerSecretNotFound, fmt.Sprintf("connection Secret %s/nope not found: create it with keys uri", ns)))
+
+	unlabelled := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "rmq"},
+		StringData: map[string]string{"uri": "http://rabbit:15672", "username": "u", "password": "p"},
+	}
+	create(t, unlabelled)
+	callee := newCallee(ns, "unlabelled", withSecret("rmq"))
+	create(t, callee)
+	eventually(t, "unlabelled Secret, with the fix", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse,
+		hcpv1alpha1.ReasonBrokerSecretUnlabeled, fmt.Sprintf("fix: kubectl label secret -n %s rmq rabbitmq.com/topology-operator=true", ns)))
+	base, _, _ := childNames("callee", "unlabelled")
+	if err := gone(&topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}})(t.Context()); err != nil {
+		t.Errorf("a blocked Callee created topology: %v", err)
+	}
+	// Applying the fix is noticed at once (the labelled Secret enters the
+	// manager's cache).
+	update(t, unlabelled, func(s *corev1.Secret) { s.Labels = map[string]string{"rabbitmq.com/topology-operator": "true"} })
+	eventually(t, "the label fixes it", all(
+		calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, ""),
+		exists(&topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, callee),
+	))
+	// The Secret's management host gives the AMQP address.
+	eventually(t, "AMQP URL from the management uri", func(ctx context.Context) error {
+		_, credsName, _ := childNames("callee", "unlabelled")
+		s := &corev1.Secret{}
+		if err := k8sClient.Get(ctx, key(ns, credsName), s); err != nil {
+			return err
+		}
+		if !strings.HasSuffix(string(s.Data["uri"]), "@rabbit:5672/%2F"+ns) {
+			return fmt.Errorf("uri %s", redact(s.Data["uri"]))
+		}
+		return nil
+	})
+
+	incomplete := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "incomplete", Labels: map[string]string{"rabbitmq.com/topology-operator": "true"}},
+		StringData: map[string]string{"uri": "http://rabbit:15672"},
+	}
+	create(t, incomplete)
+	bad := newCallee(ns, "incomplete", withSecret("incomplete"))
+	create(t, bad)
+	eventually(t, "incomplete Secret", calleeCondition(bad, hcpv1alpha1.ConditionReady, metav1.ConditionFalse,
+		hcpv1alpha1.ReasonBrokerSecretInvalid, "lacks key(s) username, password"))
+
+	// A Secret of another namespace must allow this one.
+	other := newNamespace(t, "broker-other-")
+	create(t, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "rmq", Labels: map[string]string{"rabbitmq.com/topology-operator": "true"}},
+		StringData: map[string]string{"uri": "http://rabbit:15672", "username": "u", "password": "p"},
+	})
+	cross := newCallee(ns, "cross", func(c *hcpv1alpha1.Callee) {
+		c.Spec.Broker.RabbitmqClusterReference = &hcpv1alpha1.RabbitmqClusterReference{Namespace: other, ConnectionSecret: &corev1.LocalObjectReference{Name: "rmq"}}
+	})
+	create(t, cross)
+	eventually(t, "cross-namespace Secret not allowing us", calleeCondition(cross, hcpv1alpha1.ConditionReady, metav1.ConditionFalse,
+		hcpv1alpha1.ReasonBrokerSecretInvalid, fmt.Sprintf("fix: kubectl annotate secret -n %s rmq rabbitmq.com/topology-allowed-namespaces=%s", other, ns)))
+
+	// A Warning Event says it too.
+	eventually(t, "Warning Event", func(ctx context.Context) error {
+		if typ := eventReasons(ctx, ns, "Callee", "missing")[hcpv1alpha1.ReasonBrokerSecretNotFound]; typ != corev1.EventTypeWarning {
+			return fmt.Errorf("no Warning %s event", hcpv1alpha1.ReasonBrokerSecretNotFound)
+		}
+		return nil
+	})
+
+	// Blocked objects hold nothing, so they delete at once.
+	for _, c := range []*hcpv1alpha1.Callee{missing, bad, cross} {
+		if err := k8sClient.Delete(t.Context(), c); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "blocked Callee deleted", gone(c))
+	}
+}
+
+// TestExchangeLossRecovery: an Exchange object deleted behind the
+// operator's back while the vhost is in use is re-created, and bindings
+// are re-declared.
+func TestExchangeLossRecovery(t *testing.T) {
+	ns := newNamespace(t, "loss-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "sturdy", func(c *hcpv1alpha1.Callee) { c.Spec.Broker.Vhost = "/loss-" + ns })
+	create(t, callee)
+	base, _, _ := childNames("callee", "sturdy")
+	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	eventually(t, "topology exists", exists(binding, callee))
+	key := callee.Labels[hcpv1alpha1.LabelVhostKey]
+	if key == "" {
+		if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(callee), callee); err != nil {
+			t.Fatal(err)
+		}
+		key = callee.Labels[hcpv1alpha1.LabelVhostKey]
+	}
+	cmd, _ := resource.ExchangeNames(key)
+	x := &topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cmd}}
+	eventually(t, "exchange exists", exists(x, nil))
+	oldUID := x.UID
+	if err := k8sClient.Delete(t.Context(), x); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the exchange is re-created and the binding re-declared", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(x), x); err != nil {
+			return err
+		}
+		if x.UID == oldUID {
+			return fmt.Errorf("not re-created yet")
+		}
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(binding), binding); err != nil {
+			return err
+		}
+		if binding.Annotations[annotationRedeclare] != string(oldUID) {
+			return fmt.Errorf("binding annotations %v", binding.Annotations)
+		}
+		return nil
+	})
+}

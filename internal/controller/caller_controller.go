@@ -1,0 +1,197 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+)
+
+// CallerReconciler declares a Caller's event queue, credentials and, when
+// it has one, its harness; the RBAC the manager needs is on
+// CalleeReconciler.
+type CallerReconciler struct {
+	client.Client
+	// APIReader reads around the cache (Secrets the cache does not hold).
+	APIReader client.Reader
+	Scheme    *runtime.Scheme
+	Recorder  events.EventRecorder
+	Options   Options
+
+	core *core
+}
+
+// Reconcile follows the usual skeleton: get, finalizer/delete branch,
+// build, apply, one status write.
+//
+//nolint:dupl // CalleeReconciler.Reconcile is the same skeleton over another status type.
+func (r *CallerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	caller := &hcpv1alpha1.Caller{}
+	if err := r.Get(ctx, req.NamespacedName, caller); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	oldStatus := caller.Status.DeepCopy()
+	v := callerView(caller)
+	var res ctrl.Result
+	var err error
+	deleting := !caller.DeletionTimestamp.IsZero()
+	if deleting {
+		res, err = r.core.finalize(ctx, v, topologyObjects(v.sub))
+	} else {
+		res, err = r.reconcile(ctx, caller, v)
+	}
+	switch {
+	case apierrors.IsConflict(err):
+		// A write raced with another (often our own status write seen
+		// late by the cache): start again from a fresh read.
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	case err != nil:
+		setCondition(v, hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonReconcileFailed, err.Error())
+	case !deleting:
+		caller.Status.ObservedGeneration = caller.Generation
+	}
+	if !equality.Semantic.DeepEqual(*oldStatus, caller.Status) {
+		before := caller.DeepCopy()
+		before.Status = *oldStatus
+		err = errors.Join(err, r.core.writeStatus(ctx, before, caller, oldStatus.Conditions, caller.Status.Conditions))
+	}
+	return res, err
+}
+
+func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Caller, v view) (ctrl.Result, error) {
+	st := &caller.Status
+	st.CallerID, st.Vhost = caller.ID(), resource.VhostOf(caller.Spec.Broker)
+	st.External = caller.Spec.Harness == nil
+	if err := topology.ValidateID(caller.ID()); err != nil {
+		setBlocked(v, hcpv1alpha1.ReasonInvalidID, err.Error()+": set spec.callerID")
+		return ctrl.Result{}, nil
+	}
+	b, prob, err := r.core.resolveBroker(ctx, v)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if prob != nil {
+		setBlocked(v, prob.reason, prob.message)
+		return ctrl.Result{RequeueAfter: time.Minute}, nil
+	}
+	key := b.Key()
+	holder, err := r.core.idHolder(ctx, v, key)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if holder != nil {
+		setBlocked(v, hcpv1alpha1.ReasonIDConflict, fmt.Sprintf(
+			"callerID %q is already used in vhost %q on this broker by %s (ids are unique per vhost and broker; the first claim wins); set another spec.callerID, or delete the other object",
+			caller.ID(), b.Vhost, describe(holder)))
+		return ctrl.Result{}, nil
+	}
+	queue, err := resource.CallerQueue(caller, b)
+	if err != nil {
+		setBlocked(v, hcpv1alpha1.ReasonReconcileFailed, err.Error())
+		return ctrl.Result{}, nil
+	}
+	if err := r.core.claim(ctx, v, key); err != nil {
+		return ctrl.Result{}, err
+	}
+
+	shared, err := r.core.ensureShared(ctx, v, b)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	creds, err := r.core.ensureCredentials(ctx, v, b)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	binding := resource.Binding(v.sub, b)
+	binding.Annotations = r.core.redeclareAnnotations(key)
+	topo := shared
+	for _, desired := range []client.Object{queue, binding, resource.User(v.sub, b), resource.Permission(v.sub, b)} {
+		live, err := r.core.apply(ctx, caller, desired)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		topo = append(topo, live)
+	}
+	r.core.setTopologyReady(v, topo)
+
+	st.EventQueue = v.sub.QueueName()
+	st.Username = v.sub.Username(b.Vhost)
+	st.CredentialsSecret = creds.Name
+
+	if caller.Spec.Harness == nil {
+		// External: remove a harness the Caller used to have.
+		for _, o := range harnessObjects(v.sub) {
+			if err := r.core.deleteOwned(ctx, caller, o); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+		st.ReadyReplicas = 0
+		setCondition(v, hcpv1alpha1.ConditionHarnessReady, true, hcpv1alpha1.ReasonNoHarness,
+			fmt.Sprintf("external caller: no harness is deployed; the program connects with the credentials in Secret %s (keys uri, username, password, vhost)", creds.Name))
+		setReady(v)
+		return ctrl.Result{}, nil
+	}
+
+	prefetch := caller.Spec.Consumer.Prefetch
+	if prefetch == 0 {
+		prefetch = config.DefaultCallerPrefetch
+	}
+	if p := caller.Spec.Sidecar.Prefetch; p != nil {
+		prefetch = *p // the sidecar override wins
+	}
+	dep, err := r.core.ensureHarness(ctx, v, resource.HarnessParams{
+		Subject:     v.sub,
+		Harness:     *caller.Spec.Harness,
+		Sidecar:     caller.Spec.Sidecar,
+		Vhost:       b.Vhost,
+		Image:       r.Options.SidecarImage,
+		Prefetch:    prefetch,
+		SecretsHash: resource.HashSecretData(creds.Data),
+	})
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	setHarnessReady(v, dep)
+	setReady(v)
+	st.ReadyReplicas = dep.Status.ReadyReplicas
+	return ctrl.Result{}, nil
+}
+
+// SetupWithManager registers the reconciler. SetupIndexes must have run.
+func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCaller)
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&hcpv1alpha1.Caller{}).
+		Owns(&topologyv1beta1.Queue{}).
+		Owns(&topologyv1beta1.Binding{}).
+		Owns(&topologyv1beta1.User{}).
+		Owns(&topologyv1beta1.Permission{}).
+		Owns(&corev1.Secret{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&rbacv1.Role{}).
+		Owns(&rbacv1.RoleBinding{}).
+		Owns(&appsv1.Deployment{}).
+		Watches(&topologyv1beta1.Exchange{}, r.core.exchangeLossHandler()).
+		Watches(&topologyv1beta1.Vhost{}, r.core.exchangeLossHandler()).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.core.mapConnectionSecret)).
+		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
+		Named("caller").
+		Complete(r)
+}

@@ -1,0 +1,155 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+)
+
+// TestCallerExternalThenHarness: an external Caller gets topology and a
+// credentials Secret only; adding a harness deploys it in caller mode;
+// removing it removes the Deployment.
+func TestCallerExternalThenHarness(t *testing.T) {
+	ns := newNamespace(t, "caller-")
+	dumpOnFailure(t, ns)
+	caller := newCaller(ns, "alpha")
+	create(t, caller)
+	base, credsName, tokenName := childNames("caller", "alpha")
+	topo := topologyChildren(ns, base)
+	checks := make([]func(context.Context) error, 0, len(topo)+3)
+	for _, o := range topo {
+		checks = append(checks, exists(o, caller))
+	}
+	eventually(t, "topology and credentials exist", all(append(checks,
+		exists(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: credsName}}, caller),
+		callerCondition(caller, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionTrue, hcpv1alpha1.ReasonNoHarness, "Secret "+credsName),
+		callerCondition(caller, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, ""),
+	)...))
+	st := caller.Status
+	if !st.External || st.CredentialsSecret != credsName || st.EventQueue != "hcp.evt.alpha" || st.CallerID != "alpha" ||
+		st.Username != "caller.alpha@"+testVhost(ns) || st.ObservedGeneration != caller.Generation {
+		t.Errorf("status %+v", st)
+	}
+	q := topo[0].(*topologyv1beta1.Queue)
+	if want := map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head"}; !reflect.DeepEqual(queueArgs(q), want) {
+		t.Errorf("event queue arguments %v, want the defaults %v", queueArgs(q), want)
+	}
+	if b := topo[1].(*topologyv1beta1.Binding).Spec; b.Source != "hcp.events" || b.RoutingKey != "alpha.#" || b.Destination != "hcp.evt.alpha" {
+		t.Errorf("binding %+v", b)
+	}
+	if p := topo[3].(*topologyv1beta1.Permission).Spec.Permissions; p.Configure != "^$" || p.Write != `^hcp\.commands$` || p.Read != `^hcp\.evt\.alpha$` {
+		t.Errorf("permissions %+v", p)
+	}
+	for _, o := range append(harnessChildren(ns, base), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tokenName}}) {
+		if err := gone(o)(t.Context()); err != nil {
+			t.Errorf("an external caller got %v", err)
+		}
+	}
+
+	// Every topology object Ready: an external caller is Ready.
+	for _, o := range topo {
+		setTopologyStatus(t, o, true, "")
+	}
+	exchanges, err := sharedExchanges(t.Context(), caller.Labels[hcpv1alpha1.LabelVhostKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range exchanges {
+		if exchanges[i].Namespace == ns {
+			setTopologyStatus(t, &exchanges[i], true, "")
+		}
+	}
+	eventually(t, "external caller Ready", callerCondition(caller, hcpv1alpha1.ConditionReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, ""))
+
+	// TTL and limits edited reach the queue.
+	update(t, caller, func(c *hcpv1alpha1.Caller) {
+		c.Spec.EventQueue.MessageTTL = "PT2H"
+		c.Spec.EventQueue.Overflow = "reject-publish"
+	})
+	eventually(t, "edited event queue", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(q), q); err != nil {
+			return err
+		}
+		want := map[string]any{"x-message-ttl": float64(7200000), "x-max-length": float64(100000), "x-overflow": "reject-publish"}
+		if got := queueArgs(q); !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("arguments %v want %v", got, want)
+		}
+		return nil
+	})
+
+	// A harness: caller-mode sidecar with the app's URL and the prefetch.
+	update(t, caller, func(c *hcpv1alpha1.Caller) {
+		c.Spec.Harness = &hcpv1alpha1.HarnessSpec{Port: 3000, Template: harnessTemplate("example.com/agent:1")}
+		c.Spec.Consumer.Prefetch = 25
+	})
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	eventually(t, "caller harness deployed", all(
+		exists(dep, caller),
+		callerCondition(caller, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionFalse, hcpv1alpha1.ReasonDeploymentProgressing, ""),
+	))
+	if caller.Status.External {
+		t.Error("status.external still true with a harness")
+	}
+	side := dep.Spec.Template.Spec.Containers[len(dep.Spec.Template.Spec.Containers)-1]
+	env := map[string]string{}
+	for _, e := range side.Env {
+		env[e.Name] = e.Value
+	}
+	if side.Name != "hcp-sidecar" || side.Args[0] != "--mode=caller" || env[config.EnvMode] != "caller" || env[config.EnvHarnessURL] != "http://127.0.0.1:3000" ||
+		env[config.EnvPrefetch] != "25" {
+		t.Errorf("sidecar %s args %v env %v", side.Name, side.Args, env)
+	}
+	if _, ok := env[config.EnvTokenKey]; ok {
+		t.Error("a caller sidecar got a token key")
+	}
+
+	// And away again.
+	update(t, caller, func(c *hcpv1alpha1.Caller) { c.Spec.Harness = nil })
+	checks = make([]func(context.Context) error, 0, 5)
+	for _, o := range harnessChildren(ns, base) {
+		checks = append(checks, gone(o))
+	}
+	eventually(t, "harness removed, external again", all(append(checks,
+		callerCondition(caller, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionTrue, hcpv1alpha1.ReasonNoHarness, ""))...))
+	if !caller.Status.External {
+		t.Error("status.external false without a harness")
+	}
+}
+
+// TestSessionTTL: finished sessions go ttlAfterFinished after they ended;
+// others stay.
+func TestSessionTTL(t *testing.T) {
+	ns := newNamespace(t, "ttl-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "short", func(c *hcpv1alpha1.Callee) { c.Spec.Sessions.TTLAfterFinished = "PT3S" })
+	create(t, callee)
+	old := newSession(ns, "short", hcpv1alpha1.SessionFailed, &metav1.Time{Time: time.Now().Add(-time.Hour)})
+	fresh := newSession(ns, "short", hcpv1alpha1.SessionCompleted, new(metav1.Now()))
+	running := newSession(ns, "short", hcpv1alpha1.SessionRunning, nil)
+	other := newSession(ns, "unknown-callee", hcpv1alpha1.SessionCompleted, new(metav1.Now())) // default TTL: 1 day
+	for _, s := range []*hcpv1alpha1.HCPSession{old, fresh, running, other} {
+		createSession(t, s)
+	}
+	eventually(t, "the long-finished session is deleted", gone(old))
+	if err := exists(fresh, nil)(t.Context()); err != nil {
+		t.Errorf("a session finished just now was deleted: %v", err)
+	}
+	// Requeued for when its TTL passes, with no other event.
+	eventually(t, "the fresh session goes after its 3s TTL", gone(fresh))
+	for _, s := range []*hcpv1alpha1.HCPSession{running, other} {
+		if err := exists(s, nil)(t.Context()); err != nil {
+			t.Errorf("session deleted too early: %v", err)
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package controller
+
+import (
+	"context"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
+)
+
+// Field indexes on the manager's cache.
+const (
+	// indexIDVhost: "{id}@{vhost}" of a Callee or Caller. Ids must be unique
+	// per vhost and broker; this finds the candidates of a conflict.
+	indexIDVhost = "hcp.io/id-vhost"
+	// indexVhostKey: the hcp.io/vhost-key label of a Callee or Caller (set
+	// once it holds its id): the users of a (broker, vhost) pair.
+	indexVhostKey = "hcp.io/vhost-key"
+	// indexConnectionSecret: "{namespace}/{name}" of the connection Secret a
+	// Callee or Caller uses, directly or through the manager's default.
+	indexConnectionSecret = "hcp.io/connection-secret"
+	// indexCalleeID: a Callee's id (namespaced lookups from HCPSessions).
+	indexCalleeID = "hcp.io/callee-id"
+	// indexSessionCallee: an HCPSession's spec.calleeID.
+	indexSessionCallee = "spec.calleeID"
+)
+
+func idVhost(id string, spec hcpv1alpha1.BrokerSpec) string {
+	return id + "@" + resource.VhostOf(spec)
+}
+
+func connectionSecretKey(obj client.Object, spec hcpv1alpha1.BrokerSpec, def *resource.DefaultBroker) []string {
+	ref, err := resource.Reference(spec, def)
+	if err != nil || ref.ConnectionSecret == nil {
+		return nil
+	}
+	ns := ref.Namespace
+	if ns == "" {
+		ns = obj.GetNamespace()
+	}
+	return []string{ns + "/" + ref.ConnectionSecret.Name}
+}
+
+func vhostKeyLabel(obj client.Object) []string {
+	if k := obj.GetLabels()[hcpv1alpha1.LabelVhostKey]; k != "" {
+		return []string{k}
+	}
+	return nil
+}
+
+// SetupIndexes registers the field indexes the reconcilers use. Call it once
+// per manager, before the reconcilers' SetupWithManager.
+func SetupIndexes(ctx context.Context, mgr ctrl.Manager, o Options) error {
+	idx := mgr.GetFieldIndexer()
+	for _, reg := range []struct {
+		obj   client.Object
+		field string
+		fn    client.IndexerFunc
+	}{
+		{&hcpv1alpha1.Callee{}, indexIDVhost, func(o client.Object) []string {
+			c := o.(*hcpv1alpha1.Callee)
+			return []string{idVhost(c.ID(), c.Spec.Broker)}
+		}},
+		{&hcpv1alpha1.Caller{}, indexIDVhost, func(o client.Object) []string {
+			c := o.(*hcpv1alpha1.Caller)
+			return []string{idVhost(c.ID(), c.Spec.Broker)}
+		}},
+		{&hcpv1alpha1.Callee{}, indexVhostKey, vhostKeyLabel},
+		{&hcpv1alpha1.Caller{}, indexVhostKey, vhostKeyLabel},
+		{&hcpv1alpha1.Callee{}, indexConnectionSecret, func(obj client.Object) []string {
+			return connectionSecretKey(obj, obj.(*hcpv1alpha1.Callee).Spec.Broker, o.DefaultBroker)
+		}},
+		{&hcpv1alpha1.Caller{}, indexConnectionSecret, func(obj client.Object) []string {
+			return connectionSecretKey(obj, obj.(*hcpv1alpha1.Caller).Spec.Broker, o.DefaultBroker)
+		}},
+		{&hcpv1alpha1.Callee{}, indexCalleeID, func(o client.Object) []string {
+			return []string{o.(*hcpv1alpha1.Callee).ID()}
+		}},
+		{&hcpv1alpha1.HCPSession{}, indexSessionCallee, func(o client.Object) []string {
+			return []string{o.(*hcpv1alpha1.HCPSession).Spec.CalleeID}
+		}},
+	} {
+		if err := idx.IndexField(ctx, reg.obj, reg.field, reg.fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+package controller
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+)
+
+const calleeKind = "Callee"
+
+func requestsFor(objs []client.Object, except types.UID) []reconcile.Request {
+	var reqs []reconcile.Request
+	for _, o := range objs {
+		if o.GetUID() != except {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
+		}
+	}
+	return reqs
+}
+
+// mapConnectionSecret requeues the Callees (or Callers) that use a
+// connection Secret, directly or through the manager's default, when it
+// appears, changes (a label added, a uri changed) or goes.
+func (c *core) mapConnectionSecret(ctx context.Context, obj client.Object) []reconcile.Request {
+	if metav1IsControlledByOperator(obj) {
+		return nil // our own Secrets: Owns() handles them
+	}
+	list := c.newList()
+	if err := c.List(ctx, list, client.MatchingFields{indexConnectionSecret: obj.GetNamespace() + "/" + obj.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list users of a connection Secret")
+		return nil
+	}
+	return requestsFor(listItems(list), "")
+}
+
+func metav1IsControlledByOperator(obj client.Object) bool {
+	return obj.GetLabels()[hcpv1alpha1.LabelManagedBy] == hcpv1alpha1.ManagedByValue
+}
+
+// mapIDPeers requeues the other objects claiming the same id in the same
+// vhost, so that one waiting on an IDConflict takes over when the holder
+// goes.
+func (c *core) mapIDPeers(ctx context.Context, obj client.Object) []reconcile.Request {
+	v, ok := viewOf(obj)
+	if !ok {
+		return nil
+	}
+	list := c.newList()
+	if err := c.List(ctx, list, client.MatchingFields{indexIDVhost: idVhost(v.sub.ID, v.broker)}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list id peers")
+		return nil
+	}
+	return requestsFor(listItems(list), obj.GetUID())
+}
+
+// mapSession maps an HCPSession to its Callee: through its controller
+// reference when the sidecar set one, else by callee id in its namespace.
+func (r *CalleeReconciler) mapSession(ctx context.Context, obj client.Object) []reconcile.Request {
+	return calleeOfSession(ctx, r.Client, obj)
+}
+
+func calleeOfSession(ctx context.Context, c client.Reader, obj client.Object) []reconcile.Request {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Kind == calleeKind && ref.APIVersion == hcpv1alpha1.GroupVersion.String() {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}}}
+		}
+	}
+	s, ok := obj.(*hcpv1alpha1.HCPSession)
+	if !ok || s.Spec.CalleeID == "" {
+		return nil
+	}
+	var list hcpv1alpha1.CalleeList
+	if err := c.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{indexCalleeID: s.Spec.CalleeID}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to find the Callee of a session")
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+// sessionActivityChanged passes HCPSession events that change a Callee's
+// active-session count: creation, deletion, and entering a terminal state.
+// Progress updates (up to one per second per session) do not pass.
+func sessionActivityChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return true },
+		DeleteFunc: func(event.DeleteEvent) bool { return true },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*hcpv1alpha1.HCPSession)
+			n, ok2 := e.ObjectNew.(*hcpv1alpha1.HCPSession)
+			return !ok1 || !ok2 || o.Status.State.IsTerminal() != n.Status.State.IsTerminal() ||
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}

@@ -1,0 +1,35 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// EventRecorderName is the source of the Events the operator records.
+const EventRecorderName = "hcp-operator"
+
+// Setup registers the field indexes and every reconciler with mgr; the
+// manager binary and the envtest suite share it.
+func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
+	if err := SetupIndexes(ctx, mgr, o); err != nil {
+		return fmt.Errorf("field indexes: %w", err)
+	}
+	rec := mgr.GetEventRecorder(EventRecorderName)
+	for name, r := range map[string]interface{ SetupWithManager(ctrl.Manager) error }{
+		calleeKind: &CalleeReconciler{
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recorder: rec, Options: o,
+		},
+		"Caller": &CallerReconciler{
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recorder: rec, Options: o,
+		},
+		"HCPSession":       &HCPSessionReconciler{Client: mgr.GetClient()},
+		"CapabilityPolicy": &CapabilityPolicyReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: rec},
+	} {
+		if err := r.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("%s controller: %w", name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,209 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+)
+
+func setCondition(v view, typ string, ok bool, reason, msg string) {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(v.conditions, metav1.Condition{
+		Type:               typ,
+		Status:             status,
+		Reason:             reason,
+		Message:            truncateMessage(msg),
+		ObservedGeneration: v.obj.GetGeneration(),
+	})
+}
+
+func truncateMessage(s string) string {
+	const max = 32768 // metav1.Condition's limit
+	if len(s) > max {
+		return s[:max-3] + "..."
+	}
+	return s
+}
+
+// setBlocked reports a problem that stops reconciling: nothing is applied
+// until it is fixed, so all three conditions say it.
+func setBlocked(v view, reason, msg string) {
+	setCondition(v, hcpv1alpha1.ConditionTopologyReady, false, reason, msg)
+	setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, reason, "not deployed: "+msg)
+	setCondition(v, hcpv1alpha1.ConditionReady, false, reason, msg)
+}
+
+// setReady derives Ready from TopologyReady and HarnessReady.
+func setReady(v view) {
+	for _, t := range []string{hcpv1alpha1.ConditionTopologyReady, hcpv1alpha1.ConditionHarnessReady} {
+		c := meta.FindStatusCondition(*v.conditions, t)
+		if c == nil || c.Status != metav1.ConditionTrue {
+			reason, msg := hcpv1alpha1.ReasonReconcileFailed, t+" is not set"
+			if c != nil {
+				reason, msg = c.Reason, t+": "+c.Message
+			}
+			setCondition(v, hcpv1alpha1.ConditionReady, false, reason, msg)
+			return
+		}
+	}
+	setCondition(v, hcpv1alpha1.ConditionReady, true, hcpv1alpha1.ReasonReconciled, "topology declared and harness available")
+}
+
+// topologyStatus returns a topology operator object's Ready condition and
+// observed generation.
+func topologyStatus(o client.Object) ([]topologyv1beta1.Condition, int64) {
+	switch x := o.(type) {
+	case *topologyv1beta1.Queue:
+		return x.Status.Conditions, x.Status.ObservedGeneration
+	case *topologyv1beta1.Exchange:
+		return x.Status.Conditions, x.Status.ObservedGeneration
+	case *topologyv1beta1.Binding:
+		return x.Status.Conditions, x.Status.ObservedGeneration
+	case *topologyv1beta1.User:
+		return x.Status.Conditions, x.Status.ObservedGeneration
+	case *topologyv1beta1.Permission:
+		return x.Status.Conditions, x.Status.ObservedGeneration
+	case *topologyv1beta1.Vhost:
+		return x.Status.Conditions, x.Status.ObservedGeneration
+	}
+	return nil, 0
+}
+
+// topologyObjectReady reads a topology operator object's own Ready
+// condition: ready when True for the current generation.
+func topologyObjectReady(o client.Object) (bool, string) {
+	conds, observed := topologyStatus(o)
+	for _, c := range conds {
+		if c.Type != "Ready" {
+			continue
+		}
+		if c.Status != corev1.ConditionTrue {
+			msg := c.Message
+			if msg == "" {
+				msg = c.Reason
+			}
+			return false, msg + queueArgumentsHint(o, msg)
+		}
+		if observed < o.GetGeneration() {
+			return false, fmt.Sprintf("not yet declared at generation %d (declared: %d)", o.GetGeneration(), observed)
+		}
+		return true, ""
+	}
+	return false, "not yet declared by the messaging-topology-operator"
+}
+
+// queueArgumentsHint explains the broker's refusal to change a queue's
+// arguments.
+func queueArgumentsHint(o client.Object, msg string) string {
+	if _, ok := o.(*topologyv1beta1.Queue); ok && strings.Contains(msg, "inequivalent arg") {
+		return " (RabbitMQ cannot change the arguments of an existing queue: to apply new limits, delete and recreate the object, which deletes the queue and the messages in it)"
+	}
+	return ""
+}
+
+// setTopologyReady summarises the children's own Ready conditions, naming
+// the first one that is not ready and its message.
+func (c *core) setTopologyReady(v view, objs []client.Object) {
+	var notReady []string
+	failed := false
+	for _, o := range objs {
+		ready, msg := topologyObjectReady(o)
+		if ready {
+			continue
+		}
+		if !strings.HasPrefix(msg, "not yet") {
+			failed = true
+		}
+		notReady = append(notReady, fmt.Sprintf("%s %s: %s", c.kindOf(o), o.GetName(), msg))
+	}
+	switch {
+	case len(notReady) == 0:
+		setCondition(v, hcpv1alpha1.ConditionTopologyReady, true, hcpv1alpha1.ReasonReconciled,
+			fmt.Sprintf("%d topology objects ready", len(objs)))
+	case failed:
+		setCondition(v, hcpv1alpha1.ConditionTopologyReady, false, hcpv1alpha1.ReasonTopologyFailed, strings.Join(notReady, "; "))
+	default:
+		setCondition(v, hcpv1alpha1.ConditionTopologyReady, false, hcpv1alpha1.ReasonTopologyPending, strings.Join(notReady, "; "))
+	}
+}
+
+// setHarnessReady reads the Deployment's availability.
+func setHarnessReady(v view, d *appsv1.Deployment) {
+	name := "Deployment " + d.Name
+	switch {
+	case d.Spec.Replicas != nil && *d.Spec.Replicas == 0:
+		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonScaledToZero,
+			name+" is scaled to zero (spec.harness.replicas: 0): nothing consumes the queue")
+		return
+	case d.Status.ObservedGeneration < d.Generation:
+		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonDeploymentProgressing,
+			fmt.Sprintf("%s: generation %d not yet observed by the Deployment controller", name, d.Generation))
+		return
+	}
+	avail := findDeploymentCondition(d, appsv1.DeploymentAvailable)
+	ready := fmt.Sprintf("%d/%d replicas ready", d.Status.ReadyReplicas, deref(d.Spec.Replicas, 1))
+	switch {
+	case avail == nil:
+		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonDeploymentProgressing, name+": no Available condition yet; "+ready)
+	case avail.Status == corev1.ConditionTrue:
+		setCondition(v, hcpv1alpha1.ConditionHarnessReady, true, hcpv1alpha1.ReasonDeploymentAvailable, name+" available; "+ready)
+	default:
+		msg := name + " unavailable; " + ready
+		if avail.Message != "" {
+			msg += ": " + avail.Message
+		}
+		if p := findDeploymentCondition(d, appsv1.DeploymentProgressing); p != nil && p.Status == corev1.ConditionFalse && p.Message != "" {
+			msg += "; " + p.Message
+		}
+		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonDeploymentUnavailable, msg)
+	}
+}
+
+func findDeploymentCondition(d *appsv1.Deployment, t appsv1.DeploymentConditionType) *appsv1.DeploymentCondition {
+	for i := range d.Status.Conditions {
+		if d.Status.Conditions[i].Type == t {
+			return &d.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// writeStatus patches obj's status from before (obj with the status it had
+// before reconciling) and records an Event when Ready changed. Callers
+// call it once, and only when the status differs.
+func (c *core) writeStatus(ctx context.Context, before, obj client.Object, beforeConds, afterConds []metav1.Condition) error {
+	if err := c.Status().Patch(ctx, obj, client.MergeFrom(before)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	old := meta.FindStatusCondition(beforeConds, hcpv1alpha1.ConditionReady)
+	cur := meta.FindStatusCondition(afterConds, hcpv1alpha1.ConditionReady)
+	if cur != nil && (old == nil || old.Status != cur.Status || old.Reason != cur.Reason) {
+		typ := corev1.EventTypeNormal
+		if cur.Status != metav1.ConditionTrue && cur.Reason != hcpv1alpha1.ReasonTopologyPending && cur.Reason != hcpv1alpha1.ReasonDeploymentProgressing {
+			typ = corev1.EventTypeWarning
+		}
+		c.recorder.Eventf(obj, nil, typ, cur.Reason, "Reconcile", "Ready=%s: %s", cur.Status, cur.Message)
+		ctrl.LoggerFrom(ctx).Info("Ready changed", "status", cur.Status, "reason", cur.Reason, "message", cur.Message)
+	}
+	return nil
+}

@@ -1,0 +1,442 @@
+package resource
+
+import (
+	"encoding/json"
+	"maps"
+	"net/url"
+	"reflect"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+)
+
+func args(t *testing.T, q *topologyv1beta1.Queue) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(q.Spec.Arguments.Raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestCalleeQueueArguments(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec hcpv1alpha1.CommandQueueSpec
+		want map[string]any
+	}{
+		{"no limits: no arguments, no TTL", hcpv1alpha1.CommandQueueSpec{}, map[string]any{}},
+		{"max length rejects publishes", hcpv1alpha1.CommandQueueSpec{MaxLength: new(int64(10))},
+			map[string]any{"x-max-length": float64(10), "x-overflow": "reject-publish"}},
+		{"max bytes rejects publishes", hcpv1alpha1.CommandQueueSpec{MaxLengthBytes: new(int64(1 << 20))},
+			map[string]any{"x-max-length-bytes": float64(1 << 20), "x-overflow": "reject-publish"}},
+		{"delivery limit alone sets no overflow", hcpv1alpha1.CommandQueueSpec{DeliveryLimit: new(int32(3))},
+			map[string]any{"x-delivery-limit": float64(3)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := sampleCallee()
+			c.Spec.CommandQueue = tc.spec
+			q := CalleeQueue(c, sampleBroker(t, c.Spec.Broker))
+			if got := args(t, q); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("arguments = %v, want %v", got, tc.want)
+			}
+			if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Durable == nil || !*q.Spec.Durable || q.Spec.Vhost != "/hcp" {
+				t.Errorf("queue spec = %+v", q.Spec)
+			}
+		})
+	}
+}
+
+func TestCallerQueueArguments(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec hcpv1alpha1.EventQueueSpec
+		want map[string]any
+	}{
+		{"defaults: 24h TTL, 100000 messages, drop-head", hcpv1alpha1.EventQueueSpec{},
+			map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head"}},
+		{"explicit", hcpv1alpha1.EventQueueSpec{MessageTTL: "PT1H30M", MaxLength: new(int64(5)), MaxLengthBytes: new(int64(4096)), Overflow: "reject-publish"},
+			map[string]any{"x-message-ttl": float64(5400000), "x-max-length": float64(5), "x-max-length-bytes": float64(4096), "x-overflow": "reject-publish"}},
+		{"days", hcpv1alpha1.EventQueueSpec{MessageTTL: "P2D"},
+			map[string]any{"x-message-ttl": float64(172800000), "x-max-length": float64(100000), "x-overflow": "drop-head"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := sampleCaller()
+			c.Spec.EventQueue = tc.spec
+			q, err := CallerQueue(c, sampleBroker(t, c.Spec.Broker))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := args(t, q); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("arguments = %v, want %v", got, tc.want)
+			}
+			if q.Spec.Name != "hcp.evt.alpha" {
+				t.Errorf("queue name %q", q.Spec.Name)
+			}
+		})
+	}
+	c := sampleCaller()
+	c.Spec.EventQueue.MessageTTL = "P1M"
+	if _, err := CallerQueue(c, sampleBroker(t, c.Spec.Broker)); err == nil || !strings.Contains(err.Error(), "messageTTL") {
+		t.Errorf("month TTL: err = %v, want a messageTTL error", err)
+	}
+}
+
+func TestBindingsAndPermissions(t *testing.T) {
+	callee, caller := sampleCallee(), sampleCaller()
+	b := sampleBroker(t, callee.Spec.Broker)
+	cb, rb := Binding(ForCallee(callee), b), Binding(ForCaller(caller), b)
+	if cb.Spec.Source != "hcp.commands" || cb.Spec.RoutingKey != "lab-cvd" || cb.Spec.Destination != "hcp.cmd.lab-cvd" || cb.Spec.DestinationType != "queue" {
+		t.Errorf("callee binding %+v", cb.Spec)
+	}
+	if rb.Spec.Source != "hcp.events" || rb.Spec.RoutingKey != "alpha.#" || rb.Spec.Destination != "hcp.evt.alpha" {
+		t.Errorf("caller binding %+v", rb.Spec)
+	}
+	// DESIGN section 3, literally.
+	if p := Permission(ForCallee(callee), b).Spec; p.User != "callee.lab-cvd@/hcp" || p.Vhost != "/hcp" ||
+		p.Permissions != (topologyv1beta1.VhostPermissions{Configure: `^$`, Write: `^hcp\.events$`, Read: `^hcp\.cmd\.lab-cvd$`}) {
+		t.Errorf("callee permission %+v", p)
+	}
+	if p := Permission(ForCaller(caller), b).Spec; p.User != "caller.alpha@/hcp" ||
+		p.Permissions != (topologyv1beta1.VhostPermissions{Configure: `^$`, Write: `^hcp\.commands$`, Read: `^hcp\.evt\.alpha$`}) {
+		t.Errorf("caller permission %+v", p)
+	}
+	if u := User(ForCallee(callee), b).Spec; u.ImportCredentialsSecret == nil || u.ImportCredentialsSecret.Name != "hcp-callee-lab-cvd-credentials" || len(u.Tags) != 0 {
+		t.Errorf("user %+v", u)
+	}
+}
+
+func TestOwnership(t *testing.T) {
+	c := sampleCallee()
+	b := sampleBroker(t, c.Spec.Broker)
+	s := ForCallee(c)
+	creds, _ := CredentialsSecret(s, b, "x")
+	owned := []metav1.Object{CalleeQueue(c, b), Binding(s, b), User(s, b), Permission(s, b), creds,
+		TokenSecret(s, nil, nil), ServiceAccount(s), Role(s), RoleBinding(s),
+		Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness})}
+	for _, o := range owned {
+		refs := o.GetOwnerReferences()
+		if len(refs) != 1 || refs[0].Kind != "Callee" || refs[0].Name != "lab-cvd" || refs[0].UID != "uid-callee" ||
+			refs[0].Controller == nil || !*refs[0].Controller || refs[0].APIVersion != "hcp.io/v1alpha1" {
+			t.Errorf("%s: owner references %+v", o.GetName(), refs)
+		}
+		if o.GetLabels()[hcpv1alpha1.LabelCallee] != "lab-cvd" || o.GetLabels()[hcpv1alpha1.LabelManagedBy] != "hcp-operator" {
+			t.Errorf("%s: labels %v", o.GetName(), o.GetLabels())
+		}
+	}
+	// Shared objects have no owner: the topology operator deletes the
+	// broker's exchange with the object, and others may still use it.
+	cmd, evt := Exchanges("labs", b)
+	for _, o := range []metav1.Object{cmd, evt, Vhost("labs", b, "retain")} {
+		if len(o.GetOwnerReferences()) != 0 || o.GetLabels()[hcpv1alpha1.LabelVhostKey] != b.Key() {
+			t.Errorf("%s: owners %v labels %v", o.GetName(), o.GetOwnerReferences(), o.GetLabels())
+		}
+	}
+	if cmd.Spec.Name != "hcp.commands" || cmd.Spec.Type != "direct" || !cmd.Spec.Durable ||
+		evt.Spec.Name != "hcp.events" || evt.Spec.Type != "topic" || !evt.Spec.Durable {
+		t.Errorf("exchanges %+v %+v", cmd.Spec, evt.Spec)
+	}
+}
+
+func TestBrokerResolution(t *testing.T) {
+	spec := hcpv1alpha1.BrokerSpec{Vhost: "/hcp"}
+	ref := topologyv1beta1.RabbitmqClusterReference{ConnectionSecret: &corev1.LocalObjectReference{Name: "rmq"}}
+	mk := func(data map[string]string) *corev1.Secret {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "rmq", Namespace: "ns"}, Data: map[string][]byte{}}
+		for k, v := range data {
+			s.Data[k] = []byte(v)
+		}
+		return s
+	}
+	base := map[string]string{"username": "u", "password": "p"}
+	with := func(kv ...string) map[string]string {
+		m := maps.Clone(base)
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name, wantAMQP, wantIdentity, wantErr string
+		data                                  map[string]string
+	}{
+		{name: "http management: amqp 5672", data: with("uri", "http://rabbit.ns.svc:15672"), wantAMQP: "amqp://rabbit.ns.svc:5672", wantIdentity: "rabbit.ns.svc:15672"},
+		{name: "https management: amqps 5671", data: with("uri", "https://Rabbit.example.com"), wantAMQP: "amqps://Rabbit.example.com:5671", wantIdentity: "rabbit.example.com:443"},
+		{name: "bare host", data: with("uri", "127.0.0.1:15672"), wantAMQP: "amqp://127.0.0.1:5672", wantIdentity: "127.0.0.1:15672"},
+		{name: "explicit amqpURL", data: with("uri", "http://mgmt:15672", "amqpURL", "amqps://u:p@broker.example.com/ignored"), wantAMQP: "amqps://broker.example.com:5671", wantIdentity: "mgmt:15672"},
+		{name: "explicit amqpURL with port", data: with("uri", "http://mgmt:15672", "amqpURL", "amqp://broker:25672"), wantAMQP: "amqp://broker:25672", wantIdentity: "mgmt:15672"},
+		{name: "bad amqpURL", data: with("uri", "http://mgmt:15672", "amqpURL", "http://broker"), wantErr: "amqpURL"},
+		{name: "missing keys", data: map[string]string{"uri": "http://x"}, wantErr: "lacks key(s) username, password"},
+		{name: "bad scheme", data: with("uri", "ftp://x"), wantErr: "scheme"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := BrokerFromConnectionSecret(ref, spec, mk(tc.data))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.AMQPURL != tc.wantAMQP || b.Identity != tc.wantIdentity || b.VhostDeletionPolicy != "retain" {
+				t.Errorf("got %+v", b)
+			}
+		})
+	}
+
+	cl := BrokerFromCluster(topologyv1beta1.RabbitmqClusterReference{Name: "rmq"}, spec, "team")
+	if cl.AMQPURL != "amqp://rmq.team.svc:5672" || cl.Identity != "rabbitmqcluster:team/rmq" {
+		t.Errorf("cluster broker %+v", cl)
+	}
+
+	// Two namespaces' Secrets reaching the same broker agree on the key;
+	// another vhost or broker does not.
+	a, _ := BrokerFromConnectionSecret(ref, spec, mk(with("uri", "http://RABBIT:15672")))
+	b2, _ := BrokerFromConnectionSecret(ref, spec, mk(with("uri", "http://rabbit:15672/")))
+	c, _ := BrokerFromConnectionSecret(ref, hcpv1alpha1.BrokerSpec{Vhost: "/other"}, mk(with("uri", "http://rabbit:15672")))
+	if a.Key() != b2.Key() || a.Key() == c.Key() || a.Key() == cl.Key() || len(a.Key()) != 10 {
+		t.Errorf("keys %s %s %s %s", a.Key(), b2.Key(), c.Key(), cl.Key())
+	}
+}
+
+func TestReferenceAndDefault(t *testing.T) {
+	if _, err := Reference(hcpv1alpha1.BrokerSpec{}, nil); err != ErrNoBroker {
+		t.Errorf("no broker: %v", err)
+	}
+	def, err := ParseDefaultBroker("hcp-system/rmq")
+	if err != nil || def.Namespace != "hcp-system" || def.Name != "rmq" {
+		t.Fatalf("%+v %v", def, err)
+	}
+	r, _ := Reference(hcpv1alpha1.BrokerSpec{}, def)
+	if r.Namespace != "hcp-system" || r.ConnectionSecret == nil || r.ConnectionSecret.Name != "rmq" || r.Name != "" {
+		t.Errorf("default reference %+v", r)
+	}
+	if def, _ := ParseDefaultBroker("rmq"); def.Namespace != "" || def.Name != "rmq" {
+		t.Errorf("bare name %+v", def)
+	}
+	for _, bad := range []string{"/x", "a/", "a/b/c"} {
+		if _, err := ParseDefaultBroker(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	r, _ = Reference(hcpv1alpha1.BrokerSpec{RabbitmqClusterReference: &hcpv1alpha1.RabbitmqClusterReference{Name: "c", Namespace: "n"}}, def)
+	if r.Name != "c" || r.Namespace != "n" || r.ConnectionSecret != nil {
+		t.Errorf("explicit reference %+v", r)
+	}
+}
+
+func TestCredentialsSecretURI(t *testing.T) {
+	c := sampleCallee()
+	b := sampleBroker(t, c.Spec.Broker)
+	sec, err := CredentialsSecret(ForCallee(c), b, "p@ss/word")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sec.Labels["rabbitmq.com/topology-operator"] != "true" {
+		t.Error("credentials Secret lacks the topology operator label")
+	}
+	uri := string(sec.Data["uri"])
+	// amqp091-go must read back exactly the credentials and vhost.
+	parsed, err := amqp.ParseURI(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parsed.Username != "callee.lab-cvd@/hcp" || parsed.Password != "p@ss/word" || parsed.Vhost != "/hcp" || parsed.Port != 5672 {
+		t.Errorf("%s parsed as %+v", uri, parsed)
+	}
+	if _, err := url.Parse(uri); err != nil {
+		t.Error(err)
+	}
+	if string(sec.Data["username"]) != "callee.lab-cvd@/hcp" || string(sec.Data["vhost"]) != "/hcp" || string(sec.Data["password"]) != "p@ss/word" {
+		t.Errorf("data %q", sec.Data)
+	}
+}
+
+// resolveEnv plays the kubelet: it resolves the sidecar's env against the
+// Secrets and the downward API, then feeds it to the sidecar's own parser.
+func resolveEnv(t *testing.T, c corev1.Container, secrets map[string]map[string][]byte) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.SecretKeyRef != nil:
+			ref := e.ValueFrom.SecretKeyRef
+			v, ok := secrets[ref.Name][ref.Key]
+			if !ok {
+				t.Fatalf("env %s: Secret %s has no key %s", e.Name, ref.Name, ref.Key)
+			}
+			env[e.Name] = string(v)
+		case e.ValueFrom.FieldRef != nil:
+			env[e.Name] = "from:" + e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	return env
+}
+
+func TestSidecarEnvMatchesContract(t *testing.T) {
+	c := sampleCallee()
+	b := sampleBroker(t, c.Spec.Broker)
+	s := ForCallee(c)
+	creds, _ := CredentialsSecret(s, b, "pw")
+	tok := TokenSecret(s, []byte("-----BEGIN PRIVATE KEY-----"), []byte("pub"))
+	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 7})
+	var side *corev1.Container
+	for i := range dep.Spec.Template.Spec.Containers {
+		if dep.Spec.Template.Spec.Containers[i].Name == SidecarContainerName {
+			side = &dep.Spec.Template.Spec.Containers[i]
+		}
+	}
+	if side == nil {
+		t.Fatal("no hcp-sidecar container")
+	}
+	env := resolveEnv(t, *side, map[string]map[string][]byte{creds.Name: creds.Data, tok.Name: tok.Data})
+	cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("the sidecar would refuse this env: %v", err)
+	}
+	if cfg.Mode != config.ModeCallee || cfg.ID != "lab-cvd" || cfg.Vhost != "/hcp" || cfg.Username != "callee.lab-cvd@/hcp" ||
+		cfg.HarnessURL != "http://127.0.0.1:8080" || cfg.Prefetch != 7 || cfg.Namespace != "from:metadata.namespace" ||
+		cfg.PodName != "from:metadata.name" || cfg.APIAddr != "127.0.0.1:9090" || cfg.StateDir != "/var/lib/hcp" ||
+		cfg.TokenKeyPEM != "-----BEGIN PRIVATE KEY-----" || cfg.AMQPURL != string(creds.Data["uri"]) {
+		t.Errorf("config %+v", cfg)
+	}
+
+	// Caller mode: no token key.
+	cr := sampleCaller()
+	cs := ForCaller(cr)
+	ccreds, _ := CredentialsSecret(cs, b, "pw")
+	cside := SidecarContainer(HarnessParams{Subject: cs, Harness: *cr.Spec.Harness, Vhost: "/hcp", Prefetch: 10})
+	cenv := resolveEnv(t, cside, map[string]map[string][]byte{ccreds.Name: ccreds.Data})
+	ccfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := cenv[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("caller env: %v", err)
+	}
+	if ccfg.Mode != config.ModeCaller || ccfg.HarnessURL != "http://127.0.0.1:3000" || ccfg.TokenKeyPEM != "" {
+		t.Errorf("caller config %+v", ccfg)
+	}
+	if !reflect.DeepEqual(cside.Args, []string{"--mode=caller"}) {
+		t.Errorf("args %v", cside.Args)
+	}
+}
+
+func TestSidecarRestrictedSecurity(t *testing.T) {
+	c := SidecarContainer(HarnessParams{Subject: ForCallee(sampleCallee())})
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil ||
+		!reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || sc.Privileged != nil {
+		t.Errorf("security context %+v", sc)
+	}
+	if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Port.StrVal != "probes" {
+		t.Errorf("probes %+v %+v", c.LivenessProbe, c.ReadinessProbe)
+	}
+	if c.Image != DefaultSidecarImage {
+		t.Errorf("image %s", c.Image)
+	}
+	if got := c.Resources.Requests.Cpu().String(); got != "50m" {
+		t.Errorf("cpu request %s", got)
+	}
+}
+
+func TestDeploymentInjection(t *testing.T) {
+	cr := sampleCaller()
+	s := ForCaller(cr)
+	cr.Spec.Harness.Template.Spec.Volumes = []corev1.Volume{{Name: StateVolumeName}, {Name: "data"}}
+	d := Deployment(HarnessParams{Subject: s, Harness: *cr.Spec.Harness, Sidecar: hcpv1alpha1.SidecarSpec{Image: "mine:1"}, Image: "mgr:1"})
+	ps := d.Spec.Template.Spec
+	names := make([]string, 0, len(ps.Containers))
+	for _, c := range ps.Containers {
+		names = append(names, c.Name+"="+c.Image)
+	}
+	if !reflect.DeepEqual(names, []string{"app=example.com/agent:1", "hcp-sidecar=mine:1"}) {
+		t.Errorf("containers %v (a user container named hcp-sidecar must be replaced; spec.sidecar.image wins)", names)
+	}
+	if len(ps.Volumes) != 2 || ps.Volumes[1].Name != StateVolumeName || ps.Volumes[1].EmptyDir == nil {
+		t.Errorf("volumes %+v", ps.Volumes)
+	}
+	if ps.ServiceAccountName != "hcp-caller-alpha" || *d.Spec.Replicas != 1 {
+		t.Errorf("sa %s replicas %d", ps.ServiceAccountName, *d.Spec.Replicas)
+	}
+	sel := d.Spec.Selector.MatchLabels
+	for k, v := range sel {
+		if d.Spec.Template.Labels[k] != v {
+			t.Errorf("selector %v does not match template labels %v", sel, d.Spec.Template.Labels)
+		}
+	}
+	// The input must not be modified.
+	if len(cr.Spec.Harness.Template.Spec.Containers) != 2 || cr.Spec.Harness.Template.Annotations != nil {
+		t.Error("Deployment modified its input")
+	}
+}
+
+func TestConfigHash(t *testing.T) {
+	c := sampleCallee()
+	s := ForCallee(c)
+	p := HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: "/hcp", Prefetch: 4, SecretsHash: "a"}
+	hash := func(p HarnessParams) string {
+		return Deployment(p).Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]
+	}
+	h0 := hash(p)
+	if h0 == "" || hash(p) != h0 {
+		t.Fatal("hash empty or unstable")
+	}
+	changes := map[string]func(*HarnessParams){
+		"secret content": func(p *HarnessParams) { p.SecretsHash = "b" },
+		"prefetch":       func(p *HarnessParams) { p.Prefetch = 5 },
+		"image":          func(p *HarnessParams) { p.Image = "other:1" },
+		"harness image": func(p *HarnessParams) {
+			p.Harness = *p.Harness.DeepCopy()
+			p.Harness.Template.Spec.Containers[0].Image = "example.com/cvd:2"
+		},
+		"harness port": func(p *HarnessParams) { p.Harness.Port = 9000 },
+		"log level":    func(p *HarnessParams) { p.Sidecar.LogLevel = "debug" },
+	}
+	for name, mutate := range changes {
+		q := p
+		mutate(&q)
+		if hash(q) == h0 {
+			t.Errorf("%s: config hash did not change", name)
+		}
+	}
+	// Replicas do not roll pods.
+	q := p
+	q.Harness.Replicas = new(int32(7))
+	if hash(q) != h0 {
+		t.Error("replicas changed the config hash")
+	}
+}
+
+func TestNames(t *testing.T) {
+	long := strings.Repeat("a", 250)
+	s := Subject{Role: topology.RoleCallee, Name: long, Namespace: "n", ID: "x"}
+	for _, n := range []string{s.BaseName(), s.CredentialsSecretName(), s.TokenSecretName()} {
+		if len(n) > 200 || len(validation.IsDNS1123Subdomain(n)) != 0 {
+			t.Errorf("bad name %q (%d)", n, len(n))
+		}
+	}
+	if v := LabelValue(long); len(v) > 63 || len(validation.IsValidLabelValue(v)) != 0 {
+		t.Errorf("bad label value %q", v)
+	}
+	if s.CredentialsSecretName() == s.TokenSecretName() {
+		t.Error("secret names collide")
+	}
+	callee := Subject{Role: topology.RoleCallee, Name: "x"}
+	caller := Subject{Role: topology.RoleCaller, Name: "x"}
+	if callee.BaseName() == caller.BaseName() {
+		t.Error("a Callee and a Caller of one name collide")
+	}
+}
