@@ -137,8 +137,10 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 	return corev1.Container{
 		Name:  SidecarContainerName,
 		Image: p.image(),
-		Args:  []string{"--mode=" + string(s.Role)},
-		Env:   env,
+		// The image's entrypoint is the manager; the sidecar is its second binary.
+		Command: []string{SidecarCommand},
+		Args:    []string{"--mode=" + string(s.Role)},
+		Env:     env,
 		Ports: []corev1.ContainerPort{
 			// The harness API listens on 127.0.0.1 only; the port is
 			// declared for documentation.

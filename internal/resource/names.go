@@ -211,3 +211,7 @@ func hashJSON(v ...any) string {
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
+
+// SidecarCommand is the sidecar binary's path in the operator image (see the
+// Dockerfile: one image, /manager and /hcp-sidecar).
+const SidecarCommand = "/hcp-sidecar"

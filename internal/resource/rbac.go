@@ -19,7 +19,8 @@ func ServiceAccount(s Subject) *corev1.ServiceAccount {
 // task_submit, status as events flow, delete of its own rejected
 // duplicates), so full access to them; its own Callee (capabilities,
 // session settings); CapabilityPolicies (the L3 gate) and Callers (rule
-// caller selectors); Events.
+// caller selectors); Pods (get: a session whose pod is gone is closed as
+// FAILED rather than left RUNNING); Events.
 //
 // Caller sidecar: reads HCPSessions (GET /hcp/v1/sessions/{id}) and writes
 // their status's callerAckedSequence; its own Caller; Events.
@@ -43,6 +44,7 @@ func RoleRules(s Subject) []rbacv1.PolicyRule {
 			{APIGroups: []string{group}, Resources: []string{"callees"}, ResourceNames: []string{s.Name}, Verbs: read},
 			{APIGroups: []string{group}, Resources: []string{"capabilitypolicies"}, Verbs: read},
 			{APIGroups: []string{group}, Resources: []string{"callers"}, Verbs: read},
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{get}},
 		}, events...)
 	}
 	return append([]rbacv1.PolicyRule{
