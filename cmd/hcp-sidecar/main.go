@@ -174,6 +174,11 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 		ConnectionName: fmt.Sprintf("hcp-sidecar %s %s %s", cfg.Mode, cfg.ID, cfg.PodName),
 		Logger:         log.WithName("amqp"),
 		Metrics:        m,
+		// Caller mode: on shutdown, close the channel without basic.cancel so
+		// the broker puts unacked events back at the head of the quorum queue
+		// in order (a cancel sends in-transit ones to the back). See
+		// internal/sidecar/caller/doc.go.
+		DrainWithoutCancel: cfg.Mode == config.ModeCaller,
 	}
 	if cfg.TLSCAFile != "" || cfg.TLSCertFile != "" {
 		if topts.TLS, err = transport.TLSConfig(cfg.TLSCAFile, cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {

@@ -194,12 +194,20 @@ func (k *consumer) serve(ctx context.Context, ch *amqp.Channel, deliveries <-cha
 	}
 }
 
-// drain cancels the subscription, hands the deliveries already buffered to
-// the handler, waits for the handler to settle all of them (until timeout,
-// Conn.Close's deadline or the channel's loss) and closes the channel.
+// drain cancels the subscription (unless DrainWithoutCancel), hands the
+// deliveries already buffered to the handler, waits for the handler to
+// settle all of them (until timeout, Conn.Close's deadline or the channel's
+// loss) and closes the channel.
 func (k *consumer) drain(ch *amqp.Channel, deliveries <-chan amqp.Delivery, closes <-chan *amqp.Error, t *tracker, hctx context.Context, hcancel context.CancelFunc, timeout <-chan time.Time) error {
 	cancelled := make(chan error, 1)
-	go func() { cancelled <- ch.Cancel(k.tag, false) }()
+	if k.c.opts.DrainWithoutCancel {
+		// No basic.cancel and no more hand-overs: whatever the handler has
+		// not got stays unacked and returns in order when the channel closes.
+		cancelled <- nil
+		deliveries = nil
+	} else {
+		go func() { cancelled <- ch.Cancel(k.tag, false) }()
+	}
 	for deliveries != nil {
 		select {
 		case d, ok := <-deliveries:

@@ -65,6 +65,16 @@ type Options struct {
 	// handlers to settle the deliveries they hold (default 10s). Conn.Close
 	// uses its own ctx instead.
 	DrainTimeout time.Duration
+	// DrainWithoutCancel makes a draining consumer skip basic.cancel: it
+	// stops handing new deliveries to the handler, waits for the handler to
+	// settle the ones it has, then closes the channel, so every unsettled
+	// delivery returns to the head of the queue in order. With basic.cancel,
+	// RabbitMQ (measured on 3.10 quorum queues) puts the messages in transit
+	// to the consumer at that moment at the back of the queue, behind
+	// everything already queued: harmless for independent commands, a
+	// reordering (and, past a reorder buffer, a loss) for an ordered event
+	// stream. The caller sidecar sets it.
+	DrainWithoutCancel bool
 	// Clock drives backoff delays (default: the real clock).
 	Clock clock.Clock
 	// Rand returns values in [0,1) for jitter (default math/rand/v2).

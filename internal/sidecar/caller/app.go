@@ -1,0 +1,107 @@
+package caller
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+)
+
+// EventsPath is where the sidecar POSTs messages on the app.
+const EventsPath = "/hcp/v1/events"
+
+// AppMessage is the body of POST {app}/hcp/v1/events: one message of a
+// session's stream. Type is the L1 message type: task_accepted,
+// task_rejected, event, task_completed or task_failed. Payload is the L1
+// payload verbatim; for events Sequence, EventType and Data repeat its
+// fields for convenience.
+type AppMessage struct {
+	SessionID     string          `json:"session_id"`
+	MessageID     string          `json:"message_id"`
+	Type          string          `json:"type"`
+	Timestamp     string          `json:"timestamp"`
+	CalleeID      string          `json:"callee_id"`
+	TaskMessageID string          `json:"task_message_id,omitempty"`
+	Sequence      int64           `json:"sequence,omitempty"`
+	EventType     string          `json:"event_type,omitempty"`
+	Data          json.RawMessage `json:"data,omitempty"`
+	Payload       json.RawMessage `json:"payload"`
+	// Redelivered: the broker delivered this message before (to this
+	// sidecar before a restart or reconnect, or before a failed attempt).
+	// The app may have processed it already if the sidecar was killed
+	// between the app's 2xx and recording it; deduplicate on (session_id,
+	// sequence) or message_id when processing twice would hurt.
+	Redelivered bool `json:"redelivered"`
+}
+
+// Headers set on every POST to the app, besides Content-Type.
+const (
+	HeaderSessionID      = "HCP-Session-ID"
+	HeaderSequence       = "HCP-Sequence"
+	HeaderMessageType    = "HCP-Message-Type"
+	HeaderIdempotencyKey = "Idempotency-Key"
+)
+
+func (s *Sidecar) appMessage(it *item, calleeID, taskMessageID string) AppMessage {
+	m := AppMessage{
+		SessionID:     it.env.Session(),
+		MessageID:     it.env.MessageID,
+		Type:          string(it.env.Type),
+		Timestamp:     it.env.Timestamp.UTC().Format(envelope.TimestampLayout),
+		CalleeID:      calleeID,
+		TaskMessageID: taskMessageID,
+		Payload:       it.env.Payload,
+		Redelivered:   it.d.Redelivered,
+	}
+	if it.event != nil {
+		m.Sequence = it.event.Sequence
+		m.EventType = string(it.event.EventType)
+		m.Data = it.event.Data
+	}
+	return m
+}
+
+// deliver POSTs m to the app and reports whether it answered 2xx. The
+// request is not bound to the run context: a request cancelled halfway
+// might have been processed by the app without the sidecar knowing, which
+// is exactly the duplicate a graceful shutdown must not cause.
+func (s *Sidecar) deliver(m AppMessage) error {
+	body, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode app message: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), s.o.AppTimeout)
+	defer cancel()
+	url := strings.TrimSuffix(s.cfg.HarnessURL, "/") + EventsPath
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderSessionID, m.SessionID)
+	req.Header.Set(HeaderMessageType, m.Type)
+	req.Header.Set(HeaderIdempotencyKey, m.MessageID)
+	if m.Sequence > 0 {
+		req.Header.Set(HeaderSequence, strconv.FormatInt(m.Sequence, 10))
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		s.m.AppDeliveries.WithLabelValues("error").Inc()
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		s.m.AppDeliveries.WithLabelValues("error").Inc()
+		return fmt.Errorf("app answered %s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	s.m.AppDeliveries.WithLabelValues("ok").Inc()
+	return nil
+}

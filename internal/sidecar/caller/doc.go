@@ -1,0 +1,93 @@
+// Package caller is the hcp-sidecar's caller mode: it submits tasks for a
+// local app, consumes the caller's event queue hcp.evt.{callerID}, and
+// hands every event to the app over HTTP once and in order per session
+// (DESIGN.md section 5; L1 "Stream Continuity", L2 "Integration with L1
+// Stream Continuity"). docs/harness-api.md ("Caller side") and
+// docs/openapi/caller-sidecar.yaml describe the app's side.
+//
+// # App API
+//
+// App → sidecar (Handler): POST /hcp/v1/tasks, GET /hcp/v1/tasks[/{id}],
+// POST /hcp/v1/sessions/{id}/abort, GET /hcp/v1/sessions[/{id}].
+// Sidecar → app: POST {HCP_HARNESS_URL}/hcp/v1/events, one message at a
+// time per session, sessions concurrently; a 2xx means processed.
+//
+// # Delivery pipeline
+//
+// The transport calls the consumer handler for each delivery from one
+// goroutine. The handler decodes and validates envelope, AMQP properties,
+// routing key and payload, checks that the broker-validated user_id is a
+// callee of this vhost, and hands the message to its session's worker.
+// Malformed messages and unauthenticated senders are acked, logged and
+// counted: redelivering them cannot make them valid. The worker checks that
+// the sender is the session's callee (from the task it submitted, the
+// task_accepted, or the HCPSession), runs events through a session.Tracker
+// (dedup of sequence <= last_processed_sequence, reorder buffer, gap
+// detection, gap skipped after GapTimeout), and delivers one message at a
+// time.
+//
+// Per event the order is fixed: POST to the app → on 2xx,
+// last_processed_sequence is written to the local store and fsynced →
+// basic.ack. Persisting before acking means that an ack lost with the
+// connection can only cause a redelivery that the store recognises.
+//
+// Messages without an L2 sequence take their place in the session's stream
+// from their position in the queue: task_accepted and task_rejected before
+// every event, task_completed and task_failed after every event that was
+// queued before them (the callee sidecar publishes them just before its
+// session_closed event). They are deduplicated through the task and session
+// records.
+//
+// # Failures, and why nothing is nacked
+//
+// A message the app fails (non-2xx, timeout) is retried in place with
+// exponential backoff (AppBackoff), its delivery held unacked, and the
+// session's later events wait behind it. It is not nacked with requeue:
+// RabbitMQ puts a nacked quorum-queue message at the back of the queue
+// (measured on 3.10.8), after every message already queued, so the
+// session's later events would arrive first, fill the reorder buffer and
+// the prefetch window, and the gap could only be skipped: a lost event. An
+// unacked delivery, on the other hand, keeps its place: when its channel
+// closes (reconnect, crash, the broker's consumer timeout) the broker
+// returns every unacked message to the head of the queue, in order.
+//
+// For the same reason shutdown never nacks and the transport must drain
+// without basic.cancel (transport.Options.DrainWithoutCancel): RabbitMQ
+// puts the messages in transit at the moment of a basic.cancel at the back
+// of a quorum queue. On stop the worker finishes the app request in
+// progress, delivers what it already holds for up to DrainTimeout, and
+// leaves the rest unsettled for the channel close to return in order.
+//
+// # Durable state and which copy is authoritative
+//
+// The local store (HCP_STATE_DIR; see Store: a CRC-checked journal with
+// group-committed fsync and atomic compaction) is the deduplication source.
+// It is written synchronously before every ack. The HCPSession field
+// status.callerAckedSequence is visibility only: it is written through the
+// coalescing status writer (at most once per interval, so it lags), and
+// only when the HCPSession can be read in the sidecar's own namespace —
+// sessions live in the callee's namespace, which a caller in another
+// namespace, or outside the cluster, cannot write. A sidecar that lost its
+// state directory restarts with an empty store: redelivered events are then
+// delivered again (flagged redelivered=true) rather than lost.
+//
+// The one window no acknowledgement protocol closes without the app: the
+// app has processed an event (its 2xx is on the wire) and the sidecar
+// process dies before its fsync. The event is delivered again after the
+// restart, with redelivered=true in the body; an app whose processing is
+// not idempotent deduplicates on (session_id, sequence) or message_id for
+// such deliveries. A graceful stop, a lost or cut broker connection and a
+// broker restart never open that window: the request in progress finishes
+// and is persisted before anything else happens.
+//
+// # Submitting
+//
+// A task_submit is written to the store (with its encoded envelope) before
+// it is published, persistent and confirmed, with user_id set. Until a
+// task_accepted or task_rejected arrives it is republished with the same
+// message_id and the identical body, with exponential backoff
+// (SubmitRetry), a bounded number of times; pending submits survive a
+// restart. The session id the callee will use is known at submit time
+// (topology.SessionID), so every event of the session can be checked
+// against the callee the task was sent to.
+package caller

@@ -1,0 +1,402 @@
+package caller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
+	"github.com/hcp-io/hcp-operator/internal/transport"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+)
+
+// StatusWriter records HCPSession status; *status.Writer implements it. The
+// caller sidecar sets only callerAckedSequence.
+type StatusWriter interface {
+	Update(name string, mutate func(*v1alpha1.HCPSessionStatus))
+}
+
+// Defaults for Options.
+const (
+	DefaultSubmitTimeout     = 30 * time.Second
+	DefaultSubmitMaxTimeout  = 5 * time.Minute
+	DefaultSubmitMaxAttempts = 8
+	DefaultAppBackoffMin     = 200 * time.Millisecond
+	DefaultAppBackoffMax     = 30 * time.Second
+	DefaultAppTimeout        = 30 * time.Second
+	DefaultGapTimeout        = 10 * time.Second
+	DefaultPublishTimeout    = 15 * time.Second
+	DefaultRetention         = 24 * time.Hour
+	DefaultDrainTimeout      = 5 * time.Second
+)
+
+// RetryPolicy is how a task_submit without an answer is republished: the
+// first wait is Timeout, each further one doubles up to MaxTimeout, and
+// after MaxAttempts publishes the task is marked unanswered.
+type RetryPolicy struct {
+	Timeout     time.Duration
+	MaxTimeout  time.Duration
+	MaxAttempts int
+}
+
+// wait returns the time to wait for an answer after publish number attempt
+// (1-based).
+func (p RetryPolicy) wait(attempt int) time.Duration {
+	d := p.Timeout
+	for i := 1; i < attempt && d < p.MaxTimeout; i++ {
+		d *= 2
+	}
+	return min(d, p.MaxTimeout)
+}
+
+// Backoff bounds the exponential delay between attempts to deliver a
+// message the app failed: Min after the first failure, doubling up to Max.
+type Backoff struct {
+	Min, Max time.Duration
+}
+
+func (b Backoff) after(failures int) time.Duration {
+	d := b.Min
+	for i := 1; i < failures && d < b.Max; i++ {
+		d *= 2
+	}
+	return min(d, b.Max)
+}
+
+// Options configure a Sidecar. Config, Publisher and Consumer are required.
+type Options struct {
+	// Config is the sidecar configuration (mode caller): ID, Username,
+	// Vhost, HarnessURL (the app's base URL), Prefetch, StateDir, Namespace.
+	Config *config.Config
+	// Client reads HCPSessions in Config.Namespace (to learn a session's
+	// callee when no local record names it, and to know whether
+	// callerAckedSequence can be recorded). Optional.
+	Client client.Client
+	// Publisher publishes task_submit and abort (confirmed).
+	Publisher transport.Publisher
+	// Consumer consumes hcp.evt.{callerID}. A *transport.Conn must be
+	// dialled with DrainWithoutCancel: a basic.cancel on stop would send the
+	// messages in transit to the back of the quorum queue, out of order
+	// (see the package documentation).
+	Consumer transport.Consumer
+	// Status records callerAckedSequence; optional.
+	Status StatusWriter
+	// Metrics; nil creates unregistered collectors.
+	Metrics *metrics.Metrics
+	Log     logr.Logger
+	// Clock; nil means the real clock.
+	Clock clock.WithTickerAndDelayedExecution
+	// HTTPClient calls the app; nil means a client without a global
+	// timeout (AppTimeout bounds each call).
+	HTTPClient *http.Client
+
+	// Store overrides the store opened from Config.StateDir (tests). The
+	// Sidecar does not close a Store it was given.
+	Store *Store
+	// SubmitRetry: republishing of unanswered task_submits.
+	SubmitRetry RetryPolicy
+	// AppBackoff: delays between attempts to deliver a message the app
+	// failed (the delivery stays held meanwhile; see the package doc).
+	AppBackoff Backoff
+	// AppTimeout bounds one POST to the app.
+	AppTimeout time.Duration
+	// GapTimeout is how long events wait behind a sequence gap before the
+	// gap is skipped (L2: log a warning and continue).
+	GapTimeout time.Duration
+	// DrainTimeout bounds how long, after Run's ctx ends, the deliveries
+	// already received are still delivered to the app; what is left stays
+	// unsettled and returns to the head of the queue when the channel
+	// closes. Keep it below the transport's drain timeout.
+	DrainTimeout time.Duration
+	// MaxBuffer bounds each session's reorder buffer; 0 means Prefetch-1
+	// (at least 1): buffered events stay unacked, and a buffer as large as
+	// the prefetch window would stop the broker from sending the missing one.
+	MaxBuffer int
+	// PublishTimeout bounds one publish including its confirm.
+	PublishTimeout time.Duration
+	// Retention is how long finished tasks and sessions are remembered
+	// (for deduplication and the GET endpoints); default 24h, the event
+	// queue's default message TTL.
+	Retention time.Duration
+}
+
+// Sidecar is the caller-mode sidecar.
+type Sidecar struct {
+	cfg      *config.Config
+	o        Options
+	log      logr.Logger
+	m        *metrics.Metrics
+	clk      clock.WithTickerAndDelayedExecution
+	http     *http.Client
+	store    *Store
+	ownStore bool
+	queue    string
+
+	started atomic.Bool
+	// runCtx ends when Run's ctx ends; workers and timers watch it.
+	runCtx context.Context
+	// consuming is true while the consumer runs (readiness).
+	consuming atomic.Bool
+
+	mu       sync.Mutex
+	stopping bool
+	streams  map[string]*stream
+	workers  sync.WaitGroup
+	// answered holds task message ids whose answer has arrived (even if not
+	// yet delivered to the app), so they are not republished.
+	answered map[string]bool
+	// lookups caches HCPSession reads.
+	lookups map[string]lookup
+	// submitMu serialises the check-and-create of a task_submit record.
+	submitMu sync.Mutex
+	// elsewhere logs once that HCPSessions are not in this namespace.
+	elsewhere sync.Once
+}
+
+type lookup struct {
+	found    bool
+	calleeID string
+	at       time.Time
+}
+
+// New validates opts and opens the state store.
+func New(opts Options) (*Sidecar, error) {
+	c := opts.Config
+	if c == nil {
+		return nil, errors.New("caller sidecar: Config is required")
+	}
+	if opts.Publisher == nil || opts.Consumer == nil {
+		return nil, errors.New("caller sidecar: Publisher and Consumer are required")
+	}
+	var errs []error
+	if err := topology.ValidateID(c.ID); err != nil {
+		errs = append(errs, fmt.Errorf("caller id: %w", err))
+	}
+	if c.HarnessURL == "" {
+		errs = append(errs, fmt.Errorf("%s (the app's base URL) is required", config.EnvHarnessURL))
+	}
+	if role, vhost, id, err := topology.ParseUsername(c.Username); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", config.EnvUsername, err))
+	} else if role != topology.RoleCaller || id != c.ID || vhost != c.Vhost {
+		errs = append(errs, fmt.Errorf("%s %q is not the caller user of id %q in vhost %q (want %q): callees identify callers by it",
+			config.EnvUsername, c.Username, c.ID, c.Vhost, topology.Username(topology.RoleCaller, c.Vhost, c.ID)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("caller sidecar: %w", err)
+	}
+	o := opts
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(prometheus.NewRegistry())
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{}
+	}
+	if o.SubmitRetry.Timeout <= 0 {
+		o.SubmitRetry.Timeout = DefaultSubmitTimeout
+	}
+	if o.SubmitRetry.MaxTimeout <= 0 {
+		o.SubmitRetry.MaxTimeout = max(DefaultSubmitMaxTimeout, o.SubmitRetry.Timeout)
+	}
+	if o.SubmitRetry.MaxAttempts <= 0 {
+		o.SubmitRetry.MaxAttempts = DefaultSubmitMaxAttempts
+	}
+	if o.AppBackoff.Min <= 0 {
+		o.AppBackoff.Min = DefaultAppBackoffMin
+	}
+	if o.AppBackoff.Max <= 0 {
+		o.AppBackoff.Max = max(DefaultAppBackoffMax, o.AppBackoff.Min)
+	}
+	if o.AppTimeout <= 0 {
+		o.AppTimeout = DefaultAppTimeout
+	}
+	if o.GapTimeout <= 0 {
+		o.GapTimeout = DefaultGapTimeout
+	}
+	if o.MaxBuffer <= 0 {
+		o.MaxBuffer = max(c.Prefetch-1, 1)
+	}
+	if o.PublishTimeout <= 0 {
+		o.PublishTimeout = DefaultPublishTimeout
+	}
+	if o.Retention <= 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	s := &Sidecar{
+		cfg:      c,
+		o:        o,
+		log:      o.Log.WithValues("callerID", c.ID),
+		m:        o.Metrics,
+		clk:      o.Clock,
+		http:     o.HTTPClient,
+		store:    o.Store,
+		queue:    topology.EventQueue(c.ID),
+		streams:  map[string]*stream{},
+		answered: map[string]bool{},
+		lookups:  map[string]lookup{},
+		runCtx:   context.Background(),
+	}
+	if s.store == nil {
+		st, err := OpenStore(c.StateDir)
+		if err != nil {
+			return nil, fmt.Errorf("caller sidecar: %w", err)
+		}
+		s.store, s.ownStore = st, true
+	}
+	for _, t := range s.store.Tasks() {
+		if t.State.answered() {
+			s.answered[t.MessageID] = true
+		}
+	}
+	return s, nil
+}
+
+// Store returns the sidecar's state store (for inspection).
+func (s *Sidecar) Store() *Store { return s.store }
+
+// Ready reports whether the sidecar consumes its event queue and its store
+// is writable.
+func (s *Sidecar) Ready() error {
+	if !s.consuming.Load() {
+		return errors.New("not consuming the event queue")
+	}
+	if err := s.store.err(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Run consumes the event queue and republishes pending submits until ctx
+// ends, then shuts down: the subscription is cancelled, app requests in
+// progress finish and are persisted and acked, deliveries already received
+// are still delivered for up to DrainTimeout, and whatever is left (behind a
+// gap, failed by the app) stays unsettled, so the broker returns it to the
+// head of the queue, in order, when the channel closes. The store is closed
+// last. Run may be called once.
+func (s *Sidecar) Run(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("caller sidecar: Run called twice")
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.mu.Lock()
+	s.runCtx = runCtx
+	s.mu.Unlock()
+	s.log.Info("Starting caller sidecar", "queue", s.queue, "prefetch", s.cfg.Prefetch, "stateDir", s.cfg.StateDir,
+		"tasks", len(s.store.Tasks()), "sessions", len(s.store.Sessions()))
+
+	var bg sync.WaitGroup
+	bg.Go(func() { s.retryLoop(runCtx) })
+	bg.Go(func() { s.housekeeping(runCtx) })
+	bg.Go(func() {
+		<-runCtx.Done()
+		s.mu.Lock()
+		s.stopping = true
+		s.mu.Unlock()
+	})
+
+	s.consuming.Store(true)
+	err := s.o.Consumer.Consume(runCtx, s.queue, s.cfg.Prefetch, s.handle)
+	s.consuming.Store(false)
+	cancel()
+	bg.Wait()
+	s.workers.Wait()
+	if s.ownStore {
+		if cerr := s.store.Close(); cerr != nil {
+			s.log.Error(cerr, "Failed to close the state store")
+		}
+	}
+	s.log.Info("Stopped caller sidecar")
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, transport.ErrClosed)) {
+		return nil
+	}
+	return err
+}
+
+// housekeeping forgets old finished tasks and sessions and keeps the
+// sessions gauge current.
+func (s *Sidecar) housekeeping(ctx context.Context) {
+	t := s.clk.NewTicker(30 * time.Second)
+	defer t.Stop()
+	s.sessionGauge()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+			s.prune()
+			s.sessionGauge()
+		}
+	}
+}
+
+func (s *Sidecar) prune() {
+	cutoff := s.clk.Now().Add(-s.o.Retention)
+	for _, t := range s.store.Tasks() {
+		done := (t.State.answered() && t.Delivered) || t.State == TaskUnanswered || t.State == TaskExpired
+		last := t.AnsweredAt
+		if last.IsZero() {
+			last = t.LastAttemptAt
+		}
+		if done && last.Before(cutoff) {
+			if err := s.store.DeleteTask(t.MessageID); err != nil {
+				s.log.Error(err, "Failed to forget an old task", "task", t.MessageID)
+			}
+			s.mu.Lock()
+			delete(s.answered, t.MessageID)
+			s.mu.Unlock()
+		}
+	}
+	for _, r := range s.store.Sessions() {
+		if r.finished() && r.UpdatedAt.Before(cutoff) {
+			s.mu.Lock()
+			_, active := s.streams[r.SessionID]
+			delete(s.lookups, r.SessionID)
+			s.mu.Unlock()
+			if active {
+				continue
+			}
+			if err := s.store.DeleteSession(r.SessionID); err != nil {
+				s.log.Error(err, "Failed to forget an old session", "session", r.SessionID)
+			}
+		}
+	}
+}
+
+func (s *Sidecar) sessionGauge() {
+	counts := map[string]float64{}
+	for _, r := range s.store.Sessions() {
+		st := r.State
+		if st == "" {
+			st = "UNKNOWN"
+		}
+		counts[st]++
+	}
+	s.m.Sessions.Reset()
+	for st, n := range counts {
+		s.m.Sessions.WithLabelValues(st).Set(n)
+	}
+}
+
+// ctx returns the run context (Background before Run).
+func (s *Sidecar) ctx() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runCtx
+}

@@ -1,0 +1,591 @@
+package caller
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// TaskState is what the caller sidecar knows about one submitted task.
+type TaskState string
+
+// Task states.
+const (
+	// TaskPending: published (or about to be), no task_accepted or
+	// task_rejected yet; republished with the same message_id until one
+	// arrives or the attempts run out.
+	TaskPending TaskState = "pending"
+	// TaskAccepted: the callee accepted the task (its session runs).
+	TaskAccepted TaskState = "accepted"
+	// TaskRejected: the callee rejected the task.
+	TaskRejected TaskState = "rejected"
+	// TaskUnanswered: every attempt timed out without an answer. A late
+	// answer still moves the task to accepted or rejected.
+	TaskUnanswered TaskState = "unanswered"
+	// TaskExpired: the task's expires_at or deadline passed before it was
+	// answered; it is no longer republished. A late answer still counts.
+	TaskExpired TaskState = "expired"
+)
+
+// answered reports whether the callee has answered.
+func (s TaskState) answered() bool { return s == TaskAccepted || s == TaskRejected }
+
+// TaskRecord is the durable record of one task_submit.
+type TaskRecord struct {
+	MessageID  string    `json:"message_id"`
+	CalleeID   string    `json:"callee_id"`
+	Capability string    `json:"capability"`
+	State      TaskState `json:"state"`
+	// SessionID is the session the callee is expected to create
+	// (topology.SessionID) until task_accepted names the real one.
+	SessionID string `json:"session_id,omitempty"`
+	// Envelope is the encoded task_submit, kept while the task is pending
+	// so that a restarted sidecar republishes the identical message.
+	Envelope      json.RawMessage `json:"envelope,omitempty"`
+	Attempts      int             `json:"attempts"`
+	SubmittedAt   time.Time       `json:"submitted_at"`
+	LastAttemptAt time.Time       `json:"last_attempt_at,omitzero"`
+	AnsweredAt    time.Time       `json:"answered_at,omitzero"`
+	// ExpiresAt is the earlier of the task's expires_at and deadline.
+	ExpiresAt     time.Time `json:"expires_at,omitzero"`
+	RiskLevel     string    `json:"risk_level,omitempty"`
+	ReasonCode    string    `json:"reason_code,omitempty"`
+	ReasonMessage string    `json:"reason_message,omitempty"`
+	// Delivered is set once the answer was handed to the app (2xx).
+	Delivered bool `json:"delivered,omitempty"`
+}
+
+// SessionRecord is the durable per-session state of the caller sidecar.
+// LastSeq is L2's last_processed_sequence: the highest sequence the app
+// acknowledged with a 2xx. It is the deduplication source after a restart.
+type SessionRecord struct {
+	SessionID     string `json:"session_id"`
+	CalleeID      string `json:"callee_id"`
+	TaskMessageID string `json:"task_message_id,omitempty"`
+	Capability    string `json:"capability,omitempty"`
+	// LastSeq is last_processed_sequence.
+	LastSeq int64 `json:"last_seq"`
+	// State is the L2 state as the event stream delivered to the app says.
+	State          string    `json:"state,omitempty"`
+	RiskLevel      string    `json:"risk_level,omitempty"`
+	Token          string    `json:"token,omitempty"`
+	TokenExpiresAt time.Time `json:"token_expires_at,omitzero"`
+	// AcceptedDelivered: task_accepted was handed to the app.
+	AcceptedDelivered bool `json:"accepted_delivered,omitempty"`
+	// Terminal is task_completed or task_failed once delivered to the app.
+	Terminal string `json:"terminal,omitempty"`
+	// Closed: the session_closed event was delivered to the app.
+	Closed bool `json:"closed,omitempty"`
+	// Unverified: the session's callee was bound on first use (no task,
+	// task_accepted or HCPSession named it).
+	Unverified bool `json:"unverified,omitempty"`
+	// AbortRequestedAt is when the app last asked to abort the session.
+	AbortRequestedAt time.Time `json:"abort_requested_at,omitzero"`
+	UpdatedAt        time.Time `json:"updated_at"`
+}
+
+// finished reports whether the app has received the session's end.
+func (r *SessionRecord) finished() bool { return r.Terminal != "" }
+
+// journalLine is one line of the journal: a full record (last one wins) or
+// a deletion.
+type journalLine struct {
+	Task          *TaskRecord    `json:"task,omitempty"`
+	Session       *SessionRecord `json:"session,omitempty"`
+	DeleteTask    string         `json:"delete_task,omitempty"`
+	DeleteSession string         `json:"delete_session,omitempty"`
+}
+
+// Store file names inside the state directory.
+const (
+	journalFile = "caller-state.journal"
+	lockFile    = "caller-state.lock"
+)
+
+// compactThreshold is the journal size above which it is rewritten with
+// only the live records.
+const compactThreshold = 8 << 20
+
+// Store is the caller sidecar's durable state: tasks and sessions. It is a
+// journal of full records (one JSON line each, CRC-32C protected), appended
+// with group commit (every write waits for one fsync shared by all writes
+// queued with it, so concurrent sessions share the cost) and compacted by
+// rewriting it atomically (temporary file, fsync, rename, fsync of the
+// directory). A torn last line, from a crash in the middle of an append, is
+// detected by its checksum and discarded: its write had not returned, so
+// nothing was acknowledged on the strength of it.
+//
+// With an empty directory the Store keeps everything in memory (tests, or a
+// caller that accepts redelivered duplicates after a restart).
+//
+// A lock file (flock) keeps two sidecars from sharing one directory.
+type Store struct {
+	dir string
+
+	mu       sync.Mutex
+	tasks    map[string]*TaskRecord
+	sessions map[string]*SessionRecord
+
+	// Group commit.
+	wmu     sync.Mutex
+	cond    *sync.Cond
+	queue   []pendingWrite
+	closed  bool
+	stopped chan struct{}
+	file    *os.File
+	lock    *os.File
+	size    int64
+	failErr error // sticky: a failed fsync leaves the file in an unknown state
+}
+
+type pendingWrite struct {
+	line []byte
+	done chan error
+}
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// OpenStore opens (creating it if needed) the state in dir and loads it.
+func OpenStore(dir string) (*Store, error) {
+	s := &Store{
+		dir:      dir,
+		tasks:    map[string]*TaskRecord{},
+		sessions: map[string]*SessionRecord{},
+		stopped:  make(chan struct{}),
+	}
+	s.cond = sync.NewCond(&s.wmu)
+	if dir == "" {
+		close(s.stopped)
+		return s, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("caller state: create %s: %w", dir, err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("caller state: %w", err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = lf.Close()
+		return nil, fmt.Errorf("caller state: %s is in use by another process (flock: %w); each caller sidecar needs its own state directory", dir, err)
+	}
+	s.lock = lf
+	path := filepath.Join(dir, journalFile)
+	valid, err := s.load(path)
+	if err != nil {
+		_ = lf.Close()
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		_ = lf.Close()
+		return nil, fmt.Errorf("caller state: %w", err)
+	}
+	// Drop a torn tail so that appends start on a line boundary.
+	if err := f.Truncate(valid); err != nil {
+		_ = f.Close()
+		_ = lf.Close()
+		return nil, fmt.Errorf("caller state: truncate torn journal tail: %w", err)
+	}
+	if _, err := f.Seek(valid, io.SeekStart); err != nil {
+		_ = f.Close()
+		_ = lf.Close()
+		return nil, fmt.Errorf("caller state: %w", err)
+	}
+	s.file, s.size = f, valid
+	go s.committer()
+	return s, nil
+}
+
+// load replays the journal and returns the length of its valid prefix.
+func (s *Store) load(path string) (int64, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("caller state: read %s: %w", path, err)
+	}
+	var valid int64
+	r := bufio.NewReader(bytes.NewReader(data))
+	for {
+		raw, err := r.ReadBytes('\n')
+		if err != nil { // EOF: a line without its newline is torn
+			break
+		}
+		l, ok := parseLine(raw)
+		if !ok {
+			break // torn or corrupt: nothing after it was acknowledged either
+		}
+		valid += int64(len(raw))
+		s.apply(l)
+	}
+	return valid, nil
+}
+
+// parseLine checks "crc32c-hex SP json LF".
+func parseLine(raw []byte) (journalLine, bool) {
+	var l journalLine
+	raw = bytes.TrimSuffix(raw, []byte("\n"))
+	if len(raw) < 10 || raw[8] != ' ' {
+		return l, false
+	}
+	var sum uint32
+	if _, err := fmt.Sscanf(string(raw[:8]), "%08x", &sum); err != nil {
+		return l, false
+	}
+	body := raw[9:]
+	if crc32.Checksum(body, crcTable) != sum {
+		return l, false
+	}
+	if err := json.Unmarshal(body, &l); err != nil {
+		return l, false
+	}
+	return l, true
+}
+
+func encodeLine(l journalLine) []byte {
+	body, err := json.Marshal(l)
+	if err != nil {
+		panic(fmt.Sprintf("caller state: marshal journal line: %v", err)) // plain structs: cannot fail
+	}
+	out := make([]byte, 0, len(body)+10)
+	out = fmt.Appendf(out, "%08x ", crc32.Checksum(body, crcTable))
+	out = append(out, body...)
+	return append(out, '\n')
+}
+
+func (s *Store) apply(l journalLine) {
+	switch {
+	case l.Task != nil:
+		s.tasks[l.Task.MessageID] = l.Task
+	case l.Session != nil:
+		s.sessions[l.Session.SessionID] = l.Session
+	case l.DeleteTask != "":
+		delete(s.tasks, l.DeleteTask)
+	case l.DeleteSession != "":
+		delete(s.sessions, l.DeleteSession)
+	}
+}
+
+// committer writes queued lines in batches, one fsync per batch.
+func (s *Store) committer() {
+	defer close(s.stopped)
+	for {
+		s.wmu.Lock()
+		for len(s.queue) == 0 && !s.closed {
+			s.cond.Wait()
+		}
+		batch := s.queue
+		s.queue = nil
+		closed := s.closed
+		s.wmu.Unlock()
+		if len(batch) > 0 {
+			err := s.commit(batch)
+			for _, w := range batch {
+				w.done <- err
+			}
+		}
+		if closed && len(batch) == 0 {
+			return
+		}
+	}
+}
+
+// err returns the sticky write failure, if any.
+func (s *Store) err() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.failErr
+}
+
+func (s *Store) fail(err error) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.failErr = err
+	return err
+}
+
+func (s *Store) commit(batch []pendingWrite) error {
+	if err := s.err(); err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	for _, w := range batch {
+		buf.Write(w.line)
+	}
+	if _, err := s.file.Write(buf.Bytes()); err != nil {
+		return s.fail(fmt.Errorf("caller state: append to journal: %w", err))
+	}
+	if err := s.file.Sync(); err != nil {
+		// After a failed fsync the page cache may have dropped the data:
+		// the file can no longer be trusted (the "fsyncgate" lesson).
+		return s.fail(fmt.Errorf("caller state: fsync journal: %w", err))
+	}
+	s.size += int64(buf.Len())
+	if s.size > compactThreshold {
+		if err := s.compact(); err != nil {
+			// The journal is intact; compaction is retried after the next
+			// batch.
+			return nil
+		}
+	}
+	return nil
+}
+
+// compact rewrites the journal with the live records only. It runs on the
+// committer goroutine, so no append interleaves.
+func (s *Store) compact() error {
+	s.mu.Lock()
+	var buf bytes.Buffer
+	for _, t := range sortedTasks(s.tasks) {
+		buf.Write(encodeLine(journalLine{Task: t}))
+	}
+	for _, r := range sortedSessions(s.sessions) {
+		buf.Write(encodeLine(journalLine{Session: r}))
+	}
+	s.mu.Unlock()
+	path := filepath.Join(s.dir, journalFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	if err := syncDir(s.dir); err != nil {
+		return err
+	}
+	nf, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0o600)
+	if err != nil {
+		return s.fail(fmt.Errorf("caller state: reopen compacted journal: %w", err))
+	}
+	_ = s.file.Close()
+	s.file, s.size = nf, int64(buf.Len())
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Close flushes pending writes and releases the directory.
+func (s *Store) Close() error {
+	s.wmu.Lock()
+	if s.closed {
+		s.wmu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.cond.Signal()
+	s.wmu.Unlock()
+	<-s.stopped
+	var errs []error
+	if s.file != nil {
+		errs = append(errs, s.file.Close())
+	}
+	if s.lock != nil {
+		errs = append(errs, s.lock.Close()) // releases the flock
+	}
+	return errors.Join(errs...)
+}
+
+// Task returns a copy of a task record.
+func (s *Store) Task(id string) (TaskRecord, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	if !ok {
+		return TaskRecord{}, false
+	}
+	return *t, true
+}
+
+// Tasks returns copies of every task record, oldest first.
+func (s *Store) Tasks() []TaskRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []TaskRecord
+	for _, t := range sortedTasks(s.tasks) {
+		out = append(out, *t)
+	}
+	return out
+}
+
+// Session returns a copy of a session record.
+func (s *Store) Session(id string) (SessionRecord, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.sessions[id]
+	if !ok {
+		return SessionRecord{}, false
+	}
+	return *r, true
+}
+
+// Sessions returns copies of every session record, by last update.
+func (s *Store) Sessions() []SessionRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []SessionRecord
+	for _, r := range sortedSessions(s.sessions) {
+		out = append(out, *r)
+	}
+	return out
+}
+
+// UpdateTask applies fn to the task (a zero record with MessageID id when
+// absent, created only if fn returns true) and writes it durably.
+func (s *Store) UpdateTask(id string, fn func(*TaskRecord) bool) (TaskRecord, error) {
+	s.mu.Lock()
+	cur, ok := s.tasks[id]
+	next := TaskRecord{MessageID: id}
+	if ok {
+		next = *cur
+	}
+	if !fn(&next) {
+		s.mu.Unlock()
+		return next, nil
+	}
+	next.MessageID = id
+	rec := next
+	s.tasks[id] = &rec
+	// Encode under mu: lines reach the journal in the order of the
+	// in-memory changes, so the last line of a record is its latest state.
+	done := s.enqueue(journalLine{Task: &rec})
+	s.mu.Unlock()
+	return next, wait(done)
+}
+
+// UpdateSession is UpdateTask for sessions.
+func (s *Store) UpdateSession(id string, fn func(*SessionRecord) bool) (SessionRecord, error) {
+	s.mu.Lock()
+	cur, ok := s.sessions[id]
+	next := SessionRecord{SessionID: id}
+	if ok {
+		next = *cur
+	}
+	if !fn(&next) {
+		s.mu.Unlock()
+		return next, nil
+	}
+	next.SessionID = id
+	rec := next
+	s.sessions[id] = &rec
+	done := s.enqueue(journalLine{Session: &rec})
+	s.mu.Unlock()
+	return next, wait(done)
+}
+
+// DeleteTask forgets a task.
+func (s *Store) DeleteTask(id string) error {
+	s.mu.Lock()
+	delete(s.tasks, id)
+	done := s.enqueue(journalLine{DeleteTask: id})
+	s.mu.Unlock()
+	return wait(done)
+}
+
+// DeleteSession forgets a session.
+func (s *Store) DeleteSession(id string) error {
+	s.mu.Lock()
+	delete(s.sessions, id)
+	done := s.enqueue(journalLine{DeleteSession: id})
+	s.mu.Unlock()
+	return wait(done)
+}
+
+// Load implements session.Store: the last processed sequence of a session.
+func (s *Store) Load(sessionID string) (int64, error) {
+	r, _ := s.Session(sessionID)
+	return r.LastSeq, nil
+}
+
+// Save implements session.Store: it raises the session's last processed
+// sequence, durably.
+func (s *Store) Save(sessionID string, seq int64) error {
+	_, err := s.UpdateSession(sessionID, func(r *SessionRecord) bool {
+		if seq <= r.LastSeq {
+			return false
+		}
+		r.LastSeq = seq
+		return true
+	})
+	return err
+}
+
+// enqueue queues a line for the committer; called with s.mu held so that
+// the journal order matches the order of in-memory changes.
+func (s *Store) enqueue(l journalLine) chan error {
+	done := make(chan error, 1)
+	if s.dir == "" {
+		done <- nil
+		return done
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.closed {
+		done <- errors.New("caller state: store closed")
+		return done
+	}
+	s.queue = append(s.queue, pendingWrite{line: encodeLine(l), done: done})
+	s.cond.Signal()
+	return done
+}
+
+func wait(done chan error) error { return <-done }
+
+func sortedTasks(m map[string]*TaskRecord) []*TaskRecord {
+	out := make([]*TaskRecord, 0, len(m))
+	for _, t := range m {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].SubmittedAt.Equal(out[j].SubmittedAt) {
+			return out[i].SubmittedAt.Before(out[j].SubmittedAt)
+		}
+		return out[i].MessageID < out[j].MessageID
+	})
+	return out
+}
+
+func sortedSessions(m map[string]*SessionRecord) []*SessionRecord {
+	out := make([]*SessionRecord, 0, len(m))
+	for _, r := range m {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].UpdatedAt.Equal(out[j].UpdatedAt) {
+			return out[i].UpdatedAt.Before(out[j].UpdatedAt)
+		}
+		return out[i].SessionID < out[j].SessionID
+	})
+	return out
+}

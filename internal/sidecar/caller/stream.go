@@ -1,0 +1,728 @@
+package caller
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+)
+
+// idleTimeout is how long a session worker with nothing held lingers
+// before it exits; its state is in the store and a new worker resumes it.
+const idleTimeout = time.Minute
+
+// trackerStore gives a Tracker its starting point. The worker persists
+// last_processed_sequence itself, in the same write as the rest of the
+// session record and outside the tracker's lock, so Save does nothing.
+type trackerStore struct{ st *Store }
+
+func (t trackerStore) Load(id string) (int64, error) { return t.st.Load(id) }
+func (trackerStore) Save(string, int64) error        { return nil }
+
+// barrier is a message without an L2 sequence in a session's stream:
+// task_accepted or task_rejected (anchor 0: before every event), or
+// task_completed / task_failed (anchor: the highest sequence seen when it
+// arrived, so it follows every event that preceded it in the queue). Events
+// with a higher sequence wait until it is delivered.
+type barrier struct {
+	kind   envelope.MessageType
+	anchor int64
+	item   *item
+	since  time.Time
+}
+
+func isTerminal(t envelope.MessageType) bool {
+	return t == envelope.TypeTaskCompleted || t == envelope.TypeTaskFailed
+}
+
+// stream is one session's worker: it owns the session's tracker and
+// delivers to the app one message at a time.
+//
+// A message the app fails is retried in place with exponential backoff,
+// its delivery held unacked; it is not nacked. RabbitMQ puts a message
+// nacked with requeue at the back of a quorum queue (measured on 3.10: it
+// comes back after everything already queued), so the session's later
+// events would arrive first, fill the reorder buffer and the prefetch
+// window, and the gap could only be skipped, losing the event. Held in
+// place, the event keeps its position; if the channel is lost meanwhile
+// (or the broker's consumer timeout closes it), the broker returns every
+// unacked message to the head of the queue, in order.
+type stream struct {
+	s       *Sidecar
+	id      string
+	log     logr.Logger
+	inbox   chan *item
+	tracker *session.Tracker[*item]
+
+	// ready are events handed out by the tracker, in order, not yet
+	// delivered.
+	ready    []session.Entry[*item]
+	barriers []*barrier
+	// maxSeen is the highest sequence offered (or persisted).
+	maxSeen       int64
+	callee        string
+	unverified    bool
+	taskMessageID string
+	capability    string
+	taskLooked    bool
+	gapSince      time.Time
+	// awaitAccepted: this sidecar submitted the session's task and has not
+	// seen its answer yet, so events wait (up to GapTimeout from
+	// awaitSince) for task_accepted to be delivered first. The callee
+	// publishes it first, but a republish after a lost confirm can put it
+	// behind the session's first events.
+	awaitAccepted bool
+	awaitSince    time.Time
+	lastDctx      context.Context
+	lastActive    time.Time
+	// stopAt is set when the sidecar stops: the worker delivers what it
+	// already holds until then, and leaves the rest unsettled.
+	stopAt time.Time
+}
+
+// newStream builds the worker of session sid; called with s.mu held.
+func (s *Sidecar) newStream(sid string) *stream {
+	rec, _ := s.store.Session(sid)
+	tr, err := session.NewTracker[*item](sid, session.TrackerOptions{Store: trackerStore{s.store}, MaxBuffer: s.o.MaxBuffer})
+	if err != nil { // trackerStore.Load does not fail
+		panic(err)
+	}
+	return &stream{
+		s:             s,
+		id:            sid,
+		log:           s.log.WithValues("session", sid),
+		inbox:         make(chan *item, 4*s.cfg.Prefetch+16),
+		tracker:       tr,
+		maxSeen:       rec.LastSeq,
+		callee:        rec.CalleeID,
+		unverified:    rec.Unverified,
+		taskMessageID: rec.TaskMessageID,
+		capability:    rec.Capability,
+		lastActive:    s.clk.Now(),
+	}
+}
+
+func (w *stream) run() {
+	defer w.s.workers.Done()
+	ctx := w.s.ctx()
+	every := min(max(w.s.o.GapTimeout/4, 10*time.Millisecond), time.Second)
+	tick := w.s.clk.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			w.drain()
+			return
+		case it := <-w.inbox:
+			w.lastActive = w.s.clk.Now()
+			w.process(it)
+		case <-tick.C():
+			w.onTick()
+			if w.idle() && w.tryExit() {
+				return
+			}
+		}
+	}
+}
+
+// stopping reports whether the drain time is over.
+func (w *stream) stopping() bool {
+	return !w.stopAt.IsZero() && !w.s.clk.Now().Before(w.stopAt)
+}
+
+// drain runs when the sidecar stops: deliveries already received are still
+// delivered (in order, as usual) until the drain time is over or nothing
+// more can be delivered; what is left stays unsettled and returns to the
+// head of the queue when the channel closes.
+func (w *stream) drain() {
+	if w.stopAt.IsZero() {
+		w.stopAt = w.s.clk.Now().Add(w.s.o.DrainTimeout)
+	}
+	w.pump()
+	for !w.stopping() {
+		select {
+		case it := <-w.inbox:
+			w.process(it)
+			continue
+		case <-w.s.clk.After(100 * time.Millisecond):
+		}
+		break
+	}
+	w.s.mu.Lock()
+	if w.s.streams[w.id] == w {
+		delete(w.s.streams, w.id)
+	}
+	w.s.mu.Unlock()
+	held := len(w.inbox) + len(w.ready) + len(w.barriers) + w.tracker.Buffered()
+	if held > 0 {
+		w.log.V(1).Info("Stopped with deliveries unsettled; the broker returns them to the head of the queue", "held", held)
+	}
+}
+
+func (w *stream) process(it *item) {
+	w.checkChannel(it.dctx)
+	if !w.verify(it) {
+		return
+	}
+	switch it.env.Type {
+	case envelope.TypeEvent:
+		w.offer(it)
+	case envelope.TypeTaskAccepted:
+		w.onAccepted(it)
+	case envelope.TypeTaskRejected:
+		w.onRejected(it)
+	case envelope.TypeTaskCompleted, envelope.TypeTaskFailed:
+		w.onTerminal(it)
+	}
+	w.pump()
+}
+
+// checkChannel notices that the deliveries held came from a channel that is
+// gone: buffered ones can no longer be acked and the broker redelivers them,
+// so they are dropped (a copy held back would otherwise make the tracker
+// call the live redelivery a duplicate and have it acked).
+func (w *stream) checkChannel(dctx context.Context) {
+	if w.lastDctx != nil && w.lastDctx != dctx && w.lastDctx.Err() != nil {
+		w.dropStale()
+	}
+	if dctx != nil {
+		w.lastDctx = dctx
+	}
+}
+
+func (w *stream) dropStale() {
+	dropped := w.tracker.Reset()
+	live := 0
+	for _, e := range dropped {
+		if !e.Item.stale() {
+			// Cannot happen (all held deliveries share one channel); if it
+			// did, leaving it unsettled would stall the window.
+			w.s.settle(e.Item, false)
+			live++
+		}
+	}
+	if len(dropped) > 0 {
+		w.log.V(1).Info("Dropped buffered events of a closed channel; the broker redelivers them", "count", len(dropped), "live", live)
+	}
+	w.gapSince = time.Time{}
+}
+
+// verify checks that it comes from the session's callee. The callee is
+// known from, in order: this session's record, the task the message
+// answers, the task whose expected session this is, the HCPSession in the
+// sidecar's namespace. A session nothing names (the local state was lost)
+// is bound to its first sender, with a warning.
+func (w *stream) verify(it *item) bool {
+	expected, source := w.expectedCallee(it)
+	if expected == "" {
+		w.callee, w.unverified = it.sender, true
+		w.log.Info("WARNING: no task, task_accepted or HCPSession names this session's callee; bound it to the first sender",
+			"callee", it.sender, "type", it.env.Type)
+		return true
+	}
+	if expected != it.sender {
+		w.s.m.Rejects.WithLabelValues(ReasonSpoofedSender).Inc()
+		w.log.Info("WARNING: dropped a message from a callee that is not the session's", "sender", it.sender,
+			"callee", expected, "learntFrom", source, "type", it.env.Type, "messageID", it.env.MessageID)
+		w.s.settle(it, true)
+		return false
+	}
+	if source != "first-use" {
+		w.unverified = false
+	}
+	w.callee = expected
+	if !w.taskLooked {
+		w.taskLooked = true
+		t, ok := w.s.store.Task(w.taskMessageID)
+		if !ok {
+			t, ok = w.s.taskForSession(w.id)
+		}
+		if ok {
+			w.taskMessageID, w.capability = t.MessageID, t.Capability
+			rec, _ := w.s.store.Session(w.id)
+			w.awaitAccepted = t.State == TaskPending && !rec.AcceptedDelivered && !w.s.isAnswered(t.MessageID)
+		}
+	}
+	return true
+}
+
+func (w *stream) expectedCallee(it *item) (callee, source string) {
+	if w.callee != "" && !w.unverified {
+		return w.callee, "session"
+	}
+	tid := ""
+	switch {
+	case it.accepted != nil:
+		tid = it.accepted.TaskMessageID
+	case it.rejected != nil:
+		tid = it.rejected.TaskMessageID
+	}
+	if tid != "" {
+		if t, ok := w.s.store.Task(tid); ok {
+			return t.CalleeID, "task"
+		}
+	}
+	if t, ok := w.s.taskForSession(w.id); ok {
+		return t.CalleeID, "task"
+	}
+	if l := w.s.lookupSession(w.id); l.found && l.calleeID != "" {
+		return l.calleeID, "hcpsession"
+	}
+	if w.callee != "" {
+		return w.callee, "first-use"
+	}
+	return "", ""
+}
+
+func (w *stream) offer(it *item) {
+	seq := it.seq()
+	w.maxSeen = max(w.maxSeen, seq)
+	out := w.tracker.Offer(seq, it)
+	switch out.Verdict {
+	case session.Deliver:
+	case session.Buffered:
+		if w.gapSince.IsZero() {
+			w.gapSince = w.s.clk.Now()
+		}
+	case session.Duplicate:
+		w.s.m.Duplicates.WithLabelValues("sequence").Inc()
+		w.log.V(1).Info("Skipped a duplicate event", "sequence", seq, "lastProcessed", w.tracker.LastProcessed(), "redelivered", it.d.Redelivered)
+		w.s.settle(it, true)
+	case session.InFlight:
+		w.swapInFlight(seq, it)
+	case session.Late:
+		w.s.m.Rejects.WithLabelValues(ReasonLateEvent).Inc()
+		w.log.Info("WARNING: dropped an event that arrived after its gap was skipped", "sequence", seq)
+		w.s.settle(it, true)
+	default:
+		w.s.m.Rejects.WithLabelValues(ReasonMalformed).Inc()
+		w.s.settle(it, true)
+	}
+	w.note(out)
+}
+
+// swapInFlight handles a second copy of an event handed out but not yet
+// delivered: a redelivery after the channel of the first copy closed
+// replaces it (only the live copy can be acked); a second live copy (the
+// callee published twice) is a duplicate.
+func (w *stream) swapInFlight(seq int64, it *item) {
+	for i := range w.ready {
+		if w.ready[i].Seq == seq && w.ready[i].Item.stale() {
+			w.ready[i].Item = it
+			return
+		}
+	}
+	w.s.m.Duplicates.WithLabelValues("sequence").Inc()
+	w.s.settle(it, true)
+}
+
+// note logs gaps and queues what the tracker released.
+func (w *stream) note(out session.Outcome[*item]) {
+	if out.Gap != nil {
+		w.log.Info("WARNING: gap in the event stream; holding later events until it fills", "missing", out.Gap.String(),
+			"buffered", w.tracker.Buffered())
+	}
+	if out.Skipped != nil {
+		w.s.m.Rejects.WithLabelValues(ReasonGapSkipped).Add(float64(out.Skipped.Len()))
+		w.log.Info("WARNING: skipped a gap in the event stream; those events are treated as lost", "skipped", out.Skipped.String())
+		w.gapSince = time.Time{}
+		if w.tracker.Buffered() > 0 {
+			w.gapSince = w.s.clk.Now()
+		}
+	}
+	w.ready = append(w.ready, out.Ready...)
+}
+
+func (w *stream) onAccepted(it *item) {
+	rec, _ := w.s.store.Session(w.id)
+	tid := it.accepted.TaskMessageID
+	t, known := w.s.store.Task(tid)
+	switch {
+	case rec.AcceptedDelivered || (known && t.State == TaskAccepted && t.Delivered):
+		w.duplicate(it)
+		return
+	case known && t.State == TaskRejected:
+		w.contradiction(it, "task_accepted for a task already rejected")
+		return
+	}
+	w.s.markAnswered(tid)
+	w.taskMessageID = tid
+	w.awaitAccepted = false
+	if known {
+		w.capability = t.Capability
+	} else {
+		w.log.Info("Received task_accepted for a task this sidecar has no record of (state lost?); delivering it", "task", tid)
+	}
+	w.addBarrier(envelope.TypeTaskAccepted, 0, it)
+}
+
+func (w *stream) onRejected(it *item) {
+	tid := it.rejected.TaskMessageID
+	t, known := w.s.store.Task(tid)
+	switch {
+	case known && t.State == TaskRejected && t.Delivered:
+		w.duplicate(it)
+		return
+	case known && t.State == TaskAccepted:
+		w.contradiction(it, "task_rejected for a task already accepted")
+		return
+	}
+	w.s.markAnswered(tid)
+	w.taskMessageID = tid
+	w.awaitAccepted = false
+	if known {
+		w.capability = t.Capability
+	}
+	w.addBarrier(envelope.TypeTaskRejected, 0, it)
+}
+
+func (w *stream) onTerminal(it *item) {
+	rec, _ := w.s.store.Session(w.id)
+	if rec.Terminal != "" {
+		w.duplicate(it)
+		return
+	}
+	w.addBarrier(it.env.Type, max(w.maxSeen, w.tracker.LastProcessed()), it)
+}
+
+func (w *stream) duplicate(it *item) {
+	w.s.m.Duplicates.WithLabelValues("message").Inc()
+	w.log.V(1).Info("Skipped a duplicate", "type", it.env.Type, "messageID", it.env.MessageID)
+	w.s.settle(it, true)
+}
+
+func (w *stream) contradiction(it *item, why string) {
+	w.s.m.Rejects.WithLabelValues(ReasonContradiction).Inc()
+	w.log.Info("WARNING: dropped a contradictory answer", "why", why, "messageID", it.env.MessageID)
+	w.s.settle(it, true)
+}
+
+// addBarrier queues an unsequenced message. A second copy of one already
+// held replaces it and the older copy is acked: if both are live, the newer
+// stays unacked until delivered; if the older one's channel is gone, its
+// ack fails harmlessly and the live copy is the one kept.
+func (w *stream) addBarrier(kind envelope.MessageType, anchor int64, it *item) {
+	for _, b := range w.barriers {
+		switch {
+		case b.kind == kind:
+			w.s.m.Duplicates.WithLabelValues("message").Inc()
+			w.s.settle(b.item, true)
+			b.item = it
+			return
+		case isTerminal(kind) && isTerminal(b.kind):
+			w.contradiction(it, "a second, different terminal message ("+string(kind)+" after "+string(b.kind)+")")
+			return
+		}
+	}
+	w.barriers = append(w.barriers, &barrier{kind: kind, anchor: anchor, item: it, since: w.s.clk.Now()})
+	slices.SortStableFunc(w.barriers, func(a, b *barrier) int {
+		switch {
+		case a.anchor < b.anchor:
+			return -1
+		case a.anchor > b.anchor:
+			return 1
+		}
+		return 0
+	})
+}
+
+// pump delivers whatever is next, in stream order, until something has to
+// wait (a gap) or the sidecar stops.
+func (w *stream) pump() {
+	for !w.stopping() {
+		var b *barrier
+		if len(w.barriers) > 0 {
+			b = w.barriers[0]
+		}
+		if !w.stopAt.IsZero() && w.nextStale(b) {
+			// Stopping and the channel is gone: the broker redelivers it
+			// to the next instance; delivering it now would only make that
+			// redelivery a duplicate.
+			return
+		}
+		switch {
+		case b != nil && (w.tracker.LastProcessed() >= b.anchor || (len(w.ready) > 0 && w.ready[0].Seq > b.anchor)):
+			if !w.deliverBarrier(b) {
+				return
+			}
+		case len(w.ready) > 0:
+			if w.waitForAccepted() {
+				return
+			}
+			if !w.deliverEvent() {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// waitForAccepted reports whether the next event must wait for the
+// session's task_accepted (see awaitAccepted).
+func (w *stream) waitForAccepted() bool {
+	if !w.awaitAccepted {
+		return false
+	}
+	now := w.s.clk.Now()
+	if w.awaitSince.IsZero() {
+		w.awaitSince = now
+	}
+	if now.Sub(w.awaitSince) < w.s.o.GapTimeout {
+		return true
+	}
+	w.log.Info("WARNING: the session's events arrived but its task_accepted did not; delivering them without it",
+		"task", w.taskMessageID)
+	w.awaitAccepted = false
+	return false
+}
+
+// nextStale reports whether the next message to deliver comes from a closed
+// channel.
+func (w *stream) nextStale(b *barrier) bool {
+	if b != nil && (w.tracker.LastProcessed() >= b.anchor || (len(w.ready) > 0 && w.ready[0].Seq > b.anchor)) {
+		return b.item.stale()
+	}
+	return len(w.ready) > 0 && w.ready[0].Item.stale()
+}
+
+// deliverRetrying POSTs the message built by msg until the app answers 2xx,
+// backing off exponentially between attempts (the delivery stays held,
+// see stream). It gives up, returning false, only when the sidecar stops.
+// msg is rebuilt per attempt so that a redelivered copy swapped in
+// meanwhile is the one sent.
+func (w *stream) deliverRetrying(what string, msg func() AppMessage) bool {
+	ctx := w.s.ctx()
+	for attempt := 1; ; attempt++ {
+		if w.stopping() {
+			return false
+		}
+		err := w.s.deliver(msg())
+		if err == nil {
+			return true
+		}
+		d := w.s.o.AppBackoff.after(attempt)
+		w.log.Info("The app did not take a message; retrying after a backoff (the delivery stays unacked)", "what", what,
+			"attempt", attempt, "retryIn", d.String(), "error", err.Error())
+		timer := w.s.clk.NewTimer(d)
+		select {
+		case <-timer.C():
+		case <-ctx.Done():
+			timer.Stop()
+			if w.stopAt.IsZero() {
+				w.stopAt = w.s.clk.Now().Add(w.s.o.DrainTimeout)
+			}
+			// The app is failing: no point spending the drain time on it.
+			return false
+		}
+	}
+}
+
+func (w *stream) deliverEvent() bool {
+	seq := w.ready[0].Seq
+	ok := w.deliverRetrying("event", func() AppMessage {
+		return w.s.appMessage(w.ready[0].Item, w.callee, w.taskMessageID)
+	})
+	if !ok {
+		return false
+	}
+	it := w.ready[0].Item
+	w.ready = w.ready[1:]
+	if err := w.tracker.Commit(seq); err != nil {
+		w.log.Error(err, "Tracker refused a commit")
+	}
+	now := w.s.clk.Now()
+	_, err := w.s.store.UpdateSession(w.id, func(r *SessionRecord) bool {
+		r.LastSeq = max(r.LastSeq, seq)
+		w.fill(r)
+		applyEvent(r, it)
+		r.UpdatedAt = now
+		return true
+	})
+	if err != nil {
+		w.log.Error(err, "Failed to persist last_processed_sequence; acking anyway (after a restart this event may be delivered again)", "sequence", seq)
+	}
+	w.s.settle(it, true)
+	w.s.m.Latency.Observe(now.Sub(it.env.Timestamp).Seconds())
+	w.s.recordAcked(w.id, seq)
+	return true
+}
+
+// fill copies what the worker knows into the record. It runs inside a
+// store update, so it must not call the store.
+func (w *stream) fill(r *SessionRecord) {
+	if w.callee != "" {
+		r.CalleeID = w.callee
+	}
+	r.Unverified = w.unverified
+	if w.taskMessageID != "" {
+		r.TaskMessageID = w.taskMessageID
+	}
+	if r.Capability == "" {
+		r.Capability = w.capability
+	}
+}
+
+// applyEvent folds the lifecycle events into the record's state.
+func applyEvent(r *SessionRecord, it *item) {
+	switch d := it.eventData.(type) {
+	case *session.SessionCreatedData:
+		if r.State == "" || r.State == string(session.StatePending) {
+			r.State = string(d.State)
+		}
+		if r.RiskLevel == "" {
+			r.RiskLevel = string(d.RiskLevel)
+		}
+		if r.Token == "" {
+			r.Token = d.SessionToken
+		}
+	case *session.StateChangedData:
+		if !session.State(r.State).IsTerminal() {
+			r.State = string(d.ToState)
+		}
+	case *session.SessionClosedData:
+		r.State = string(d.FinalState)
+		r.Closed = true
+	}
+}
+
+func (w *stream) deliverBarrier(b *barrier) bool {
+	tid := func() string {
+		switch {
+		case b.item.accepted != nil:
+			return b.item.accepted.TaskMessageID
+		case b.item.rejected != nil:
+			return b.item.rejected.TaskMessageID
+		}
+		return w.taskMessageID
+	}
+	if !w.deliverRetrying(string(b.kind), func() AppMessage { return w.s.appMessage(b.item, w.callee, tid()) }) {
+		return false
+	}
+	it := b.item
+	w.barriers = w.barriers[1:]
+	now := w.s.clk.Now()
+	var errs []error
+	switch b.kind {
+	case envelope.TypeTaskAccepted:
+		a := it.accepted
+		var capability string
+		_, err := w.s.store.UpdateTask(a.TaskMessageID, func(t *TaskRecord) bool {
+			if t.CalleeID == "" { // no record: nothing to update
+				return false
+			}
+			capability = t.Capability
+			t.State, t.SessionID, t.RiskLevel = TaskAccepted, w.id, string(a.RiskLevel)
+			t.AnsweredAt, t.Delivered, t.Envelope = now, true, nil
+			return true
+		})
+		errs = append(errs, err)
+		_, err = w.s.store.UpdateSession(w.id, func(r *SessionRecord) bool {
+			w.fill(r)
+			r.TaskMessageID = a.TaskMessageID
+			if capability != "" {
+				r.Capability = capability
+			}
+			r.Token, r.TokenExpiresAt, r.RiskLevel = a.SessionToken, a.ExpiresAt.Time, string(a.RiskLevel)
+			r.AcceptedDelivered = true
+			if r.State == "" {
+				r.State = string(session.StateRunning)
+			}
+			r.UpdatedAt = now
+			return true
+		})
+		errs = append(errs, err)
+	case envelope.TypeTaskRejected:
+		rj := it.rejected
+		_, err := w.s.store.UpdateTask(rj.TaskMessageID, func(t *TaskRecord) bool {
+			if t.CalleeID == "" {
+				return false
+			}
+			t.State, t.ReasonCode, t.ReasonMessage = TaskRejected, string(rj.ReasonCode), rj.Message
+			t.AnsweredAt, t.Delivered, t.Envelope = now, true, nil
+			return true
+		})
+		errs = append(errs, err)
+		_, err = w.s.store.UpdateSession(w.id, func(r *SessionRecord) bool {
+			w.fill(r)
+			r.TaskMessageID = rj.TaskMessageID
+			r.State, r.Terminal = string(session.StateRejected), string(envelope.TypeTaskRejected)
+			r.UpdatedAt = now
+			return true
+		})
+		errs = append(errs, err)
+	default: // task_completed, task_failed
+		_, err := w.s.store.UpdateSession(w.id, func(r *SessionRecord) bool {
+			w.fill(r)
+			r.Terminal = string(b.kind)
+			if !session.State(r.State).IsTerminal() {
+				if b.kind == envelope.TypeTaskCompleted {
+					r.State = string(session.StateCompleted)
+				} else {
+					r.State = string(session.StateFailed)
+				}
+			}
+			r.UpdatedAt = now
+			return true
+		})
+		errs = append(errs, err)
+	}
+	for _, err := range errs {
+		if err != nil {
+			w.log.Error(err, "Failed to persist a delivered message; acking anyway (after a restart it may be delivered again)", "type", b.kind)
+		}
+	}
+	w.s.settle(it, true)
+	return true
+}
+
+// onTick runs the timeouts: stale buffers, gaps that do not fill, terminal
+// messages whose preceding events never come.
+func (w *stream) onTick() {
+	now := w.s.clk.Now()
+	if w.lastDctx != nil && w.lastDctx.Err() != nil && w.tracker.Buffered() > 0 {
+		w.dropStale()
+	}
+	if w.tracker.Buffered() > 0 {
+		switch {
+		case w.gapSince.IsZero():
+			w.gapSince = now
+		case now.Sub(w.gapSince) >= w.s.o.GapTimeout:
+			w.note(w.tracker.Skip())
+		}
+	} else {
+		w.gapSince = time.Time{}
+	}
+	if len(w.barriers) > 0 {
+		b := w.barriers[0]
+		if w.tracker.LastProcessed() < b.anchor && len(w.ready) == 0 && w.tracker.Buffered() == 0 &&
+			now.Sub(b.since) >= 2*w.s.o.GapTimeout {
+			w.log.Info("WARNING: events before a terminal message never arrived; delivering it", "type", b.kind,
+				"lastProcessed", w.tracker.LastProcessed(), "expectedUpTo", b.anchor)
+			b.anchor = w.tracker.LastProcessed()
+		}
+	}
+	w.pump()
+}
+
+func (w *stream) idle() bool {
+	return len(w.inbox) == 0 && len(w.ready) == 0 && len(w.barriers) == 0 && w.tracker.Buffered() == 0 &&
+		w.tracker.InFlight() == 0 && w.s.clk.Since(w.lastActive) >= idleTimeout
+}
+
+// tryExit removes the worker unless a message arrived meanwhile.
+func (w *stream) tryExit() bool {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	if len(w.inbox) > 0 {
+		return false
+	}
+	if w.s.streams[w.id] == w {
+		delete(w.s.streams, w.id)
+	}
+	return true
+}
