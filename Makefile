@@ -7,6 +7,10 @@ SHELL := /usr/bin/env bash -o pipefail
 GOLANGCI_LINT_VERSION ?= v2.15.0
 LOCALBIN ?= $(CURDIR)/bin
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+HELM_VERSION ?= v3.22.0
+HELM ?= $(LOCALBIN)/helm-$(HELM_VERSION)
+HELM_DOCS_VERSION ?= v1.14.2
+HELM_DOCS ?= $(LOCALBIN)/helm-docs-$(HELM_DOCS_VERSION)
 CONTROLLER_GEN ?= go tool controller-gen
 
 # Flags shared by `make build` and the Dockerfile (CI checks they agree).
@@ -29,10 +33,10 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: ## Generate CRDs and RBAC from the kubebuilder markers.
-	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
+manifests: helm-docs ## Generate CRDs and RBAC from the kubebuilder markers, and the chart's copies of them.
+	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths="./api/..." output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths="./internal/controller/..." output:rbac:artifacts:config=config/rbac
-	@hack/sync-chart-crds.sh
+	@HELM_DOCS=$(HELM_DOCS) hack/sync-chart.sh
 
 .PHONY: generate
 generate: ## Generate deepcopy code.
@@ -92,6 +96,30 @@ build: ## Build the manager and hcp-sidecar binaries into bin/.
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/manager ./cmd/manager
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/hcp-sidecar ./cmd/hcp-sidecar
 
+##@ Install checks
+
+.PHONY: check-install
+check-install: helm ## Lint and render the chart, dry-run it and config/default server-side on a throw-away API server, check idempotence and the Dockerfile.
+	HELM=$(HELM) hack/check-install.sh
+
+.PHONY: check-dockerfile
+check-dockerfile: ## Build the Dockerfile's binaries with its exact commands and check them against GO_BUILD_FLAGS.
+	GO_BUILD_FLAGS='$(GO_BUILD_FLAGS)' hack/check-dockerfile.sh
+
+##@ Demo
+
+.PHONY: demo
+demo: ## Bring up a local control plane, RabbitMQ, the topology operator and hcp-operator with the samples (pods as local processes; root), and run a task.
+	hack/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## Stop everything `make demo` started and remove its state.
+	hack/demo.sh down
+
+.PHONY: local-stack
+local-stack: ## Only the local stack (control plane, node, RabbitMQ, topology operator), for e2e tests; see hack/local-stack.sh.
+	hack/local-stack.sh up
+
 ##@ Tools
 
 .PHONY: golangci-lint
@@ -100,3 +128,24 @@ $(GOLANGCI_LINT):
 	@mkdir -p $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(LOCALBIN)/golangci-lint $(GOLANGCI_LINT)
+
+# The ldflags are those of helm's own release build: without them `helm
+# version` is blank and helm assumes Kubernetes v1.20 (Capabilities.KubeVersion,
+# lint's deprecation checks); 1.37 is the k8s.io/client-go of helm v3.22.0.
+HELM_LDFLAGS ?= -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37 \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37
+
+.PHONY: helm
+helm: $(HELM)
+$(HELM):
+	@mkdir -p $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	mv $(LOCALBIN)/helm $(HELM)
+
+.PHONY: helm-docs
+helm-docs: $(HELM_DOCS)
+$(HELM_DOCS):
+	@mkdir -p $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install github.com/norwoodj/helm-docs/cmd/helm-docs@$(HELM_DOCS_VERSION)
+	mv $(LOCALBIN)/helm-docs $(HELM_DOCS)
