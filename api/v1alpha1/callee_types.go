@@ -16,11 +16,12 @@ type CalleeSpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`
 	CalleeID string `json:"calleeID,omitempty"`
 
-	// broker the callee connects to. Immutable: moving a live callee to
-	// another broker or vhost would strand its sessions; recreate it instead.
+	// broker the callee connects to. Immutable but for broker.tls: moving a
+	// live callee to another broker or vhost would strand its sessions;
+	// recreate it instead.
 	// +optional
 	// +kubebuilder:default={vhost: "/hcp"}
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.broker is immutable; delete and recreate the Callee to move it"
+	// +kubebuilder:validation:XValidation:rule="has(self.rabbitmqClusterReference) == has(oldSelf.rabbitmqClusterReference) && (!has(self.rabbitmqClusterReference) || self.rabbitmqClusterReference == oldSelf.rabbitmqClusterReference) && has(self.vhost) == has(oldSelf.vhost) && (!has(self.vhost) || self.vhost == oldSelf.vhost) && (has(self.createVhost) && self.createVhost) == (has(oldSelf.createVhost) && oldSelf.createVhost) && has(self.vhostDeletionPolicy) == has(oldSelf.vhostDeletionPolicy) && (!has(self.vhostDeletionPolicy) || self.vhostDeletionPolicy == oldSelf.vhostDeletionPolicy)",message="spec.broker is immutable except spec.broker.tls; delete and recreate the Callee to move it"
 	Broker BrokerSpec `json:"broker,omitempty"`
 
 	// capabilities the callee offers. A task naming any other capability is

@@ -16,10 +16,10 @@ type CallerSpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`
 	CallerID string `json:"callerID,omitempty"`
 
-	// broker the caller connects to. Immutable.
+	// broker the caller connects to. Immutable but for broker.tls.
 	// +optional
 	// +kubebuilder:default={vhost: "/hcp"}
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.broker is immutable; delete and recreate the Caller to move it"
+	// +kubebuilder:validation:XValidation:rule="has(self.rabbitmqClusterReference) == has(oldSelf.rabbitmqClusterReference) && (!has(self.rabbitmqClusterReference) || self.rabbitmqClusterReference == oldSelf.rabbitmqClusterReference) && has(self.vhost) == has(oldSelf.vhost) && (!has(self.vhost) || self.vhost == oldSelf.vhost) && (has(self.createVhost) && self.createVhost) == (has(oldSelf.createVhost) && oldSelf.createVhost) && has(self.vhostDeletionPolicy) == has(oldSelf.vhostDeletionPolicy) && (!has(self.vhostDeletionPolicy) || self.vhostDeletionPolicy == oldSelf.vhostDeletionPolicy)",message="spec.broker is immutable except spec.broker.tls; delete and recreate the Caller to move it"
 	Broker BrokerSpec `json:"broker,omitempty"`
 
 	// eventQueue sets TTL and limits of the quorum queue hcp.evt.{callerID}.

@@ -68,6 +68,44 @@ type BrokerSpec struct {
 	// +kubebuilder:default=retain
 	// +kubebuilder:validation:Enum=retain;delete
 	VhostDeletionPolicy string `json:"vhostDeletionPolicy,omitempty"`
+
+	// tls makes the injected sidecar connect with AMQP over TLS (amqps://,
+	// port 5671 unless the connection Secret's amqpURL names another) and
+	// gives it the CA bundle and client certificate to use. Unlike the rest
+	// of spec.broker it may change: it does not move the callee or caller
+	// to another broker, and a change rolls the harness pods. For an
+	// external Caller it only switches the credentials Secret's uri to
+	// amqps; the program brings its own CA and certificate.
+	// +optional
+	TLS *BrokerTLS `json:"tls,omitempty"`
+}
+
+// BrokerTLS names the Secrets, in the object's namespace, that the sidecar
+// uses for AMQP over TLS. The operator mounts them read-only into the
+// hcp-sidecar container only (the harness containers do not see them) and
+// rolls the harness pods when their content changes (cert-manager
+// renewals included). The manager sees only Secrets labelled
+// rabbitmq.com/topology-operator: "true" (its cache is restricted to that
+// label), so both need it.
+type BrokerTLS struct {
+	// caSecret is a Secret whose key ca.crt holds the PEM CA bundle the
+	// broker's certificate must chain to (a cert-manager Certificate's
+	// Secret has one). Omitted: the roots in the sidecar image.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	CASecret string `json:"caSecret,omitempty"`
+
+	// clientCertSecret is a Secret of type kubernetes.io/tls (keys tls.crt
+	// and tls.key) with the client certificate for mutual TLS. The sidecar
+	// still logs in with its username and password; the certificate adds
+	// mutual TLS, it does not replace the password.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	ClientCertSecret string `json:"clientCertSecret,omitempty"`
 }
 
 // RabbitmqClusterReference mirrors the topology operator's reference type so

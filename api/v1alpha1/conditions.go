@@ -26,6 +26,14 @@ const (
 	ReasonBrokerSecretNotFound  = "BrokerSecretNotFound"
 	ReasonBrokerSecretUnlabeled = "BrokerSecretUnlabeled"
 	ReasonBrokerSecretInvalid   = "BrokerSecretInvalid"
+	// ReasonTLSSecretNotFound, ReasonTLSSecretUnlabeled and
+	// ReasonTLSSecretInvalid: a Secret named in spec.broker.tls is missing,
+	// invisible to the manager, or does not hold a usable CA bundle or
+	// client certificate. The harness is not deployed (or not changed)
+	// until it is fixed; the topology is.
+	ReasonTLSSecretNotFound     = "TLSSecretNotFound"
+	ReasonTLSSecretUnlabeled    = "TLSSecretUnlabeled"
+	ReasonTLSSecretInvalid      = "TLSSecretInvalid"
 	ReasonTopologyPending       = "TopologyPending"
 	ReasonTopologyFailed        = "TopologyFailed"
 	ReasonDeploymentAvailable   = "DeploymentAvailable"
@@ -53,7 +61,10 @@ const (
 	LabelCalleeID = "hcp.io/callee-id"
 	// LabelCallerID is set on HCPSessions to the session's caller id.
 	LabelCallerID = "hcp.io/caller-id"
-	// LabelSessionState mirrors status.state on HCPSessions for selection.
+	// LabelSessionState mirrors status.state on HCPSessions for selection
+	// (kubectl get hcps -l hcp.io/state=RUNNING). The callee sidecar sets it
+	// at creation and right after each status write that changes the state.
+	// It is for selection only: nothing trusts it.
 	LabelSessionState = "hcp.io/state"
 	// LabelVhostKey groups shared per-vhost objects (the two exchanges).
 	LabelVhostKey = "hcp.io/vhost-key"

@@ -171,7 +171,9 @@ type HCPSessionStatus struct {
 	// error of a failed or rejected session.
 	// +optional
 	Error *SessionError `json:"error,omitempty"`
-	// startedAt is when the session started RUNNING.
+	// startedAt is when the session started RUNNING: the session token's
+	// iat, which is metadata.creationTimestamp. For display only; nothing
+	// reads it back.
 	// +optional
 	StartedAt *metav1.Time `json:"startedAt,omitempty"`
 	// completedAt is when the session reached a terminal state.
@@ -180,7 +182,10 @@ type HCPSessionStatus struct {
 	// lastEventAt is when the last event was published.
 	// +optional
 	LastEventAt *metav1.Time `json:"lastEventAt,omitempty"`
-	// tokenExpiresAt is when the session token expires.
+	// tokenExpiresAt is when the session token expires: its exp,
+	// metadata.creationTimestamp plus spec.maxDuration. For display only:
+	// tokens are (re-)issued from those immutable fields, so changing this
+	// extends nothing.
 	// +optional
 	TokenExpiresAt *metav1.Time `json:"tokenExpiresAt,omitempty"`
 	// podName is the callee pod running the session.

@@ -180,7 +180,7 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	if p := callee.Spec.Sidecar.Prefetch; p != nil {
 		prefetch = *p
 	}
-	dep, err := r.core.ensureHarness(ctx, v, resource.HarnessParams{
+	dep, res, err := r.core.deployHarness(ctx, v, resource.HarnessParams{
 		Subject:     v.sub,
 		Harness:     callee.Spec.Harness,
 		Sidecar:     callee.Spec.Sidecar,
@@ -192,20 +192,20 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	setHarnessReady(v, dep)
-	setReady(v)
 
 	st.CommandQueue = v.sub.QueueName()
 	st.Username = v.sub.Username(b.Vhost)
 	st.CredentialsSecret = creds.Name
 	st.TokenPublicKey = string(tok.Data[resource.TokenPublicKeyKey])
-	st.Replicas, st.ReadyReplicas = dep.Status.Replicas, dep.Status.ReadyReplicas
+	if dep != nil {
+		st.Replicas, st.ReadyReplicas = dep.Status.Replicas, dep.Status.ReadyReplicas
+	}
 	active, err := r.activeSessions(ctx, callee)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	st.ActiveSessions = active
-	return ctrl.Result{}, nil
+	return res, nil
 }
 
 // activeSessions counts the Callee's HCPSessions not in a terminal state
@@ -264,7 +264,7 @@ func (r *CalleeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Watches(&topologyv1beta1.Exchange{}, r.core.exchangeLossHandler()).
 		Watches(&topologyv1beta1.Vhost{}, r.core.exchangeLossHandler()).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.core.mapConnectionSecret)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.core.mapSecret)).
 		Watches(&hcpv1alpha1.Callee{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
 		Watches(&hcpv1alpha1.HCPSession{}, handler.EnqueueRequestsFromMapFunc(r.mapSession), builder.WithPredicates(sessionActivityChanged())).
 		Named("callee").

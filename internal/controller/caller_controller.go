@@ -156,7 +156,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	if p := caller.Spec.Sidecar.Prefetch; p != nil {
 		prefetch = *p // the sidecar override wins
 	}
-	dep, err := r.core.ensureHarness(ctx, v, resource.HarnessParams{
+	dep, res, err := r.core.deployHarness(ctx, v, resource.HarnessParams{
 		Subject:     v.sub,
 		Harness:     *caller.Spec.Harness,
 		Sidecar:     caller.Spec.Sidecar,
@@ -168,10 +168,10 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	setHarnessReady(v, dep)
-	setReady(v)
-	st.ReadyReplicas = dep.Status.ReadyReplicas
-	return ctrl.Result{}, nil
+	if dep != nil {
+		st.ReadyReplicas = dep.Status.ReadyReplicas
+	}
+	return res, nil
 }
 
 // SetupWithManager registers the reconciler. SetupIndexes must have run.
@@ -190,7 +190,7 @@ func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Watches(&topologyv1beta1.Exchange{}, r.core.exchangeLossHandler()).
 		Watches(&topologyv1beta1.Vhost{}, r.core.exchangeLossHandler()).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.core.mapConnectionSecret)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.core.mapSecret)).
 		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
 		Named("caller").
 		Complete(r)

@@ -42,7 +42,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 	q := topo[0].(*topologyv1beta1.Queue)
-	if want := map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head"}; !reflect.DeepEqual(queueArgs(q), want) {
+	if want := map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true}; !reflect.DeepEqual(queueArgs(q), want) {
 		t.Errorf("event queue arguments %v, want the defaults %v", queueArgs(q), want)
 	}
 	if b := topo[1].(*topologyv1beta1.Binding).Spec; b.Source != "hcp.events" || b.RoutingKey != "alpha.#" || b.Destination != "hcp.evt.alpha" {
@@ -81,7 +81,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(q), q); err != nil {
 			return err
 		}
-		want := map[string]any{"x-message-ttl": float64(7200000), "x-max-length": float64(100000), "x-overflow": "reject-publish"}
+		want := map[string]any{"x-message-ttl": float64(7200000), "x-max-length": float64(100000), "x-overflow": "reject-publish", "x-single-active-consumer": true}
 		if got := queueArgs(q); !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("arguments %v want %v", got, want)
 		}

@@ -21,6 +21,9 @@ const (
 	// indexConnectionSecret: "{namespace}/{name}" of the connection Secret a
 	// Callee or Caller uses, directly or through the manager's default.
 	indexConnectionSecret = "hcp.io/connection-secret"
+	// indexTLSSecret: "{namespace}/{name}" of each Secret named in a
+	// Callee's or Caller's spec.broker.tls.
+	indexTLSSecret = "hcp.io/tls-secret"
 	// indexCalleeID: a Callee's id (namespaced lookups from HCPSessions).
 	indexCalleeID = "hcp.io/callee-id"
 	// indexSessionCallee: an HCPSession's spec.calleeID.
@@ -41,6 +44,20 @@ func connectionSecretKey(obj client.Object, spec hcpv1alpha1.BrokerSpec, def *re
 		ns = obj.GetNamespace()
 	}
 	return []string{ns + "/" + ref.ConnectionSecret.Name}
+}
+
+func tlsSecretKeys(obj client.Object, spec hcpv1alpha1.BrokerSpec) []string {
+	t := spec.TLS
+	if t == nil {
+		return nil
+	}
+	var out []string
+	for _, name := range []string{t.CASecret, t.ClientCertSecret} {
+		if name != "" {
+			out = append(out, obj.GetNamespace()+"/"+name)
+		}
+	}
+	return out
 }
 
 func vhostKeyLabel(obj client.Object) []string {
@@ -74,6 +91,12 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		}},
 		{&hcpv1alpha1.Caller{}, indexConnectionSecret, func(obj client.Object) []string {
 			return connectionSecretKey(obj, obj.(*hcpv1alpha1.Caller).Spec.Broker, o.DefaultBroker)
+		}},
+		{&hcpv1alpha1.Callee{}, indexTLSSecret, func(obj client.Object) []string {
+			return tlsSecretKeys(obj, obj.(*hcpv1alpha1.Callee).Spec.Broker)
+		}},
+		{&hcpv1alpha1.Caller{}, indexTLSSecret, func(obj client.Object) []string {
+			return tlsSecretKeys(obj, obj.(*hcpv1alpha1.Caller).Spec.Broker)
 		}},
 		{&hcpv1alpha1.Callee{}, indexCalleeID, func(o client.Object) []string {
 			return []string{o.(*hcpv1alpha1.Callee).ID()}

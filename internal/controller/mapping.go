@@ -25,19 +25,31 @@ func requestsFor(objs []client.Object, except types.UID) []reconcile.Request {
 	return reqs
 }
 
-// mapConnectionSecret requeues the Callees (or Callers) that use a
-// connection Secret, directly or through the manager's default, when it
-// appears, changes (a label added, a uri changed) or goes.
-func (c *core) mapConnectionSecret(ctx context.Context, obj client.Object) []reconcile.Request {
+// mapSecret requeues the Callees (or Callers) that use a Secret when it
+// appears, changes (a label added, a uri changed, a certificate renewed) or
+// goes: as their connection Secret, directly or through the manager's
+// default, or in spec.broker.tls.
+func (c *core) mapSecret(ctx context.Context, obj client.Object) []reconcile.Request {
 	if metav1IsControlledByOperator(obj) {
 		return nil // our own Secrets: Owns() handles them
 	}
-	list := c.newList()
-	if err := c.List(ctx, list, client.MatchingFields{indexConnectionSecret: obj.GetNamespace() + "/" + obj.GetName()}); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "Failed to list users of a connection Secret")
-		return nil
+	key := obj.GetNamespace() + "/" + obj.GetName()
+	var reqs []reconcile.Request
+	seen := map[types.UID]bool{}
+	for _, index := range []string{indexConnectionSecret, indexTLSSecret} {
+		list := c.newList()
+		if err := c.List(ctx, list, client.MatchingFields{index: key}); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Failed to list the users of a Secret", "index", index)
+			continue
+		}
+		for _, o := range listItems(list) {
+			if !seen[o.GetUID()] {
+				seen[o.GetUID()] = true
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
+			}
+		}
 	}
-	return requestsFor(listItems(list), "")
+	return reqs
 }
 
 func metav1IsControlledByOperator(obj client.Object) bool {

@@ -46,20 +46,35 @@ func setBlocked(v view, reason, msg string) {
 	setCondition(v, hcpv1alpha1.ConditionReady, false, reason, msg)
 }
 
-// setReady derives Ready from TopologyReady and HarnessReady.
+// setReady derives Ready from TopologyReady and HarnessReady: the first
+// that is not true, preferring one that needs a fix over one that is only
+// waiting (a missing TLS Secret says more than topology still pending).
 func setReady(v view) {
+	var first *metav1.Condition
+	firstType := ""
 	for _, t := range []string{hcpv1alpha1.ConditionTopologyReady, hcpv1alpha1.ConditionHarnessReady} {
 		c := meta.FindStatusCondition(*v.conditions, t)
-		if c == nil || c.Status != metav1.ConditionTrue {
-			reason, msg := hcpv1alpha1.ReasonReconcileFailed, t+" is not set"
-			if c != nil {
-				reason, msg = c.Reason, t+": "+c.Message
-			}
-			setCondition(v, hcpv1alpha1.ConditionReady, false, reason, msg)
+		if c == nil {
+			setCondition(v, hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonReconcileFailed, t+" is not set")
 			return
 		}
+		if c.Status == metav1.ConditionTrue {
+			continue
+		}
+		if first == nil || (waiting(first) && !waiting(c)) {
+			first, firstType = c, t
+		}
+	}
+	if first != nil {
+		setCondition(v, hcpv1alpha1.ConditionReady, false, first.Reason, firstType+": "+first.Message)
+		return
 	}
 	setCondition(v, hcpv1alpha1.ConditionReady, true, hcpv1alpha1.ReasonReconciled, "topology declared and harness available")
+}
+
+// waiting: the condition is false only until something catches up.
+func waiting(c *metav1.Condition) bool {
+	return c.Reason == hcpv1alpha1.ReasonTopologyPending || c.Reason == hcpv1alpha1.ReasonDeploymentProgressing
 }
 
 // topologyStatus returns a topology operator object's Ready condition and

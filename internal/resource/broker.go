@@ -135,8 +135,11 @@ func vhostSettings(b *Broker, spec hcpv1alpha1.BrokerSpec) {
 
 // BrokerFromConnectionSecret resolves a connection-Secret reference. It
 // checks what the topology operator will need (keys uri, username,
-// password; the uri parses) and derives the identity and the AMQP address.
-// The label and namespace checks are the caller's (they need the API).
+// password; the uri parses) and derives the identity and the AMQP address:
+// the Secret's amqpURL, else the management host on 5672, or amqps on 5671
+// when the management uri is https or spec.tls is set. spec.tls with a
+// plaintext amqpURL is an error. The label and namespace checks are the
+// caller's (they need the API).
 func BrokerFromConnectionSecret(ref topologyv1beta1.RabbitmqClusterReference, spec hcpv1alpha1.BrokerSpec, secret *corev1.Secret) (Broker, error) {
 	var missing []string
 	for _, k := range []string{ConnectionSecretURIKey, ConnectionSecretUsernameKey, ConnectionSecretPasswordKey} {
@@ -158,11 +161,17 @@ func BrokerFromConnectionSecret(ref topologyv1beta1.RabbitmqClusterReference, sp
 		if err != nil || (u.Scheme != schemeAMQP && u.Scheme != schemeAMQPS) || u.Hostname() == "" {
 			return Broker{}, fmt.Errorf("connection Secret %s/%s: key %s must be amqp://HOST[:PORT] or amqps://HOST[:PORT]", secret.Namespace, secret.Name, ConnectionSecretAMQPURLKey)
 		}
+		if spec.TLS != nil && u.Scheme != schemeAMQPS {
+			// Guessing the TLS port of an explicitly plaintext endpoint
+			// would be wrong as often as right.
+			return Broker{}, fmt.Errorf("spec.broker.tls is set, but the connection Secret %s/%s gives a plaintext endpoint (%s: %s://%s); set %s to amqps://HOST[:PORT], or remove spec.broker.tls",
+				secret.Namespace, secret.Name, ConnectionSecretAMQPURLKey, u.Scheme, u.Host, ConnectionSecretAMQPURLKey)
+		}
 		b.AMQPURL = u.Scheme + "://" + hostPortDefault(u, amqpPort(u.Scheme))
 		return b, nil
 	}
 	scheme, port := schemeAMQP, "5672"
-	if mgmt.Scheme == schemeHTTPS {
+	if mgmt.Scheme == schemeHTTPS || spec.TLS != nil {
 		scheme, port = schemeAMQPS, "5671"
 	}
 	b.AMQPURL = scheme + "://" + net.JoinHostPort(mgmt.Hostname(), port)
@@ -170,16 +179,23 @@ func BrokerFromConnectionSecret(ref topologyv1beta1.RabbitmqClusterReference, sp
 }
 
 // BrokerFromCluster resolves a RabbitmqCluster reference; namespace is the
-// subject's (the default when the reference has none).
+// subject's (the default when the reference has none). The AMQP address is
+// the cluster's Service: amqp on 5672, or amqps on 5671 with spec.tls.
 func BrokerFromCluster(ref topologyv1beta1.RabbitmqClusterReference, spec hcpv1alpha1.BrokerSpec, namespace string) Broker {
 	ns := ref.Namespace
 	if ns == "" {
 		ns = namespace
 	}
+	scheme := schemeAMQP
+	if spec.TLS != nil {
+		// The cluster-operator's Service serves amqps on 5671 when the
+		// cluster has TLS enabled.
+		scheme = schemeAMQPS
+	}
 	b := Broker{
 		Reference: ref,
 		Identity:  "rabbitmqcluster:" + ns + "/" + ref.Name,
-		AMQPURL:   "amqp://" + net.JoinHostPort(ref.Name+"."+ns+".svc", "5672"),
+		AMQPURL:   scheme + "://" + net.JoinHostPort(ref.Name+"."+ns+".svc", amqpPort(scheme)),
 	}
 	vhostSettings(&b, spec)
 	return b

@@ -21,12 +21,39 @@ import (
 const (
 	SidecarContainerName = "hcp-sidecar"
 	StateVolumeName      = "hcp-state"
-	APIPortName          = "hcp-api"
-	ProbePortName        = "probes"
+	// APIAccessVolumeName is the sidecar's Kubernetes API credentials (a
+	// projected ServiceAccount token), mounted in the sidecar only.
+	APIAccessVolumeName = "hcp-api-access"
+	// TLSCAVolumeName and TLSClientVolumeName hold spec.broker.tls's
+	// Secrets, mounted in the sidecar only.
+	TLSCAVolumeName     = "hcp-tls-ca"
+	TLSClientVolumeName = "hcp-tls-client"
+	APIPortName         = "hcp-api"
+	ProbePortName       = "probes"
 	// sidecarUID is the non-root user the sidecar runs as (the distroless
 	// "nonroot" user of the image).
 	sidecarUID int64 = 65532
 )
+
+// Where the sidecar finds what is mounted for it.
+const (
+	// ServiceAccountMountPath is where client-go's in-cluster config
+	// reads the token, CA and namespace.
+	ServiceAccountMountPath = "/var/run/secrets/kubernetes.io/serviceaccount"
+	TLSCAMountPath          = "/etc/hcp/tls/ca"
+	TLSClientMountPath      = "/etc/hcp/tls/client"
+	// serviceAccountTokenSeconds is the lifetime of the projected token;
+	// the kubelet renews it at 80% and client-go re-reads the file.
+	serviceAccountTokenSeconds int64 = 3600
+	// rootCAConfigMap is published in every namespace by
+	// kube-controller-manager; the kubelet's own kube-api-access volume
+	// reads it too.
+	rootCAConfigMap = "kube-root-ca.crt"
+)
+
+// reservedVolumes are the volumes the operator injects; a user volume with
+// one of these names is replaced.
+var reservedVolumes = []string{StateVolumeName, APIAccessVolumeName, TLSCAVolumeName, TLSClientVolumeName}
 
 // DefaultSidecarImage is the sidecar image when neither the Callee/Caller
 // nor the manager sets one. Set at build time with
@@ -58,8 +85,11 @@ type HarnessParams struct {
 	// Prefetch is the consumer prefetch in effect.
 	Prefetch int32
 	// SecretsHash changes when the content of a Secret the pods read
-	// changes (HashSecretData of each, combined by the caller).
+	// changes (HashSecretData of each, and TLSSecretsHash, combined by the
+	// caller).
 	SecretsHash string
+	// TLS is spec.broker.tls: its Secrets are mounted into the sidecar.
+	TLS *hcpv1alpha1.BrokerTLS
 }
 
 // Image in effect: spec.sidecar.image, else the manager's, else the default.
@@ -111,6 +141,23 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 	if s.Role == topology.RoleCallee {
 		env = append(env, secretEnv(config.EnvTokenKey, s.TokenSecretName(), TokenPrivateKeyKey))
 	}
+	mounts := []corev1.VolumeMount{
+		{Name: StateVolumeName, MountPath: config.DefaultStateDir},
+		{Name: APIAccessVolumeName, MountPath: ServiceAccountMountPath, ReadOnly: true},
+	}
+	if t := p.TLS; t != nil {
+		if t.CASecret != "" {
+			env = append(env, corev1.EnvVar{Name: config.EnvTLSCAFile, Value: TLSCAMountPath + "/" + TLSCAKey})
+			mounts = append(mounts, corev1.VolumeMount{Name: TLSCAVolumeName, MountPath: TLSCAMountPath, ReadOnly: true})
+		}
+		if t.ClientCertSecret != "" {
+			env = append(env,
+				corev1.EnvVar{Name: config.EnvTLSCertFile, Value: TLSClientMountPath + "/" + corev1.TLSCertKey},
+				corev1.EnvVar{Name: config.EnvTLSKeyFile, Value: TLSClientMountPath + "/" + corev1.TLSPrivateKeyKey},
+			)
+			mounts = append(mounts, corev1.VolumeMount{Name: TLSClientVolumeName, MountPath: TLSClientMountPath, ReadOnly: true})
+		}
+	}
 	env = append(env,
 		corev1.EnvVar{Name: config.EnvHarnessURL, Value: fmt.Sprintf("http://127.0.0.1:%d", p.port())},
 		corev1.EnvVar{Name: config.EnvAPIAddr, Value: config.DefaultAPIAddr},
@@ -147,12 +194,10 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 			{Name: APIPortName, ContainerPort: config.DefaultAPIPort, Protocol: corev1.ProtocolTCP},
 			{Name: ProbePortName, ContainerPort: config.DefaultProbePort, Protocol: corev1.ProtocolTCP},
 		},
-		Resources:      resources,
-		LivenessProbe:  probe("/healthz", 10),
-		ReadinessProbe: probe("/readyz", 5),
-		VolumeMounts: []corev1.VolumeMount{
-			{Name: StateVolumeName, MountPath: config.DefaultStateDir},
-		},
+		Resources:                resources,
+		LivenessProbe:            probe("/healthz", 10),
+		ReadinessProbe:           probe("/readyz", 5),
+		VolumeMounts:             mounts,
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 		// Pod Security Standard "restricted".
 		SecurityContext: &corev1.SecurityContext{
@@ -185,15 +230,16 @@ func Deployment(p HarnessParams) *appsv1.Deployment {
 	spec := &tmpl.Spec
 	spec.Containers = slices.DeleteFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == SidecarContainerName })
 	spec.Containers = append(spec.Containers, SidecarContainer(p))
-	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == StateVolumeName })
-	spec.Volumes = append(spec.Volumes, corev1.Volume{
-		Name:         StateVolumeName,
-		VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}},
-	})
+	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool { return slices.Contains(reservedVolumes, v.Name) })
+	spec.Volumes = append(spec.Volumes, injectedVolumes(p.TLS)...)
 	spec.ServiceAccountName = s.BaseName()
 	spec.DeprecatedServiceAccount = ""
-	// The sidecar talks to the API server.
-	spec.AutomountServiceAccountToken = new(true)
+	// Only the sidecar talks to the API server, so only the sidecar gets
+	// credentials: no token in every container (the kubelet's default),
+	// but a projected token volume mounted where client-go's in-cluster
+	// config looks, in the sidecar container alone. The harness
+	// containers hold no Kubernetes credentials.
+	spec.AutomountServiceAccountToken = new(false)
 
 	// The hash covers the whole rendered pod template (harness, sidecar,
 	// broker settings through the env) and the Secrets' content.
@@ -217,4 +263,51 @@ func Deployment(p HarnessParams) *appsv1.Deployment {
 			Template: tmpl,
 		},
 	}
+}
+
+// injectedVolumes are the sidecar's volumes: its state directory, its API
+// credentials and, with spec.broker.tls, the TLS Secrets (only the keys
+// the sidecar reads).
+func injectedVolumes(t *hcpv1alpha1.BrokerTLS) []corev1.Volume {
+	vols := []corev1.Volume{
+		{Name: StateVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: APIAccessVolumeName, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			// What the kubelet's own kube-api-access volume holds.
+			Sources: []corev1.VolumeProjection{
+				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: new(serviceAccountTokenSeconds)}},
+				{ConfigMap: &corev1.ConfigMapProjection{
+					LocalObjectReference: corev1.LocalObjectReference{Name: rootCAConfigMap},
+					Items:                []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}},
+				}},
+				{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{
+					Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"},
+				}}}},
+			},
+			// The kube-api-access volume's mode: readable by the sidecar's
+			// non-root user (the kubelet tightens the token file itself
+			// when the pod has an fsGroup or a single runAsUser).
+			DefaultMode: new(int32(0o644)),
+		}}},
+	}
+	if t == nil {
+		return vols
+	}
+	if t.CASecret != "" {
+		vols = append(vols, corev1.Volume{Name: TLSCAVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: t.CASecret,
+			Items:      []corev1.KeyToPath{{Key: TLSCAKey, Path: TLSCAKey}},
+			// The key is public; the sidecar runs as non-root.
+			DefaultMode: new(int32(0o444)),
+		}}})
+	}
+	if t.ClientCertSecret != "" {
+		vols = append(vols, corev1.Volume{Name: TLSClientVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: t.ClientCertSecret,
+			Items:      []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: corev1.TLSCertKey}, {Key: corev1.TLSPrivateKeyKey, Path: corev1.TLSPrivateKeyKey}},
+			// Only the sidecar container mounts it; it must read the key
+			// as its non-root user without an fsGroup on the user's pod.
+			DefaultMode: new(int32(0o444)),
+		}}})
+	}
+	return vols
 }

@@ -156,8 +156,10 @@ func lineDiff(want, got string) string {
 	return b.String()
 }
 
+// The callee uses TLS (a CA and a client certificate), the caller not.
 func TestCalleeGolden(t *testing.T) {
 	c := sampleCallee()
+	c.Spec.Broker.TLS = &hcpv1alpha1.BrokerTLS{CASecret: "rabbitmq-ca", ClientCertSecret: "lab-cvd-amqp-client"}
 	b := sampleBroker(t, c.Spec.Broker)
 	s := ForCallee(c)
 	cmd, evt := Exchanges(c.Namespace, b)
@@ -165,7 +167,7 @@ func TestCalleeGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Image: "ghcr.io/hcp-io/hcp-operator:v1", Prefetch: 4, SecretsHash: "h1"})
+	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Image: "ghcr.io/hcp-io/hcp-operator:v1", Prefetch: 4, SecretsHash: "h1", TLS: c.Spec.Broker.TLS})
 	golden(t, "callee.golden.yaml",
 		Vhost(c.Namespace, b, DeletionPolicyRetain), cmd, evt,
 		CalleeQueue(c, b), Binding(s, b), User(s, b), Permission(s, b),

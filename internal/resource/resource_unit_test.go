@@ -63,11 +63,11 @@ func TestCallerQueueArguments(t *testing.T) {
 		want map[string]any
 	}{
 		{"defaults: 24h TTL, 100000 messages, drop-head", hcpv1alpha1.EventQueueSpec{},
-			map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head"}},
+			map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true}},
 		{"explicit", hcpv1alpha1.EventQueueSpec{MessageTTL: "PT1H30M", MaxLength: new(int64(5)), MaxLengthBytes: new(int64(4096)), Overflow: "reject-publish"},
-			map[string]any{"x-message-ttl": float64(5400000), "x-max-length": float64(5), "x-max-length-bytes": float64(4096), "x-overflow": "reject-publish"}},
+			map[string]any{"x-message-ttl": float64(5400000), "x-max-length": float64(5), "x-max-length-bytes": float64(4096), "x-overflow": "reject-publish", "x-single-active-consumer": true}},
 		{"days", hcpv1alpha1.EventQueueSpec{MessageTTL: "P2D"},
-			map[string]any{"x-message-ttl": float64(172800000), "x-max-length": float64(100000), "x-overflow": "drop-head"}},
+			map[string]any{"x-message-ttl": float64(172800000), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := sampleCaller()
@@ -365,7 +365,7 @@ func TestDeploymentInjection(t *testing.T) {
 	if !reflect.DeepEqual(names, []string{"app=example.com/agent:1", "hcp-sidecar=mine:1"}) {
 		t.Errorf("containers %v (a user container named hcp-sidecar must be replaced; spec.sidecar.image wins)", names)
 	}
-	if len(ps.Volumes) != 2 || ps.Volumes[1].Name != StateVolumeName || ps.Volumes[1].EmptyDir == nil {
+	if len(ps.Volumes) != 3 || ps.Volumes[0].Name != "data" || ps.Volumes[1].Name != StateVolumeName || ps.Volumes[1].EmptyDir == nil || ps.Volumes[2].Name != APIAccessVolumeName {
 		t.Errorf("volumes %+v", ps.Volumes)
 	}
 	if ps.ServiceAccountName != "hcp-caller-alpha" || *d.Spec.Replicas != 1 {
@@ -404,6 +404,7 @@ func TestConfigHash(t *testing.T) {
 		},
 		"harness port": func(p *HarnessParams) { p.Harness.Port = 9000 },
 		"log level":    func(p *HarnessParams) { p.Sidecar.LogLevel = "debug" },
+		"tls":          func(p *HarnessParams) { p.TLS = &hcpv1alpha1.BrokerTLS{CASecret: "ca"} },
 	}
 	for name, mutate := range changes {
 		q := p

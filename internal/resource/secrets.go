@@ -1,6 +1,12 @@
 package resource
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -58,4 +64,73 @@ func TokenSecret(s Subject, privatePEM, publicPEM []byte) *corev1.Secret {
 	}
 	sec.Labels[LabelTopologyOperator] = TopologyOperatorLabelValue
 	return sec
+}
+
+// TLSCAKey is the key of spec.broker.tls.caSecret that holds the PEM CA
+// bundle (the key cert-manager writes).
+const TLSCAKey = "ca.crt"
+
+// CheckTLSCASecret checks that s holds a CA bundle the sidecar can use:
+// key ca.crt with at least one PEM certificate that parses.
+func CheckTLSCASecret(s *corev1.Secret) error {
+	data := s.Data[TLSCAKey]
+	if len(data) == 0 {
+		return fmt.Errorf("spec.broker.tls.caSecret: Secret %s has no key %s; put the PEM CA bundle the broker's certificate chains to there", s.Name, TLSCAKey)
+	}
+	n := 0
+	for rest := data; ; {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			return fmt.Errorf("spec.broker.tls.caSecret: Secret %s, key %s: certificate %d does not parse: %w", s.Name, TLSCAKey, n+1, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("spec.broker.tls.caSecret: Secret %s, key %s holds no PEM CERTIFICATE block", s.Name, TLSCAKey)
+	}
+	return nil
+}
+
+// CheckTLSClientSecret checks that s holds a client certificate and its
+// key (tls.crt, tls.key) that belong together, as the sidecar will load
+// them.
+func CheckTLSClientSecret(s *corev1.Secret) error {
+	var missing []string
+	for _, k := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey} {
+		if len(s.Data[k]) == 0 {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("spec.broker.tls.clientCertSecret: Secret %s lacks key(s) %s; it must be a kubernetes.io/tls Secret with tls.crt and tls.key", s.Name, strings.Join(missing, ", "))
+	}
+	if _, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
+		// crypto/tls's errors quote no key material.
+		return fmt.Errorf("spec.broker.tls.clientCertSecret: Secret %s: tls.crt and tls.key are not a usable certificate and key: %w", s.Name, err)
+	}
+	return nil
+}
+
+// TLSSecretsHash hashes what the sidecar reads of the TLS Secrets (nil when
+// not used), so that a renewed certificate or CA rolls the pods.
+func TLSSecretsHash(ca, client *corev1.Secret) string {
+	data := map[string][]byte{}
+	if ca != nil {
+		data["ca/"+TLSCAKey] = ca.Data[TLSCAKey]
+	}
+	if client != nil {
+		data["client/"+corev1.TLSCertKey] = client.Data[corev1.TLSCertKey]
+		data["client/"+corev1.TLSPrivateKeyKey] = client.Data[corev1.TLSPrivateKeyKey]
+	}
+	if len(data) == 0 {
+		return ""
+	}
+	return HashSecretData(data)
 }

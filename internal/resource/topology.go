@@ -21,6 +21,11 @@ const (
 	ArgDeliveryLimit  = "x-delivery-limit"
 	ArgOverflow       = "x-overflow"
 	ArgMessageTTL     = "x-message-ttl"
+	// ArgSingleActiveConsumer keeps one consumer of an event queue active at
+	// a time: with two caller replicas (or during a rolling update) the events
+	// of a session must not be split between consumers, or per-session order
+	// and dedup (held in one sidecar) would break.
+	ArgSingleActiveConsumer = "x-single-active-consumer"
 
 	OverflowRejectPublish = "reject-publish"
 	OverflowDropHead      = "drop-head"
@@ -104,7 +109,8 @@ func CalleeQueueArguments(q hcpv1alpha1.CommandQueueSpec) map[string]any {
 
 // CallerQueueArguments are the arguments of hcp.evt.{callerID}:
 // x-message-ttl in milliseconds (default PT24H), x-max-length (default
-// 100000), x-max-length-bytes when set, and x-overflow (default drop-head).
+// 100000), x-max-length-bytes when set, x-overflow (default drop-head), and
+// x-single-active-consumer.
 func CallerQueueArguments(q hcpv1alpha1.EventQueueSpec) (map[string]any, error) {
 	ttl := topology.DefaultEventMessageTTL
 	if q.MessageTTL != "" {
@@ -126,6 +132,8 @@ func CallerQueueArguments(q hcpv1alpha1.EventQueueSpec) (map[string]any, error) 
 		ArgMessageTTL: ttl.Milliseconds(),
 		ArgMaxLength:  maxLen,
 		ArgOverflow:   overflow,
+
+		ArgSingleActiveConsumer: true,
 	}
 	if q.MaxLengthBytes != nil {
 		args[ArgMaxLengthBytes] = *q.MaxLengthBytes

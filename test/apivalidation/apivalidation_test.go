@@ -308,7 +308,32 @@ func TestIDsImmutable(t *testing.T) {
 		},
 		{
 			name: "callee: spec.broker is immutable", obj: withCallee("c6", nil),
-			mutate: func(o client.Object) { o.(*hcpv1.Callee).Spec.Broker.Vhost = "/other" }, wantErr: "spec.broker: Invalid value: spec.broker is immutable; delete and recreate the Callee to move it",
+			mutate: func(o client.Object) { o.(*hcpv1.Callee).Spec.Broker.Vhost = "/other" }, wantErr: "spec.broker: Invalid value: spec.broker is immutable except spec.broker.tls; delete and recreate the Callee to move it",
+		},
+		{
+			name: "callee: spec.broker.createVhost is immutable", obj: withCallee("c7", nil),
+			mutate: func(o client.Object) { o.(*hcpv1.Callee).Spec.Broker.CreateVhost = true }, wantErr: "spec.broker is immutable except spec.broker.tls",
+		},
+		{
+			name: "callee: spec.broker.tls may be added", obj: withCallee("c8", nil),
+			mutate: func(o client.Object) {
+				o.(*hcpv1.Callee).Spec.Broker.TLS = &hcpv1.BrokerTLS{CASecret: "rmq-ca", ClientCertSecret: "c8-amqp"}
+			},
+		},
+		{
+			name: "callee: spec.broker.tls may change and go", obj: withCallee("c9", func(c *hcpv1.Callee) {
+				c.Spec.Broker.TLS = &hcpv1.BrokerTLS{CASecret: "rmq-ca"}
+			}),
+			mutate: func(o client.Object) { o.(*hcpv1.Callee).Spec.Broker.TLS = nil },
+		},
+		{
+			name: "callee: spec.broker.tls with another change", obj: withCallee("c10", nil),
+			mutate: func(o client.Object) {
+				c := o.(*hcpv1.Callee)
+				c.Spec.Broker.TLS = &hcpv1.BrokerTLS{}
+				c.Spec.Broker.VhostDeletionPolicy = "delete"
+			},
+			wantErr: "spec.broker is immutable except spec.broker.tls",
 		},
 		{
 			name: "caller: change spec.callerID", obj: withCaller("r1", func(c *hcpv1.Caller) { c.Spec.CallerID = "alpha" }),
@@ -327,7 +352,11 @@ func TestIDsImmutable(t *testing.T) {
 			mutate: func(o client.Object) {
 				o.(*hcpv1.Caller).Spec.Broker.RabbitmqClusterReference = &hcpv1.RabbitmqClusterReference{Name: "other"}
 			},
-			wantErr: "spec.broker is immutable",
+			wantErr: "spec.broker is immutable except spec.broker.tls; delete and recreate the Caller to move it",
+		},
+		{
+			name: "caller: spec.broker.tls may be added", obj: withCaller("r5", nil),
+			mutate: func(o client.Object) { o.(*hcpv1.Caller).Spec.Broker.TLS = &hcpv1.BrokerTLS{CASecret: "rmq-ca"} },
 		},
 	}
 	for _, tc := range tests {

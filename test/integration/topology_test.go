@@ -291,8 +291,8 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 	t.Helper()
 	wantQueues := map[string]map[string]any{
 		"hcp.cmd.lab":   {"x-queue-type": "quorum", "x-max-length": float64(1000), "x-delivery-limit": float64(5), "x-overflow": "reject-publish"},
-		"hcp.evt.alpha": {"x-queue-type": "quorum", "x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head"},
-		"hcp.evt.beta":  {"x-queue-type": "quorum", "x-message-ttl": float64(3600000), "x-max-length": float64(500), "x-max-length-bytes": float64(1 << 20), "x-overflow": "reject-publish"},
+		"hcp.evt.alpha": {"x-queue-type": "quorum", "x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true},
+		"hcp.evt.beta":  {"x-queue-type": "quorum", "x-message-ttl": float64(3600000), "x-max-length": float64(500), "x-max-length-bytes": float64(1 << 20), "x-overflow": "reject-publish", "x-single-active-consumer": true},
 	}
 	qs, err := b.Queues(vhost)
 	if err != nil {

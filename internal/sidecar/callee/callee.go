@@ -13,8 +13,9 @@
 // "duplicate". A duplicate is answered with the original reply rebuilt from
 // the stored object: the same envelope message_id and timestamp, the same
 // reason for a rejection, and for an acceptance the same session token
-// (Ed25519 signatures are deterministic and every claim, iat and exp
-// included, is stored with one-second precision before the first reply).
+// (Ed25519 signatures are deterministic, and every claim comes from the
+// object's immutable part: iat is its creationTimestamp, exp adds
+// spec.maxDuration; see sessionClaims).
 // A command is acknowledged only once its reply is confirmed by the broker.
 //
 // The decision is recorded with an optimistic-lock write PENDING → RUNNING
@@ -297,6 +298,9 @@ func New(o Options) (*Sidecar, error) {
 		sessions: map[string]*sess{},
 		deciding: map[string]chan struct{}{},
 	}
+	// Sessions are selectable by state (kubectl get hcps -l hcp.io/state=RUNNING):
+	// the writer keeps the label in step with the state it writes.
+	o.Status.SetStateLabel(v1alpha1.LabelSessionState)
 	s.life, s.stopLife = context.WithCancel(context.Background())
 	s.handler = s.routes()
 	return s, nil

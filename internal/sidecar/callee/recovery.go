@@ -12,6 +12,7 @@ import (
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 )
 
 var podGVK = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
@@ -105,8 +106,9 @@ func (s *Sidecar) closeOrphan(ctx context.Context, hs *v1alpha1.HCPSession) {
 		}
 		return
 	}
-	if hs.Status.StartedAt == nil || hs.Status.TokenExpiresAt == nil {
-		log.Info("Skipped an orphaned session without start time")
+	claims, err := sessionClaims(s.id, hs)
+	if err != nil {
+		log.Info("Skipped an orphaned session whose times cannot be derived", "error", err.Error())
 		return
 	}
 	prev := hs.Status.PodName
@@ -125,7 +127,7 @@ func (s *Sidecar) closeOrphan(ctx context.Context, hs *v1alpha1.HCPSession) {
 		return
 	}
 	s.st.Seed(hs.Name, hs.Status, s.clk.Now())
-	ss := s.restoreSession(hs)
+	ss := s.restoreSession(hs, claims)
 	s.register(ss)
 	log.Info("Closing an orphaned session", "reason", codeHarnessLost)
 	ss.terminate(codeHarnessLost, msg, true)
@@ -137,8 +139,9 @@ func (s *Sidecar) closeOrphan(ctx context.Context, hs *v1alpha1.HCPSession) {
 
 // restoreSession rebuilds a session from its HCPSession to close it. The
 // sequence resumes after the reserved ceiling, never reusing a number the
-// caller may have seen.
-func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession) *sess {
+// caller may have seen. Its times are the token's (sessionClaims), not the
+// status's.
+func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims) *sess {
 	ceiling, err := strconv.ParseInt(hs.Annotations[AnnotationSequenceCeiling], 10, 64)
 	if err != nil || ceiling < hs.Status.LastSequence {
 		ceiling = hs.Status.LastSequence + DefaultSequenceBlock
@@ -154,8 +157,8 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession) *sess {
 		capability:   hs.Spec.Capability,
 		taskMsgID:    hs.Spec.TaskMessageID,
 		risk:         task.RiskLevel(hs.Spec.RiskLevel),
-		startedAt:    hs.Status.StartedAt.Time,
-		expiresAt:    hs.Status.TokenExpiresAt.Time,
+		startedAt:    claims.IssuedAt,
+		expiresAt:    claims.ExpiresAt,
 		uid:          hs.UID,
 		log:          s.log.WithValues("session", hs.Name, "caller", hs.Spec.CallerID),
 		abortTimeout: DefaultAbortTimeout,

@@ -347,12 +347,17 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 			return
 		}
 		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
-		s.st.Forget(sid)
+		s.forgetWhenWritten(sid)
 		return
 	}
 
-	claims := token.NewClaims(s.id, callerID, sid, ts.Capability, v.Risk, now, v.MaxDuration)
-	tok, err := token.Issue(s.key, claims)
+	// The claims come from the object's immutable part (creation time,
+	// spec), so every later duplicate re-issues this very token.
+	claims, err := sessionClaims(s.id, hs)
+	var tok string
+	if err == nil {
+		tok, err = token.Issue(s.key, claims)
+	}
 	if err != nil {
 		log.Error(err, "Failed to issue the session token")
 		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not issue a session token", depth)
@@ -364,6 +369,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		st.State = v1alpha1.SessionRunning
 		st.Reason = "accepted"
 		st.Message = truncate(v.Message, 1024)
+		// For people and dashboards only: replies never read them back.
 		st.StartedAt = &metav1.Time{Time: claims.IssuedAt}
 		st.TokenExpiresAt = &metav1.Time{Time: claims.ExpiresAt}
 	}); err != nil {
@@ -398,6 +404,8 @@ func (s *Sidecar) casReject(ctx context.Context, c *command, hs *v1alpha1.HCPSes
 		s.afterCASFailure(ctx, c, err, depth)
 		return
 	}
+	s.st.Seed(sid, hs.Status, s.clk.Now())
+	defer s.forgetWhenWritten(sid)
 	s.countReject(string(code))
 	pub, err := s.rejectedReply(hs)
 	if err != nil {
@@ -405,6 +413,19 @@ func (s *Sidecar) casReject(ctx context.Context, c *command, hs *v1alpha1.HCPSes
 		return
 	}
 	s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
+}
+
+// forgetWhenWritten drops a session this replica decided but does not run
+// (a rejection) from the status writer once the writer has written what it
+// still owes (the state label).
+func (s *Sidecar) forgetWhenWritten(sid string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.life), 30*time.Second)
+		defer cancel()
+		if err := s.st.Flush(ctx, sid); err == nil || errors.Is(err, status.ErrNotFound) {
+			s.st.Forget(sid)
+		}
+	}()
 }
 
 // afterCASFailure: someone else decided (Conflict) or the object vanished;
@@ -456,7 +477,9 @@ func (s *Sidecar) duplicate(ctx context.Context, c *command, depth int) {
 		}
 		log.Info("Answered a duplicate task_submit with its original rejection")
 		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
-	case hs.Status.StartedAt != nil && hs.Status.TokenExpiresAt != nil:
+	case st == "" || st == v1alpha1.SessionPending: // being decided somewhere, or orphaned
+		s.pendingDuplicate(ctx, c, &hs, depth)
+	case hs.Spec.MaxDuration != "": // admitted (set at creation only then), and decided
 		pub, err := s.acceptedReply(&hs)
 		if err != nil {
 			log.Error(err, "Failed to rebuild task_accepted")
@@ -465,8 +488,17 @@ func (s *Sidecar) duplicate(ctx context.Context, c *command, depth int) {
 		}
 		log.Info("Answered a duplicate task_submit with its original acceptance", "state", st)
 		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskAccepted, pub)
-	default: // PENDING: being decided somewhere, or orphaned
-		s.pendingDuplicate(ctx, c, &hs, depth)
+	default:
+		// Past PENDING without having been admitted: only a hand-written
+		// status gets here. The immutable spec says the gate refused it.
+		log.Info("A session that was never admitted has a non-PENDING state; answering with a rejection", "state", st)
+		pub, err := s.rejectedReply(&hs)
+		if err != nil {
+			log.Error(err, "Failed to rebuild task_rejected")
+			s.settle(d, true, false)
+			return
+		}
+		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
 	}
 }
 
@@ -543,6 +575,8 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 				v1alpha1.LabelCallerID:  callerID,
 				v1alpha1.LabelCallee:    s.cfg.ObjectName,
 				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue,
+				// The status writer keeps it in step from here on.
+				v1alpha1.LabelSessionState: string(v1alpha1.SessionPending),
 			},
 		},
 		Spec: v1alpha1.HCPSessionSpec{
@@ -595,18 +629,37 @@ func (s *Sidecar) casStatus(ctx context.Context, hs *v1alpha1.HCPSession, mutate
 	return err
 }
 
-// acceptedReply rebuilds the task_accepted of an accepted session from the
-// stored object; the original and every duplicate are byte for byte equal.
-func (s *Sidecar) acceptedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error) {
-	iat, exp := hs.Status.StartedAt, hs.Status.TokenExpiresAt
-	if iat == nil || exp == nil {
-		return amqp.Publishing{}, errors.New("the session has no startedAt/tokenExpiresAt")
+// sessionClaims are the session token's claims, derived only from what
+// nobody can change after the HCPSession's creation: its creation time
+// (iat, whole seconds, set by the API server) and its spec (callee id,
+// caller, capability, risk, and maxDuration for exp; CEL keeps them
+// immutable). Nothing comes from status, which the sidecar's
+// ServiceAccount (and so anyone who holds its token) may write: a
+// re-issued token is the original byte for byte, and writing
+// status.tokenExpiresAt cannot extend it.
+func sessionClaims(calleeID string, hs *v1alpha1.HCPSession) (token.Claims, error) {
+	if hs.CreationTimestamp.IsZero() {
+		return token.Claims{}, errors.New("the HCPSession has no creationTimestamp")
 	}
-	tok, err := token.Issue(s.key, token.Claims{
-		Issuer: s.id, Audience: hs.Spec.CallerID, Subject: hs.Name,
-		Capability: hs.Spec.Capability, Risk: task.RiskLevel(hs.Spec.RiskLevel),
-		IssuedAt: iat.UTC(), ExpiresAt: exp.UTC(),
-	})
+	if hs.Spec.MaxDuration == "" {
+		return token.Claims{}, errors.New("the HCPSession has no spec.maxDuration: it was not admitted")
+	}
+	d, err := task.ParseDuration(string(hs.Spec.MaxDuration))
+	if err != nil {
+		return token.Claims{}, fmt.Errorf("spec.maxDuration: %w", err)
+	}
+	return token.NewClaims(calleeID, hs.Spec.CallerID, hs.Name, hs.Spec.Capability, task.RiskLevel(hs.Spec.RiskLevel), hs.CreationTimestamp.Time, d), nil
+}
+
+// acceptedReply rebuilds the task_accepted of an accepted session from the
+// stored object's immutable part (sessionClaims); the original and every
+// duplicate are byte for byte equal.
+func (s *Sidecar) acceptedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error) {
+	claims, err := sessionClaims(s.id, hs)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	tok, err := token.Issue(s.key, claims)
 	if err != nil {
 		return amqp.Publishing{}, err
 	}
@@ -614,10 +667,10 @@ func (s *Sidecar) acceptedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error
 		TaskMessageID: hs.Spec.TaskMessageID,
 		SessionID:     hs.Name,
 		SessionToken:  tok,
-		RiskLevel:     task.RiskLevel(hs.Spec.RiskLevel),
-		ExpiresAt:     task.NewTimestamp(exp.Time),
+		RiskLevel:     claims.Risk,
+		ExpiresAt:     task.NewTimestamp(claims.ExpiresAt),
 	}
-	return s.replyPublishing(hs.Name, envelope.TypeTaskAccepted, iat.Time, payload)
+	return s.replyPublishing(hs.Name, envelope.TypeTaskAccepted, claims.IssuedAt, payload)
 }
 
 // rejectedReply rebuilds the task_rejected of a rejected session.

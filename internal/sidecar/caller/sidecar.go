@@ -98,7 +98,8 @@ type Options struct {
 	// Clock; nil means the real clock.
 	Clock clock.WithTickerAndDelayedExecution
 	// HTTPClient calls the app; nil means a client without a global
-	// timeout (AppTimeout bounds each call).
+	// timeout (AppTimeout bounds each call) that keeps a connection per
+	// concurrently delivering session alive.
 	HTTPClient *http.Client
 
 	// Store overrides the store opened from Config.StateDir (tests). The
@@ -203,7 +204,12 @@ func New(opts Options) (*Sidecar, error) {
 		o.Clock = clock.RealClock{}
 	}
 	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{}
+		// Sessions deliver concurrently, one request at a time each: keep a
+		// connection per session alive (http.DefaultTransport keeps 2 per
+		// host, so with more sessions every request would open one).
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 64
+		o.HTTPClient = &http.Client{Transport: t}
 	}
 	if o.SubmitRetry.Timeout <= 0 {
 		o.SubmitRetry.Timeout = DefaultSubmitTimeout

@@ -26,6 +26,10 @@ type Metrics struct {
 	Sessions *prometheus.GaugeVec
 	// StatusWrites counts HCPSession writes, by result (ok, conflict, error).
 	StatusWrites *prometheus.CounterVec
+	// LabelWrites counts the metadata patches that keep an HCPSession's
+	// hcp.io/state label in step with status.state (callee mode; at most
+	// one per state change), by result (ok, error).
+	LabelWrites *prometheus.CounterVec
 	// Reconnects counts AMQP connection recoveries.
 	Reconnects prometheus.Counter
 	// Connected is 1 while the AMQP connection is up.
@@ -38,23 +42,27 @@ type Metrics struct {
 	Latency prometheus.Histogram
 }
 
+// resultLabel is the label of the counters that count outcomes.
+const resultLabel = "result"
+
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		MessagesIn:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_in_total", Help: "AMQP deliveries consumed, by HCP message type."}, []string{"type"}),
 		MessagesOut:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_out_total", Help: "Messages published, by HCP message type."}, []string{"type"}),
-		Confirms:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_publisher_confirms_total", Help: "Publisher confirm outcomes."}, []string{"result"}),
+		Confirms:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_publisher_confirms_total", Help: "Publisher confirm outcomes."}, []string{resultLabel}),
 		Redeliveries:  prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_redeliveries_total", Help: "Deliveries that carried the redelivered flag."}),
 		Rejects:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_rejects_total", Help: "Tasks rejected and messages discarded, by reason code."}, []string{"reason"}),
 		Duplicates:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_duplicates_total", Help: "Deliveries skipped as duplicates."}, []string{"kind"}),
 		Sessions:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_sessions", Help: "Sessions tracked by this sidecar, by L2 state."}, []string{"state"}),
-		StatusWrites:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_status_writes_total", Help: "HCPSession writes, by result."}, []string{"result"}),
+		StatusWrites:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_status_writes_total", Help: "HCPSession writes, by result."}, []string{resultLabel}),
+		LabelWrites:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_state_label_writes_total", Help: "HCPSession hcp.io/state label updates, by result."}, []string{resultLabel}),
 		Reconnects:    prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries."}),
 		Connected:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up."}),
-		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{"result"}),
+		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{resultLabel}),
 		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
-		m.Sessions, m.StatusWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.Latency)
+		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.Latency)
 	return m
 }

@@ -13,10 +13,18 @@
 // callee sidecar applied under the same manager. A diff-based merge patch
 // touches exactly the fields its writer changed, so the two sidecars never
 // clobber each other, and it needs no read before writing.
+//
+// With SetStateLabel (the callee sidecar), the writer also keeps a label
+// (hcp.io/state) equal to status.state, so that sessions can be selected by
+// state: a label is metadata, which a status write cannot change, so each
+// write that changes the state is followed by one metadata merge patch of
+// that label. State changes coalesced within an interval cost one label
+// write at most; writes that do not change the state cost none.
 package status
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -26,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -88,6 +97,8 @@ type Writer struct {
 
 	mu      sync.Mutex
 	entries map[string]*entry
+	// labelKey is the label mirroring status.state; "" means none.
+	labelKey string
 }
 
 // entry is what the writer knows of one session's status.
@@ -104,8 +115,13 @@ type entry struct {
 	// force asks the next write to ignore the interval (Flush).
 	force bool
 	// gone is set when the object was not found: updates are dropped.
-	gone    bool
-	waiters []waiter
+	gone bool
+	// label is the state the object's state label is known to carry ("":
+	// unknown, written at the next chance); labelRetryAt delays the next
+	// attempt after a failed label write.
+	label        v1alpha1.SessionState
+	labelRetryAt time.Time
+	waiters      []waiter
 }
 
 type waiter struct {
@@ -164,6 +180,15 @@ func (w *Writer) SetInterval(d time.Duration) {
 	w.mu.Unlock()
 }
 
+// SetStateLabel makes the writer keep the label key of each session it
+// writes equal to its status.state (see the package documentation); ""
+// turns it off.
+func (w *Writer) SetStateLabel(key string) {
+	w.mu.Lock()
+	w.labelKey = key
+	w.mu.Unlock()
+}
+
 // Run writes until ctx ends, then writes whatever is still pending (bounded
 // by a 10 s grace period) and returns. Updates after Run returned are not
 // written.
@@ -205,6 +230,10 @@ func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.
 		e.lastWrite = writtenAt
 	}
 	w.notify(e, nil)
+	if w.labelDue(e) {
+		// The caller wrote a new state itself; the label follows.
+		w.schedule(name, e)
+	}
 }
 
 // Update applies mutate to the desired status of name and schedules a write:
@@ -231,7 +260,9 @@ func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 		// Back to what is stored: nothing to write.
 		e.written = e.version
 		w.notify(e, nil)
-		return
+		if !w.labelDue(e) {
+			return
+		}
 	}
 	w.schedule(name, e)
 }
@@ -242,7 +273,7 @@ func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 func (w *Writer) Flush(ctx context.Context, name string) error {
 	w.mu.Lock()
 	e := w.entries[name]
-	if e == nil || e.written == e.version {
+	if e == nil || (e.written == e.version && !w.labelDue(e)) {
 		w.mu.Unlock()
 		return nil
 	}
@@ -253,6 +284,7 @@ func (w *Writer) Flush(ctx context.Context, name string) error {
 	ch := make(chan error, 1)
 	e.waiters = append(e.waiters, waiter{version: e.version, ch: ch})
 	e.force = true
+	e.labelRetryAt = time.Time{}
 	w.mu.Unlock()
 	w.queue.Add(name)
 	select {
@@ -268,7 +300,7 @@ func (w *Writer) FlushAll(ctx context.Context) error {
 	w.mu.Lock()
 	var names []string
 	for n, e := range w.entries {
-		if e.written != e.version && !e.gone {
+		if w.pending(e) {
 			names = append(names, n)
 		}
 	}
@@ -302,12 +334,24 @@ func (w *Writer) Forget(name string) {
 	}
 }
 
-// Pending reports whether name has changes not yet written.
+// Pending reports whether name has changes not yet written (the state
+// label included).
 func (w *Writer) Pending(name string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e := w.entries[name]
-	return e != nil && e.written != e.version && !e.gone
+	return e != nil && w.pending(e)
+}
+
+// pending: e has a status change or a label update to write. Called with
+// w.mu held.
+func (w *Writer) pending(e *entry) bool {
+	return !e.gone && (e.written != e.version || w.labelDue(e))
+}
+
+// labelDue: the state label lags the written state. Called with w.mu held.
+func (w *Writer) labelDue(e *entry) bool {
+	return w.labelKey != "" && !e.gone && e.base.State != "" && e.label != e.base.State
 }
 
 // Status returns the desired (latest) status of name as the writer knows it.
@@ -333,6 +377,10 @@ func (w *Writer) schedule(name string, e *entry) {
 // delay is how long until e may be written; <= 0 means now. Called with
 // w.mu held.
 func (w *Writer) delay(e *entry) time.Duration {
+	if e.written == e.version {
+		// Only the label is due: at once, unless the last attempt failed.
+		return e.labelRetryAt.Sub(w.clk.Now())
+	}
 	if e.force || e.lastWrite.IsZero() || terminalChange(e) {
 		return 0
 	}
@@ -353,44 +401,74 @@ func (w *Writer) processNext() bool {
 
 	w.mu.Lock()
 	e := w.entries[name]
-	if e == nil || e.gone || e.written == e.version {
+	if e == nil || !w.pending(e) {
 		w.mu.Unlock()
 		return true
 	}
+	statusDue := e.written != e.version
 	if d := w.delay(e); d > 0 {
 		// Queued early (an Update while a write was in flight): wait out
 		// the interval.
 		w.queue.AddAfter(name, d)
-		w.mu.Unlock()
-		return true
+		if !statusDue || !w.labelDue(e) || w.clk.Now().Before(e.labelRetryAt) {
+			w.mu.Unlock()
+			return true
+		}
+		// But a state the caller wrote itself (Seed) gets its label now.
+		statusDue = false
 	}
 	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
+	labelKey, labelled := w.labelKey, e.label
 	e.force = false
 	w.mu.Unlock()
 
-	err := w.write(name, base, target)
+	var err, labelErr error
+	if statusDue {
+		err = w.write(name, base, target)
+	} else {
+		target = base
+	}
+	// The label follows the state just written (or already stored).
+	labelWritten := false
+	if err == nil && labelKey != "" && target.State != "" && target.State != labelled {
+		labelErr = w.writeLabel(name, labelKey, target.State)
+		labelWritten = labelErr == nil
+	}
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.entries[name] != e {
 		return true // forgotten meanwhile
 	}
-	e.lastWrite = w.clk.Now()
+	if statusDue {
+		e.lastWrite = w.clk.Now()
+		if err == nil {
+			e.base = target
+			e.written = version
+		}
+	}
+	if labelWritten {
+		e.label = target.State
+	}
+	if labelErr != nil && !apierrors.IsNotFound(labelErr) {
+		e.labelRetryAt = w.clk.Now().Add(w.interval)
+		w.log.Error(labelErr, "Failed to update the HCPSession state label; will retry", "hcpsession", klog.KRef(w.ns, name), "label", labelKey)
+	}
 	switch {
-	case err == nil:
-		e.base = target
-		e.written = version
+	case err == nil && labelErr == nil:
 		w.notify(e, nil)
-	case apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(err) || apierrors.IsNotFound(labelErr):
 		e.gone = true
 		w.log.Info("HCPSession is gone; dropped its status updates", "hcpsession", klog.KRef(w.ns, name))
 		w.notify(e, ErrNotFound)
 		return true
-	default:
+	case err != nil:
 		w.log.Error(err, "Failed to write HCPSession status; will retry", "hcpsession", klog.KRef(w.ns, name))
 		w.failWaiters(e, err)
+	default:
+		w.failWaiters(e, labelErr)
 	}
-	if e.written != e.version {
+	if w.pending(e) {
 		w.schedule(name, e)
 	}
 	return true
@@ -404,6 +482,27 @@ func (w *Writer) write(name string, base, target v1alpha1.HCPSessionStatus) erro
 	to := &v1alpha1.HCPSession{ObjectMeta: meta, Status: target}
 	err := w.c.Status().Patch(ctx, to, client.MergeFrom(from), client.FieldOwner(w.owner))
 	w.count(err)
+	return err
+}
+
+// writeLabel sets the state label with a metadata merge patch (a status
+// write cannot change labels).
+func (w *Writer) writeLabel(name, key string, state v1alpha1.SessionState) error {
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	defer cancel()
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{key: string(state)}}})
+	if err != nil {
+		return err
+	}
+	hs := &v1alpha1.HCPSession{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.ns}}
+	err = w.c.Patch(ctx, hs, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(w.owner))
+	if w.m != nil {
+		result := "ok"
+		if err != nil {
+			result = "error"
+		}
+		w.m.LabelWrites.WithLabelValues(result).Inc()
+	}
 	return err
 }
 
@@ -421,12 +520,13 @@ func (w *Writer) count(err error) {
 	}
 }
 
-// notify completes the waiters whose version is written (or all, with a
-// non-nil err). Called with w.mu held.
+// notify completes the waiters whose version is written, state label
+// included (or all, with a non-nil err). Called with w.mu held.
 func (w *Writer) notify(e *entry, err error) {
 	kept := e.waiters[:0]
+	labelDue := w.labelDue(e)
 	for _, wt := range e.waiters {
-		if err != nil || wt.version <= e.written {
+		if err != nil || (wt.version <= e.written && !labelDue) {
 			wt.ch <- err
 			continue
 		}
