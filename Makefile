@@ -55,11 +55,13 @@ lint: golangci-lint ## Run golangci-lint.
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: verify
-verify: generate manifests fmt ## Regenerate everything and fail if anything changed.
+verify: generate manifests fmt ## Regenerate everything (deepcopy, CRDs, RBAC, chart, API docs) and fail if anything changed.
 	go mod tidy
-	@if [ -n "$$(git status --porcelain -- api config charts go.mod go.sum '*.go')" ]; then \
+	hack/gen-api-docs.sh
+	hack/conformance-check.sh
+	@if [ -n "$$(git status --porcelain -- api config charts docs go.mod go.sum '*.go')" ]; then \
 		echo "make verify: generated files or formatting are out of date:"; \
-		git status --porcelain -- api config charts go.mod go.sum '*.go'; \
+		git status --porcelain -- api config charts docs go.mod go.sum '*.go'; \
 		git --no-pager diff --stat; exit 1; \
 	fi
 	@echo "make verify: everything is up to date"
@@ -81,6 +83,11 @@ test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration against r
 .PHONY: test-unit
 test-unit: ## Run the pure unit tests only (no API server, no broker).
 	go test $(GO_TEST_FLAGS) -short ./pkg/... ./api/... ./internal/resource/...
+
+.PHONY: bench
+bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go, and the full sidecar relay vs raw.
+	go test -run '^$$' -bench . -benchtime 5000x ./internal/transport
+	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkRelay -benchtime 5000x -timeout 60m -v ./test/relay
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
