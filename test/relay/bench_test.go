@@ -245,9 +245,10 @@ func benchStatusWrites(b *testing.B) {
 	}
 	elapsed := time.Since(start)
 	calleeRun, callerRun := objectWrites(r.bed.CalleeReg)-calleeW, objectWrites(r.bed.CallerReg)-callerW
-	// Idle: after one interval for the trailing coalesced write, nothing
-	// changes, so nothing may be written.
-	time.Sleep(1500 * time.Millisecond)
+	// Idle: after one interval of each writer for its trailing coalesced
+	// write (the caller sidecar's is caller.DefaultStatusInterval, 5 s),
+	// nothing changes, so nothing may be written.
+	time.Sleep(max(1500*time.Millisecond, caller.DefaultStatusInterval+500*time.Millisecond))
 	calleeIdle0, callerIdle0 := objectWrites(r.bed.CalleeReg), objectWrites(r.bed.CallerReg)
 	idleStart := time.Now()
 	time.Sleep(3 * time.Second)

@@ -26,10 +26,32 @@
 // detection, gap skipped after GapTimeout), and delivers one message at a
 // time.
 //
-// Per event the order is fixed: POST to the app → on 2xx,
-// last_processed_sequence is written to the local store and fsynced →
-// basic.ack. Persisting before acking means that an ack lost with the
-// connection can only cause a redelivery that the store recognises.
+// Per session, delivery to the app is strictly one message at a time, in
+// sequence order; persisting and acking are pipelined behind it. On the
+// app's 2xx for event k:
+//
+//  1. the session's tracker advances last_processed_sequence to k in memory,
+//     so event k+1 is POSTed at once, without waiting for a disk write;
+//  2. the session record (last_processed_sequence = k) is queued in the
+//     store (Store.RecordSession), which group-commits: one write+fsync
+//     covers every record queued since the previous one, of every session
+//     (several updates of one record in a batch are written once);
+//  3. delivery k is acked (individually, basic.ack with multiple=false) by
+//     a callback that runs right after the fsync covering it returns.
+//
+// So an ack never precedes the durable record of its sequence, and an ack
+// lost with the connection can only cause a redelivery that the tracker
+// (in memory) or the store (after a restart) recognises. Acks are never
+// sent with multiple=true: deliveries of different sessions interleave on
+// the one channel, and an earlier tag of another session may not be durable
+// yet. A redelivered duplicate of an event whose own ack still waits for its
+// fsync is acked after that fsync too. Each tracker's last_processed leads
+// the store by at most one group commit; on restart the store's value is
+// the starting point. Messages without a sequence (task_accepted,
+// task_rejected, task_completed, task_failed) are rare and are still
+// written synchronously (the write waits for its fsync) before their ack.
+// The worker waits for its pending fsyncs and acks before it exits
+// (graceful stop, idle).
 //
 // Messages without an L2 sequence take their place in the session's stream
 // from their position in the queue: task_accepted and task_rejected before
@@ -62,23 +84,36 @@
 //
 // The local store (HCP_STATE_DIR; see Store: a CRC-checked journal with
 // group-committed fsync and atomic compaction) is the deduplication source.
-// It is written synchronously before every ack. The HCPSession field
-// status.callerAckedSequence is visibility only: it is written through the
-// coalescing status writer (at most once per interval, so it lags), and
-// only when the HCPSession can be read in the sidecar's own namespace —
-// sessions live in the callee's namespace, which a caller in another
-// namespace, or outside the cluster, cannot write. A sidecar that lost its
-// state directory restarts with an empty store: redelivered events are then
-// delivered again (flagged redelivered=true) rather than lost.
+// Every ack waits for the fsync of the record it depends on. The HCPSession
+// field status.callerAckedSequence is visibility only: it is the highest
+// sequence acked after its fsync, written through the coalescing status
+// writer at most once per Options.StatusInterval (default 5 s, coarser than
+// the callee sidecar's 1 s: both sidecars write the same object) and at
+// once when the session's task_completed or task_failed has been delivered.
+// It is written only when the HCPSession can be read in the sidecar's own
+// namespace — sessions live in the callee's namespace, which a caller in
+// another namespace, or outside the cluster, cannot write. A session whose
+// HCPSession is not found (yet: a cached client may not have seen it) keeps
+// its sequence and retries on its next ack and tick, and re-reads the
+// HCPSession at its terminal message, at stop and before its worker exits,
+// so the final value lands. A sidecar that lost its state directory
+// restarts with an empty store: redelivered events are then delivered
+// again (flagged redelivered=true) rather than lost.
 //
 // The one window no acknowledgement protocol closes without the app: the
 // app has processed an event (its 2xx is on the wire) and the sidecar
-// process dies before its fsync. The event is delivered again after the
-// restart, with redelivered=true in the body; an app whose processing is
-// not idempotent deduplicates on (session_id, sequence) or message_id for
-// such deliveries. A graceful stop, a lost or cut broker connection and a
-// broker restart never open that window: the request in progress finishes
-// and is persisted before anything else happens.
+// process dies before the fsync that covers it. The event is delivered
+// again after the restart, with redelivered=true in the body; an app whose
+// processing is not idempotent deduplicates on (session_id, sequence) or
+// message_id for such deliveries. With the pipeline the window holds, per
+// session, the events the app answered during one group commit (the fsync
+// in progress and the batch queued behind it; typically one to a few
+// events), and never more than the prefetch count in all, since each of
+// them is an unacked delivery. A graceful stop, a lost or cut broker
+// connection and a broker restart never open that window: the request in
+// progress finishes, and the store's pending writes are fsynced (on stop,
+// before the worker exits; on a lost connection, the redelivered copy is
+// recognised in memory and acked only after that fsync).
 //
 // # Submitting
 //

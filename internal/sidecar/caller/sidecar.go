@@ -39,6 +39,11 @@ const (
 	DefaultPublishTimeout    = 15 * time.Second
 	DefaultRetention         = 24 * time.Hour
 	DefaultDrainTimeout      = 5 * time.Second
+	// DefaultStatusInterval is the minimum time between two
+	// callerAckedSequence writes of one HCPSession: coarser than the callee
+	// sidecar's 1 s (the field is visibility only, and both sidecars write
+	// the same object). A session's terminal message writes at once.
+	DefaultStatusInterval = 5 * time.Second
 )
 
 // RetryPolicy is how a task_submit without an answer is republished: the
@@ -90,8 +95,14 @@ type Options struct {
 	// messages in transit to the back of the quorum queue, out of order
 	// (see the package documentation).
 	Consumer transport.Consumer
-	// Status records callerAckedSequence; optional.
+	// Status records callerAckedSequence; optional. If it has a
+	// SetInterval(time.Duration) method (*status.Writer does), New sets it
+	// to StatusInterval: the writer must be the caller sidecar's own.
 	Status StatusWriter
+	// StatusInterval is the minimum time between two callerAckedSequence
+	// writes of one session; 0 means DefaultStatusInterval, < 0 leaves the
+	// writer's own interval.
+	StatusInterval time.Duration
 	// Metrics; nil creates unregistered collectors.
 	Metrics *metrics.Metrics
 	Log     logr.Logger
@@ -243,6 +254,12 @@ func New(opts Options) (*Sidecar, error) {
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.StatusInterval == 0 {
+		o.StatusInterval = DefaultStatusInterval
+	}
+	if iv, ok := o.Status.(interface{ SetInterval(time.Duration) }); ok && o.StatusInterval > 0 {
+		iv.SetInterval(o.StatusInterval)
 	}
 	s := &Sidecar{
 		cfg:      c,

@@ -118,10 +118,11 @@ const compactThreshold = 8 << 20
 
 // Store is the caller sidecar's durable state: tasks and sessions. It is a
 // journal of full records (one JSON line each, CRC-32C protected), appended
-// with group commit (every write waits for one fsync shared by all writes
-// queued with it, so concurrent sessions share the cost) and compacted by
-// rewriting it atomically (temporary file, fsync, rename, fsync of the
-// directory). A torn last line, from a crash in the middle of an append, is
+// with group commit (one write+fsync covers every change queued since the
+// previous one, of any record, so events and sessions share the cost; the
+// Update methods wait for it, RecordSession returns its Ticket) and
+// compacted by rewriting it atomically (temporary file, fsync, rename,
+// fsync of the directory). A torn last line, from a crash in the middle of an append, is
 // detected by its checksum and discarded: its write had not returned, so
 // nothing was acknowledged on the strength of it.
 //
@@ -136,10 +137,15 @@ type Store struct {
 	tasks    map[string]*TaskRecord
 	sessions map[string]*SessionRecord
 
-	// Group commit.
+	// Group commit: queue holds the lines written since the committer took
+	// the last batch, keyIdx the position in queue of each record's line
+	// (a record updated twice before its batch is taken is written once,
+	// in its latest state), ticket the batch's completion.
 	wmu     sync.Mutex
 	cond    *sync.Cond
 	queue   []pendingWrite
+	keyIdx  map[string]int
+	ticket  *Ticket
 	closed  bool
 	stopped chan struct{}
 	file    *os.File
@@ -150,7 +156,72 @@ type Store struct {
 
 type pendingWrite struct {
 	line []byte
-	done chan error
+}
+
+// Ticket is the completion of one group commit: it is done once the
+// write+fsync of the batch that holds a change (and every change queued
+// with it, of any record) has returned. Callbacks registered with Then run
+// in registration order, on the committer goroutine, right after that
+// fsync; they must be quick and must not call the Store.
+type Ticket struct {
+	mu   sync.Mutex
+	done bool
+	err  error
+	then []func(error)
+	// ch is closed once the callbacks have run.
+	ch chan struct{}
+}
+
+func newTicket() *Ticket { return &Ticket{ch: make(chan struct{})} }
+
+// doneTicket is a ticket already done with err.
+func doneTicket(err error) *Ticket {
+	t := newTicket()
+	t.finish(err)
+	return t
+}
+
+// finish marks t done and runs its callbacks.
+func (t *Ticket) finish(err error) {
+	t.mu.Lock()
+	t.done, t.err = true, err
+	cbs := t.then
+	t.then = nil
+	t.mu.Unlock()
+	for _, f := range cbs {
+		f(err)
+	}
+	close(t.ch)
+}
+
+// Then runs f(err) once t is done: at once, on the calling goroutine, if it
+// already is.
+func (t *Ticket) Then(f func(error)) {
+	t.mu.Lock()
+	if !t.done {
+		t.then = append(t.then, f)
+		t.mu.Unlock()
+		return
+	}
+	err := t.err
+	t.mu.Unlock()
+	f(err)
+}
+
+// Wait blocks until t is done and its callbacks have run.
+func (t *Ticket) Wait() error {
+	<-t.ch
+	return t.err
+}
+
+// Done reports whether t is done and its callbacks have run.
+func (t *Ticket) Done() bool {
+	select {
+	case <-t.ch:
+		return true
+	default:
+		return false
+	}
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -162,6 +233,7 @@ func OpenStore(dir string) (*Store, error) {
 		tasks:    map[string]*TaskRecord{},
 		sessions: map[string]*SessionRecord{},
 		stopped:  make(chan struct{}),
+		keyIdx:   map[string]int{},
 	}
 	s.cond = sync.NewCond(&s.wmu)
 	if dir == "" {
@@ -286,15 +358,13 @@ func (s *Store) committer() {
 		for len(s.queue) == 0 && !s.closed {
 			s.cond.Wait()
 		}
-		batch := s.queue
-		s.queue = nil
+		batch, ticket := s.queue, s.ticket
+		s.queue, s.ticket = nil, nil
+		clear(s.keyIdx)
 		closed := s.closed
 		s.wmu.Unlock()
 		if len(batch) > 0 {
-			err := s.commit(batch)
-			for _, w := range batch {
-				w.done <- err
-			}
+			ticket.finish(s.commit(batch))
 		}
 		if closed && len(batch) == 0 {
 			return
@@ -486,6 +556,15 @@ func (s *Store) UpdateTask(id string, fn func(*TaskRecord) bool) (TaskRecord, er
 
 // UpdateSession is UpdateTask for sessions.
 func (s *Store) UpdateSession(id string, fn func(*SessionRecord) bool) (SessionRecord, error) {
+	next, t := s.RecordSession(id, fn)
+	return next, t.Wait()
+}
+
+// RecordSession is UpdateSession without the wait: the change is visible to
+// readers of the Store at once, and durable once the returned ticket is
+// done (the next group commit). A crash before that loses it, so nothing
+// may be acknowledged on its strength before the ticket is done.
+func (s *Store) RecordSession(id string, fn func(*SessionRecord) bool) (SessionRecord, *Ticket) {
 	s.mu.Lock()
 	cur, ok := s.sessions[id]
 	next := SessionRecord{SessionID: id}
@@ -494,14 +573,14 @@ func (s *Store) UpdateSession(id string, fn func(*SessionRecord) bool) (SessionR
 	}
 	if !fn(&next) {
 		s.mu.Unlock()
-		return next, nil
+		return next, doneTicket(nil)
 	}
 	next.SessionID = id
 	rec := next
 	s.sessions[id] = &rec
-	done := s.enqueue(journalLine{Session: &rec})
+	t := s.enqueue(journalLine{Session: &rec})
 	s.mu.Unlock()
-	return next, wait(done)
+	return next, t
 }
 
 // DeleteTask forgets a task.
@@ -541,26 +620,49 @@ func (s *Store) Save(sessionID string, seq int64) error {
 	return err
 }
 
-// enqueue queues a line for the committer; called with s.mu held so that
-// the journal order matches the order of in-memory changes.
-func (s *Store) enqueue(l journalLine) chan error {
-	done := make(chan error, 1)
+// enqueue queues a line for the committer and returns the ticket of the
+// batch it joins; called with s.mu held so that the journal order matches
+// the order of in-memory changes. A record's line still waiting in the
+// queue is replaced by its newer state (the journal is last-wins per
+// record); a deletion ends that, so a record deleted and written again
+// keeps its order.
+func (s *Store) enqueue(l journalLine) *Ticket {
 	if s.dir == "" {
-		done <- nil
-		return done
+		return doneTicket(nil)
 	}
+	line := encodeLine(l)
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if s.closed {
-		done <- errors.New("caller state: store closed")
-		return done
+		return doneTicket(errors.New("caller state: store closed"))
 	}
-	s.queue = append(s.queue, pendingWrite{line: encodeLine(l), done: done})
+	if s.ticket == nil {
+		s.ticket = newTicket()
+	}
+	var key string
+	switch {
+	case l.Task != nil:
+		key = "t/" + l.Task.MessageID
+	case l.Session != nil:
+		key = "s/" + l.Session.SessionID
+	case l.DeleteTask != "":
+		delete(s.keyIdx, "t/"+l.DeleteTask)
+	case l.DeleteSession != "":
+		delete(s.keyIdx, "s/"+l.DeleteSession)
+	}
+	if i, ok := s.keyIdx[key]; ok && key != "" {
+		s.queue[i].line = line
+		return s.ticket
+	}
+	if key != "" {
+		s.keyIdx[key] = len(s.queue)
+	}
+	s.queue = append(s.queue, pendingWrite{line: line})
 	s.cond.Signal()
-	return done
+	return s.ticket
 }
 
-func wait(done chan error) error { return <-done }
+func wait(t *Ticket) error { return t.Wait() }
 
 func sortedTasks(m map[string]*TaskRecord) []*TaskRecord {
 	out := make([]*TaskRecord, 0, len(m))

@@ -142,3 +142,75 @@ func TestStoreInMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStoreRecordSessionGroupCommit: RecordSession does not wait; its
+// ticket's callbacks run after the fsync that covers it, in order; a record
+// written many times before its batch is taken is durable in its latest
+// state; a delete between two writes keeps its order.
+func TestStoreRecordSessionGroupCommit(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu  sync.Mutex
+		got []int64
+	)
+	var last *Ticket
+	for seq := int64(1); seq <= 200; seq++ {
+		for _, sid := range []string{"a", "b"} {
+			_, tk := s.RecordSession(sid, func(r *SessionRecord) bool { r.LastSeq = seq; return true })
+			if sid == "a" {
+				tk.Then(func(err error) {
+					if err != nil {
+						t.Error(err)
+					}
+					mu.Lock()
+					got = append(got, seq)
+					mu.Unlock()
+				})
+			}
+			last = tk
+		}
+	}
+	if r, _ := s.Session("a"); r.LastSeq != 200 {
+		t.Fatalf("in memory: %d", r.LastSeq)
+	}
+	if err := last.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(got) != 200 {
+		t.Errorf("%d callbacks ran, want 200", len(got))
+	}
+	for i, seq := range got {
+		if seq != int64(i+1) {
+			t.Fatalf("callback %d for sequence %d: out of order", i, seq)
+		}
+	}
+	mu.Unlock()
+	// Write, delete, write again, without waiting in between.
+	s.RecordSession("c", func(r *SessionRecord) bool { r.LastSeq = 1; return true })
+	if err := s.DeleteSession("c"); err != nil {
+		t.Fatal(err)
+	}
+	_, tk := s.RecordSession("c", func(r *SessionRecord) bool { r.LastSeq = 7; return true })
+	s.RecordSession("c", func(r *SessionRecord) bool { r.LastSeq = 8; return true })
+	if err := tk.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	for sid, want := range map[string]int64{"a": 200, "b": 200, "c": 8} {
+		if r, ok := s2.Session(sid); !ok || r.LastSeq != want {
+			t.Errorf("after reopen %s: %d (found %v), want %d", sid, r.LastSeq, ok, want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package caller
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -79,6 +80,16 @@ type stream struct {
 	awaitSince    time.Time
 	lastDctx      context.Context
 	lastActive    time.Time
+	// lastTicket is the group commit of the session's latest record write;
+	// acks wait for it (see deliverEvent).
+	lastTicket *Ticket
+	// acked is the highest sequence acked after its fsync (set on the
+	// store's committer goroutine); reported is the highest recorded as
+	// callerAckedSequence, unreported says a recording was refused (the
+	// HCPSession was not found) and is retried.
+	acked      atomic.Int64
+	reported   int64
+	unreported bool
 	// stopAt is set when the sidecar stops: the worker delivers what it
 	// already holds until then, and leaves the rest unsettled.
 	stopAt time.Time
@@ -122,8 +133,11 @@ func (w *stream) run() {
 			w.process(it)
 		case <-tick.C():
 			w.onTick()
-			if w.idle() && w.tryExit() {
-				return
+			if w.idle() {
+				w.reportAcked(true)
+				if w.tryExit() {
+					return
+				}
 			}
 		}
 	}
@@ -152,6 +166,9 @@ func (w *stream) drain() {
 		}
 		break
 	}
+	// The acks of what was delivered go out before the channel closes.
+	w.durable()
+	w.reportAcked(true)
 	w.s.mu.Lock()
 	if w.s.streams[w.id] == w {
 		delete(w.s.streams, w.id)
@@ -179,6 +196,7 @@ func (w *stream) process(it *item) {
 		w.onTerminal(it)
 	}
 	w.pump()
+	w.reportAcked(false)
 }
 
 // checkChannel notices that the deliveries held came from a channel that is
@@ -291,7 +309,7 @@ func (w *stream) offer(it *item) {
 	case session.Duplicate:
 		w.s.m.Duplicates.WithLabelValues("sequence").Inc()
 		w.log.V(1).Info("Skipped a duplicate event", "sequence", seq, "lastProcessed", w.tracker.LastProcessed(), "redelivered", it.d.Redelivered)
-		w.s.settle(it, true)
+		w.settleDurable(it)
 	case session.InFlight:
 		w.swapInFlight(seq, it)
 	case session.Late:
@@ -532,24 +550,77 @@ func (w *stream) deliverEvent() bool {
 	}
 	it := w.ready[0].Item
 	w.ready = w.ready[1:]
+	// The app has it: the next event may go at once. last_processed_sequence
+	// advances in memory now and on disk with the next group commit; the
+	// delivery is acked only once that fsync has returned (see the package
+	// documentation, "Delivery pipeline").
 	if err := w.tracker.Commit(seq); err != nil {
 		w.log.Error(err, "Tracker refused a commit")
 	}
 	now := w.s.clk.Now()
-	_, err := w.s.store.UpdateSession(w.id, func(r *SessionRecord) bool {
+	_, t := w.s.store.RecordSession(w.id, func(r *SessionRecord) bool {
 		r.LastSeq = max(r.LastSeq, seq)
 		w.fill(r)
 		applyEvent(r, it)
 		r.UpdatedAt = now
 		return true
 	})
-	if err != nil {
-		w.log.Error(err, "Failed to persist last_processed_sequence; acking anyway (after a restart this event may be delivered again)", "sequence", seq)
-	}
-	w.s.settle(it, true)
+	w.lastTicket = t
 	w.s.m.Latency.Observe(now.Sub(it.env.Timestamp).Seconds())
-	w.s.recordAcked(w.id, seq)
+	t.Then(func(err error) {
+		if err != nil {
+			w.log.Error(err, "Failed to persist last_processed_sequence; acking anyway (after a restart this event may be delivered again)", "sequence", seq)
+		}
+		w.s.settle(it, true)
+		raise(&w.acked, seq)
+	})
 	return true
+}
+
+// raise sets v to seq unless it is already higher.
+func raise(v *atomic.Int64, seq int64) {
+	for {
+		cur := v.Load()
+		if seq <= cur || v.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// settleDurable acks a message that needs no delivery (a duplicate) once
+// every record write of this session made so far is durable: a duplicate
+// of an event whose own ack is still waiting for its fsync must not leave
+// the queue before that fsync.
+func (w *stream) settleDurable(it *item) {
+	if w.lastTicket == nil {
+		w.s.settle(it, true)
+		return
+	}
+	w.lastTicket.Then(func(error) { w.s.settle(it, true) })
+}
+
+// durable waits until every record write of this session is durable and
+// the acks waiting for it are sent.
+func (w *stream) durable() {
+	if w.lastTicket != nil {
+		_ = w.lastTicket.Wait()
+	}
+}
+
+// reportAcked records the highest durably acked sequence as
+// callerAckedSequence, if it moved. fresh re-reads the HCPSession even if
+// it was recently missing (terminal messages, stop). A sequence that could
+// not be recorded (the HCPSession not found yet) is retried on later calls.
+func (w *stream) reportAcked(fresh bool) {
+	seq := w.acked.Load()
+	if seq <= w.reported && !(fresh && w.unreported) {
+		return
+	}
+	if w.s.recordAcked(w.id, max(seq, w.reported), fresh) {
+		w.reported, w.unreported = max(seq, w.reported), false
+		return
+	}
+	w.unreported = true
 }
 
 // fill copies what the worker knows into the record. It runs inside a
@@ -677,6 +748,15 @@ func (w *stream) deliverBarrier(b *barrier) bool {
 		}
 	}
 	w.s.settle(it, true)
+	if isTerminal(b.kind) {
+		// The synchronous write above covered every earlier event, and
+		// their acks ran before it returned: the final callerAckedSequence
+		// is known. It is written at once, not after the status interval.
+		w.reportAcked(true)
+		if !w.unreported {
+			w.s.flushStatus(w.id)
+		}
+	}
 	return true
 }
 
@@ -697,6 +777,7 @@ func (w *stream) onTick() {
 	} else {
 		w.gapSince = time.Time{}
 	}
+	w.reportAcked(false)
 	if len(w.barriers) > 0 {
 		b := w.barriers[0]
 		if w.tracker.LastProcessed() < b.anchor && len(w.ready) == 0 && w.tracker.Buffered() == 0 &&
@@ -711,7 +792,7 @@ func (w *stream) onTick() {
 
 func (w *stream) idle() bool {
 	return len(w.inbox) == 0 && len(w.ready) == 0 && len(w.barriers) == 0 && w.tracker.Buffered() == 0 &&
-		w.tracker.InFlight() == 0 && w.s.clk.Since(w.lastActive) >= idleTimeout
+		w.tracker.InFlight() == 0 && (w.lastTicket == nil || w.lastTicket.Done()) && w.s.clk.Since(w.lastActive) >= idleTimeout
 }
 
 // tryExit removes the worker unless a message arrived meanwhile.

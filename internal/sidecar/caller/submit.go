@@ -349,17 +349,53 @@ func (s *Sidecar) lookupSession(sid string) lookup {
 
 // recordAcked records callerAckedSequence through the coalescing status
 // writer, when the HCPSession is in this namespace (or no client is given
-// to check).
-func (s *Sidecar) recordAcked(sid string, seq int64) {
+// to check). It reports false when the HCPSession was not found: the
+// session's worker keeps the sequence and calls again (on its next ack or
+// tick, and with fresh set at the session's terminal message, at stop and
+// before it exits idle), so the last value is not lost to a miss cached
+// while the cache had not yet seen a new HCPSession. fresh drops a cached
+// miss first.
+func (s *Sidecar) recordAcked(sid string, seq int64, fresh bool) bool {
 	if s.o.Status == nil {
-		return
+		return true
 	}
-	if s.o.Client != nil && !s.lookupSession(sid).found {
-		return
+	if s.o.Client != nil {
+		if fresh {
+			s.mu.Lock()
+			if l, ok := s.lookups[sid]; ok && !l.found {
+				delete(s.lookups, sid)
+			}
+			s.mu.Unlock()
+		}
+		if !s.lookupSession(sid).found {
+			return false
+		}
 	}
 	s.o.Status.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
 		if seq > st.CallerAckedSequence {
 			st.CallerAckedSequence = seq
 		}
 	})
+	return true
+}
+
+// statusFlusher is implemented by *status.Writer.
+type statusFlusher interface {
+	Flush(ctx context.Context, name string) error
+}
+
+// flushStatus writes sid's pending status now rather than after the
+// interval (a session's terminal message), without waiting for it.
+func (s *Sidecar) flushStatus(sid string) {
+	f, ok := s.o.Status.(statusFlusher)
+	if !ok {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := f.Flush(ctx, sid); err != nil {
+			s.log.V(1).Info("Failed to flush callerAckedSequence; the status writer retries", "session", sid, "error", err.Error())
+		}
+	}()
 }
