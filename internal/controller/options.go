@@ -59,8 +59,12 @@ func AddToScheme(s *runtime.Scheme) error {
 func CacheOptions(o Options) cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue})
 	secrets := labels.SelectorFromSet(labels.Set{resource.LabelTopologyOperator: resource.TopologyOperatorLabelValue})
+	// ByObject is keyed by pointer: the Secret entry is replaced below
+	// through this key, never added a second time (controller-runtime
+	// would keep either entry, at random).
+	secretKey := &corev1.Secret{}
 	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}:              {Label: secrets},
+		secretKey:                     {Label: secrets},
 		&appsv1.Deployment{}:          {Label: managed},
 		&corev1.ServiceAccount{}:      {Label: managed},
 		&rbacv1.Role{}:                {Label: managed},
@@ -83,7 +87,7 @@ func CacheOptions(o Options) cache.Options {
 				for ns := range opts.DefaultNamespaces {
 					nss[ns] = cache.Config{}
 				}
-				opts.ByObject[&corev1.Secret{}] = cache.ByObject{Label: secrets, Namespaces: nss}
+				opts.ByObject[secretKey] = cache.ByObject{Label: secrets, Namespaces: nss}
 			}
 		}
 	}
