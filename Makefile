@@ -77,8 +77,9 @@ testbed: ## Provide kube-apiserver/etcd/kubectl, RabbitMQ with management, and t
 ##@ Test
 
 .PHONY: test
-test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration against real RabbitMQ and the topology operator.
+test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration (real RabbitMQ and topology operator), install checks (chart, kustomize, Dockerfile).
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) check-install
 
 .PHONY: test-unit
 test-unit: ## Run the pure unit tests only (no API server, no broker).
@@ -88,6 +89,10 @@ test-unit: ## Run the pure unit tests only (no API server, no broker).
 bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go, and the full sidecar relay vs raw.
 	go test -run '^$$' -bench . -benchtime 5000x ./internal/transport
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkRelay -benchtime 5000x -timeout 60m -v ./test/relay
+
+.PHONY: test-e2e
+test-e2e: ## Run the end-to-end suite (test/e2e): chart install, samples, sessions on the local stack (root; brought up if not running) or, with HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.
+	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
