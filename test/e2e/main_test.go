@@ -1,0 +1,387 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hcp-io/hcp-operator/internal/testbed"
+)
+
+// config is the suite's environment; see README.md for the variables.
+type config struct {
+	// existing: HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.
+	existing bool
+	root     string
+	kubectl  string
+	helm     string
+	// stackLogs is the local stack's container log directory
+	// ($HCP_STACK_LOGS); empty on other clusters (kubectl logs then).
+	stackLogs string
+	// managementURL is where the suite reads the broker; brokerURI and
+	// amqpURL go into the chart's connection Secret (uri: the topology
+	// operator's view of the management API; amqpURL: the sidecars' view of
+	// AMQP, from inside their pods).
+	managementURL, brokerURI, amqpURL string
+	username, password                string
+	// helmArgs are extra `helm template` arguments (HCP_E2E_HELM_ARGS).
+	helmArgs []string
+	// calleeImage and callerImage override the samples' harness images.
+	calleeImage, callerImage string
+	podAccess                string // auto, netns, port-forward
+	otherManagers            string // pause, fail, ignore
+	keep                     bool
+	// stackStarted: this run brought the local stack up (and stops it).
+	stackStarted bool
+}
+
+var cfg config
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	start := time.Now()
+	code := 1
+	if err := setup(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: setup: %v\n", err)
+	} else {
+		code = m.Run()
+	}
+	if cfg.stackStarted && !cfg.keep && os.Getenv("HCP_E2E_KEEP_STACK") != "1" {
+		done := timed("local stack down")
+		if err := runStreaming(context.Background(), filepath.Join(cfg.root, "hack", "local-stack.sh"), "down"); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: hack/local-stack.sh down: %v\n", err)
+		}
+		done()
+	}
+	record("total", time.Since(start))
+	printTimings(os.Stdout)
+	// go test shows a passing package's output only with -v; the summary
+	// can go to a file too.
+	if path := os.Getenv("HCP_E2E_TIMINGS"); path != "" {
+		if f, err := os.Create(path); err == nil {
+			printTimings(f)
+			_ = f.Close()
+		}
+	}
+	return code
+}
+
+func setup() error {
+	root, err := testbed.RepoRoot()
+	if err != nil {
+		return err
+	}
+	cfg = config{
+		existing:      os.Getenv("HCP_E2E_USE_EXISTING_CLUSTER") == "1",
+		root:          root,
+		podAccess:     envOr("HCP_E2E_POD_ACCESS", "auto"),
+		otherManagers: envOr("HCP_E2E_OTHER_MANAGERS", "pause"),
+		keep:          os.Getenv("HCP_E2E_KEEP") == "1",
+		helmArgs:      strings.Fields(os.Getenv("HCP_E2E_HELM_ARGS")),
+		calleeImage:   os.Getenv("HCP_E2E_CALLEE_IMAGE"),
+		callerImage:   os.Getenv("HCP_E2E_CALLER_IMAGE"),
+		username:      envOr("RABBITMQ_USERNAME", testbed.DefaultUsername),
+		password:      envOr("RABBITMQ_PASSWORD", testbed.DefaultPassword),
+	}
+	if cfg.existing {
+		if os.Getenv("KUBECONFIG") == "" {
+			return errors.New("HCP_E2E_USE_EXISTING_CLUSTER=1 needs KUBECONFIG")
+		}
+		// Logs of the local stack, when KUBECONFIG is in fact the local
+		// stack's and its environment was loaded.
+		cfg.stackLogs = os.Getenv("HCP_STACK_LOGS")
+	} else if err := localStack(); err != nil {
+		return err
+	} else {
+		pinBridgeMAC()
+	}
+	cfg.managementURL = firstOf(os.Getenv("HCP_E2E_MANAGEMENT_URL"), os.Getenv("HCP_STACK_MANAGEMENT_URL"), os.Getenv("RABBITMQ_MANAGEMENT_URL"), testbed.DefaultManagementURL)
+	cfg.brokerURI = firstOf(os.Getenv("HCP_E2E_BROKER_URI"), cfg.managementURL)
+	cfg.amqpURL = firstOf(os.Getenv("HCP_E2E_BROKER_AMQP_URL"), os.Getenv("HCP_STACK_AMQP_URL"))
+	if cfg.amqpURL == "" {
+		return errors.New("no AMQP URL for the pods: set HCP_E2E_BROKER_AMQP_URL (amqp://HOST:PORT as pods reach the broker)")
+	}
+	if cfg.kubectl, err = exec.LookPath(envOr("HCP_E2E_KUBECTL", "kubectl")); err != nil {
+		return fmt.Errorf("kubectl: %w (set HCP_E2E_KUBECTL)", err)
+	}
+	if cfg.helm, err = helmBinary(); err != nil {
+		return err
+	}
+	if !cfg.existing || os.Getenv("HCP_E2E_BUILD") == "1" {
+		if err := buildBinaries(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// localStack reuses the local stack when it runs and brings it up
+// otherwise, then loads its environment (KUBECONFIG, PATH with kubectl,
+// HCP_STACK_*) into this process.
+func localStack() error {
+	script := filepath.Join(cfg.root, "hack", "local-stack.sh")
+	ctx := context.Background()
+	done := timed("local stack")
+	defer done()
+	_, envErr := output(ctx, script, "env")
+	if envErr == nil {
+		// Its state exists: are its processes all running? (status finds
+		// kubectl through hack/testbed-k8s.sh, which is instant once built.)
+		if _, err := output(ctx, script, "status"); err == nil {
+			fmt.Fprintln(os.Stderr, "e2e: reusing the running local stack")
+			return loadStackEnv(script)
+		}
+	} else if addr := "127.0.0.1:" + envOr("HCP_APISERVER_PORT", "16443"); listening(addr) {
+		// No stack in our state directory, but its API server port is taken.
+		return fmt.Errorf("no local stack state in this HCP_STACK_DIR, but %s is in use: another local stack probably runs with another "+
+			"HCP_STACK_DIR or XDG_CACHE_HOME; set them to reuse it, or stop it first (only one stack can run at a time)", addr)
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the local stack needs root (network namespaces, mounts); run as root, or set HCP_E2E_USE_EXISTING_CLUSTER=1")
+	}
+	fmt.Fprintln(os.Stderr, "e2e: bringing the local stack up (hack/local-stack.sh up)")
+	if err := runStreaming(ctx, script, "up"); err != nil {
+		return fmt.Errorf("hack/local-stack.sh up: %w", err)
+	}
+	cfg.stackStarted = true
+	return loadStackEnv(script)
+}
+
+// pinBridgeMAC works around a pod-network hazard of the local stack: a
+// Linux bridge whose MAC address was never set takes the lowest MAC of its
+// ports, so it changes whenever a pod's veth joins or leaves. The other
+// pods' neighbour entries for the gateway (the node, the kubernetes Service
+// address) then point at a MAC that no longer exists, and their traffic to
+// the API server and the broker stalls until the entry is re-resolved (tens
+// of seconds): long enough for the manager to lose its leader lease when a
+// harness pod is deleted. Setting the address, even to its current value,
+// makes the kernel keep it. The current one is kept while pods use it; a
+// bridge without ports (all zeros) gets a fixed locally administered one.
+// The pod runner should do this when it creates the bridge.
+func pinBridgeMAC() {
+	bridge := envOr("HCP_POD_BRIDGE", "hcp0")
+	sys := "/sys/class/net/" + bridge
+	typ, err := os.ReadFile(sys + "/addr_assign_type")
+	if err != nil || strings.TrimSpace(string(typ)) == "3" { // NET_ADDR_SET: pinned already
+		return
+	}
+	mac, err := os.ReadFile(sys + "/address")
+	if err != nil {
+		return
+	}
+	addr := strings.TrimSpace(string(mac))
+	if addr == "00:00:00:00:00:00" {
+		addr = "02:68:63:70:00:01"
+	}
+	if out, err := exec.Command("ip", "link", "set", "dev", bridge, "address", addr).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: pin the MAC address of the pod bridge %s: %v: %s\n", bridge, err, out)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "e2e: pinned the MAC address of the pod bridge %s to %s (it followed its ports, stalling pods' traffic when one left)\n", bridge, addr)
+}
+
+// loadStackEnv applies `hack/local-stack.sh env` (lines `export K=V`, where
+// V may refer to variables already set, as PATH does).
+func loadStackEnv(script string) error {
+	out, err := output(context.Background(), script, "env")
+	if err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if err := os.Setenv(k, os.ExpandEnv(strings.Trim(v, `"'`))); err != nil {
+			return err
+		}
+	}
+	cfg.stackLogs = os.Getenv("HCP_STACK_LOGS")
+	if os.Getenv("KUBECONFIG") == "" {
+		return fmt.Errorf("hack/local-stack.sh env gave no KUBECONFIG:\n%s", out)
+	}
+	return nil
+}
+
+// buildBinaries builds what the images hold (the pod runner's image table
+// maps them to bin/): the manager and hcp-sidecar with `make build`'s
+// flags, and the sample harnesses. A binary is replaced only when it
+// changed, so pods of another build are not disturbed needlessly.
+func buildBinaries() error {
+	done := timed("build binaries")
+	defer done()
+	tmp, err := os.MkdirTemp(filepath.Join(cfg.root, "bin"), ".e2e-build-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(tmp) }()
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp+"/",
+		"./cmd/manager", "./cmd/hcp-sidecar", "./cmd/sample-callee", "./cmd/sample-caller")
+	cmd.Dir = cfg.root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	for _, name := range []string{"manager", "hcp-sidecar", "sample-callee", "sample-caller"} {
+		dst := filepath.Join(cfg.root, "bin", name)
+		if same, _ := sameFile(filepath.Join(tmp, name), dst); same {
+			continue
+		}
+		if err := os.Rename(filepath.Join(tmp, name), dst); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "e2e: built bin/%s\n", name)
+	}
+	return nil
+}
+
+func sameFile(a, b string) (bool, error) {
+	ha, err := fileSHA(a)
+	if err != nil {
+		return false, err
+	}
+	hb, err := fileSHA(b)
+	if err != nil {
+		return false, err
+	}
+	return ha == hb, nil
+}
+
+func fileSHA(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = f.Close() }()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%x", h.Sum(nil)), nil
+}
+
+// helmBinary: $HELM, else the Makefile's pinned helm (`make helm` installs
+// it into bin/ on first use).
+func helmBinary() (string, error) {
+	if h := os.Getenv("HELM"); h != "" {
+		return h, nil
+	}
+	mk, err := os.ReadFile(filepath.Join(cfg.root, "Makefile"))
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`(?m)^HELM_VERSION \?= *(\S+)`).FindSubmatch(mk)
+	if m == nil {
+		return "", errors.New("no HELM_VERSION in the Makefile")
+	}
+	h := filepath.Join(cfg.root, "bin", "helm-"+string(m[1]))
+	if _, err := os.Stat(h); err != nil {
+		cmd := exec.Command("make", "-s", "--no-print-directory", "helm")
+		cmd.Dir = cfg.root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("make helm: %w\n%s", err, out)
+		}
+	}
+	return h, nil
+}
+
+// output runs a command and returns its stdout; the error quotes stderr.
+func output(ctx context.Context, name string, args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = cfg.root
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w: %s", filepath.Base(name), strings.Join(args, " "), err, strings.TrimSpace(errOut.String()))
+	}
+	return out.String(), nil
+}
+
+// runStreaming runs a command with its output on this process's stderr
+// (progress of long steps; go test shows it with -v or on failure).
+func runStreaming(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = cfg.root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
+}
+
+func listening(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func firstOf(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Timings of the suite's phases, printed at the end.
+var (
+	timingsMu sync.Mutex
+	timings   []timing
+)
+
+type timing struct {
+	name string
+	d    time.Duration
+}
+
+func record(name string, d time.Duration) {
+	timingsMu.Lock()
+	defer timingsMu.Unlock()
+	timings = append(timings, timing{name, d})
+}
+
+// timed starts timing a phase; call the result when it ends.
+func timed(name string) func() {
+	start := time.Now()
+	return func() { record(name, time.Since(start)) }
+}
+
+func printTimings(w io.Writer) {
+	timingsMu.Lock()
+	defer timingsMu.Unlock()
+	var b strings.Builder
+	b.WriteString("e2e timings:\n")
+	for _, t := range timings {
+		fmt.Fprintf(&b, "  %-40s %8.1fs\n", t.name, t.d.Seconds())
+	}
+	_, _ = io.WriteString(w, b.String())
+}
