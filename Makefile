@@ -77,9 +77,10 @@ testbed: ## Provide kube-apiserver/etcd/kubectl, RabbitMQ with management, and t
 ##@ Test
 
 .PHONY: test
-test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration (real RabbitMQ and topology operator), install checks (chart, kustomize, Dockerfile).
+test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration (real RabbitMQ and topology operator), install checks (chart, kustomize, Dockerfile), and the end-to-end suite on the local stack.
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) check-install
+	$(MAKE) test-e2e
 
 .PHONY: test-unit
 test-unit: ## Run the pure unit tests only (no API server, no broker).

@@ -44,10 +44,20 @@ func newNetwork(bridge, cidr string, extra []netip.Addr) (*network, error) {
 	return &network{bridge: bridge, prefix: p, gateway: p.Addr().Next(), extra: extra, used: map[netip.Addr]string{}}, nil
 }
 
+// bridgeMAC is the bridge's fixed, locally administered MAC address.
+const bridgeMAC = "02:68:63:70:00:01"
+
 // ensureBridge creates the bridge with the gateway address, idempotently.
 func (n *network) ensureBridge(ctx context.Context) error {
 	if _, err := net.InterfaceByName(n.bridge); err != nil {
 		if err := ipCmd(ctx, "link", "add", n.bridge, "type", "bridge"); err != nil && !strings.Contains(err.Error(), "File exists") {
+			return err
+		}
+		// A bridge without an address of its own takes the lowest MAC of
+		// its ports, so it changes as pods come and go, and every pod's ARP
+		// entry for the gateway goes stale (traffic to the API server
+		// stalled for tens of seconds). Pin a locally administered one.
+		if err := ipCmd(ctx, "link", "set", "dev", n.bridge, "address", bridgeMAC); err != nil {
 			return err
 		}
 	}
