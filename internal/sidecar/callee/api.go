@@ -254,17 +254,7 @@ func (s *Sidecar) apiComplete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var tc task.TaskCompleted
-	if err := server.DecodeJSON(r, maxEventBody-4096, true, &tc); err != nil {
-		var re *server.RequestError
-		if errors.As(err, &re) {
-			re.Write(w)
-		} else {
-			writeAPIError(w, badRequest(err))
-		}
-		return
-	}
-	if err := tc.Validate(); err != nil {
-		writeAPIError(w, badRequest(err))
+	if !decodeValid(w, r, maxEventBody-4096, true, &tc) {
 		return
 	}
 	ps, e := ss.complete(r.Context(), &tc)
@@ -275,6 +265,25 @@ func (s *Sidecar) apiComplete(w http.ResponseWriter, r *http.Request) {
 	s.answerState(w, r, ss, ps)
 }
 
+// decodeValid decodes a JSON body of at most limit bytes into v and validates
+// it, answering 4xx itself and reporting false when the request is bad.
+func decodeValid(w http.ResponseWriter, r *http.Request, limit int64, allowEmpty bool, v interface{ Validate() error }) bool {
+	err := server.DecodeJSON(r, limit, allowEmpty, v)
+	var re *server.RequestError
+	if errors.As(err, &re) {
+		re.Write(w)
+		return false
+	}
+	if err == nil {
+		err = v.Validate()
+	}
+	if err != nil {
+		writeAPIError(w, badRequest(err))
+		return false
+	}
+	return true
+}
+
 // apiFail: a task_failed payload.
 func (s *Sidecar) apiFail(w http.ResponseWriter, r *http.Request) {
 	ss := s.lookup(w, r)
@@ -282,17 +291,7 @@ func (s *Sidecar) apiFail(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var tf task.TaskFailed
-	if err := server.DecodeJSON(r, 64<<10, false, &tf); err != nil {
-		var re *server.RequestError
-		if errors.As(err, &re) {
-			re.Write(w)
-		} else {
-			writeAPIError(w, badRequest(err))
-		}
-		return
-	}
-	if err := tf.Validate(); err != nil {
-		writeAPIError(w, badRequest(err))
+	if !decodeValid(w, r, 64<<10, false, &tf) {
 		return
 	}
 	ps, e := ss.fail(r.Context(), &tf)
