@@ -351,7 +351,13 @@ can "$cluster_sa" no create clusterroles
 can "$cluster_sa" no escalate roles -n team-a
 can "$cluster_sa" no create pods -n team-a
 can "$cluster_sa" yes create leases.coordination.k8s.io -n hcp-gitops
-can "$cluster_sa" no create leases.coordination.k8s.io -n team-a
+# The sidecars keep a per-pod Lease and per-session checkpoint ConfigMaps
+# (docs/durable-sessions.md); Kubernetes lets the manager grant only what it
+# holds, so it may create and update those, never delete or list them.
+can "$cluster_sa" yes create leases.coordination.k8s.io -n team-a
+can "$cluster_sa" no delete leases.coordination.k8s.io -n team-a
+can "$cluster_sa" no list configmaps -n team-a
+can "$cluster_sa" no delete configmaps -n team-a
 can "$cluster_sa" yes create tokenreviews.authentication.k8s.io
 can "$cluster_sa" yes update callees.hcp.io/finalizers -n team-a
 children_as "$scoped_sa" team-a created

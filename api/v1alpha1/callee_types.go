@@ -160,7 +160,9 @@ type CalleeStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: TopologyReady, HarnessReady, Ready.
+	// conditions: TopologyReady, HarnessReady, Ready, and
+	// SidecarUpdatePending while spec.sidecar.updatePolicy OnDrain holds a
+	// sidecar update back.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -203,6 +205,14 @@ type CalleeStatus struct {
 	// +optional
 	ActiveSessions int32 `json:"activeSessions,omitempty"`
 }
+
+// ConditionSidecarUpdatePending is on a Callee whose spec.sidecar.updatePolicy
+// is OnDrain while a changed sidecar waits for its active sessions to end;
+// it is removed once the new sidecar is rolled out.
+const ConditionSidecarUpdatePending = "SidecarUpdatePending"
+
+// ReasonSessionsActive: the sidecar update waits for active sessions.
+const ReasonSessionsActive = "SessionsActive"
 
 // Callee is a callee harness: a program that executes HCP tasks, deployed
 // with the hcp-sidecar and given its own command queue and broker user.

@@ -39,7 +39,10 @@ type CallerSpec struct {
 	Harness *HarnessSpec `json:"harness,omitempty"`
 
 	// sidecar tunes the injected hcp-sidecar (with a harness only).
+	// updatePolicy OnDrain is for Callees: a caller sidecar resumes every
+	// stream from its durable positions, so its updates roll at once.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.updatePolicy) || self.updatePolicy == 'Immediate'",message="updatePolicy OnDrain applies to Callees only: a caller sidecar's update rolls at once"
 	Sidecar SidecarSpec `json:"sidecar,omitempty"`
 }
 

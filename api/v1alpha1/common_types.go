@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // RiskLevel is the L3 risk level of a capability or task, from R1 (lowest)
@@ -151,10 +152,41 @@ type HarnessSpec struct {
 	Port int32 `json:"port,omitempty"`
 
 	// template is the pod template of the harness: the user's container(s),
-	// volumes, scheduling. The operator adds the hcp-sidecar container, its
-	// volume and the ServiceAccount.
+	// volumes, scheduling. The operator adds the hcp-sidecar as a native
+	// sidecar (the first init container, restartPolicy Always), its volumes
+	// and the ServiceAccount, and gives every container without a preStop
+	// hook of its own one that drains the sidecar first. The drain must fit
+	// in terminationGracePeriodSeconds (Kubernetes' default, 30, when
+	// unset): raise it when the app needs longer to checkpoint.
 	// +required
 	Template corev1.PodTemplateSpec `json:"template"`
+
+	// podDisruptionBudget, when set, gets the harness pods a
+	// PodDisruptionBudget (named like the Deployment), so that evictions
+	// (node drains, cluster autoscaler) take the replicas down a few at a
+	// time. Each eviction still drains the pod's sessions to the other
+	// replicas. Omitted: no PodDisruptionBudget (one the operator made
+	// earlier is deleted).
+	// +optional
+	PodDisruptionBudget *PodDisruptionBudgetSpec `json:"podDisruptionBudget,omitempty"`
+}
+
+// PodDisruptionBudgetSpec is the part of a PodDisruptionBudget the user
+// sets; the operator sets its selector to the harness pods. Exactly one of
+// minAvailable and maxUnavailable.
+// +kubebuilder:validation:XValidation:rule="has(self.minAvailable) != has(self.maxUnavailable)",message="set exactly one of minAvailable and maxUnavailable"
+type PodDisruptionBudgetSpec struct {
+	// minAvailable harness pods (a number, or a percentage of the
+	// replicas) must stay up through voluntary disruptions.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	MinAvailable *intstr.IntOrString `json:"minAvailable,omitempty"`
+
+	// maxUnavailable harness pods (a number, or a percentage of the
+	// replicas) may be down at once through voluntary disruptions.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
 }
 
 // SidecarSpec tunes the injected hcp-sidecar container.
@@ -180,7 +212,33 @@ type SidecarSpec struct {
 	// +kubebuilder:default=info
 	// +kubebuilder:validation:Enum=debug;info;error
 	LogLevel string `json:"logLevel,omitempty"`
+
+	// updatePolicy says when a changed sidecar container (a new operator
+	// version or sidecar image, or a change of spec.sidecar) reaches running
+	// pods. Immediate (the default): at once, through the Deployment's
+	// rolling update; each old pod drains its sessions to the other
+	// replicas as it goes. OnDrain (Callees only): while the Callee has
+	// sessions that are not in a terminal state, the running pods keep
+	// their sidecar and the Callee's SidecarUpdatePending condition says so;
+	// the new sidecar rolls out once no session is active, or with the
+	// next change of anything else in the pod template (that rolls the pods
+	// anyway). Changes of the Secrets the sidecar reads always roll at once.
+	// +optional
+	// +kubebuilder:validation:Enum=Immediate;OnDrain
+	UpdatePolicy SidecarUpdatePolicy `json:"updatePolicy,omitempty"`
 }
+
+// SidecarUpdatePolicy says when a changed sidecar reaches running pods.
+type SidecarUpdatePolicy string
+
+// Sidecar update policies.
+const (
+	// SidecarUpdateImmediate rolls a changed sidecar out at once.
+	SidecarUpdateImmediate SidecarUpdatePolicy = "Immediate"
+	// SidecarUpdateOnDrain holds a sidecar-only change while sessions are
+	// active.
+	SidecarUpdateOnDrain SidecarUpdatePolicy = "OnDrain"
+)
 
 // Artifact is a file or dataset produced by a task, referenced by URI.
 type Artifact struct {

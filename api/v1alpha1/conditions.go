@@ -14,6 +14,10 @@ const (
 	ConditionRulesMatched = "RulesMatched"
 	// ConditionAbortRequested is set on an HCPSession once an abort reached it.
 	ConditionAbortRequested = "AbortRequested"
+	// ConditionHandover is set on an HCPSession that moved between
+	// replicas of its Callee (released at a drain, taken over after its
+	// replica was lost, or resumed after its harness restarted).
+	ConditionHandover = "Handover"
 )
 
 // Condition reasons.

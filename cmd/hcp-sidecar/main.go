@@ -32,10 +32,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -68,6 +70,11 @@ func main() {
 		zapOpts.Level = logLevel(cfg.LogLevel)
 	}
 	log := zap.New(zap.UseFlagOptions(&zapOpts)).WithName("hcp-sidecar").WithValues("mode", cfg.Mode, "id", cfg.ID)
+	// controller-runtime's and client-go's own logs (cache, client
+	// warnings) go to the same logger; without this they are dropped and
+	// controller-runtime prints a stack trace about it.
+	ctrllog.SetLogger(log)
+	klog.SetLogger(log.WithName("client-go"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -141,8 +148,11 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	var wg sync.WaitGroup
 	probeCtx, stopProbes := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() { stopProbes(); wg.Wait() }()
+	probes := server.ProbeHandler(ready, reg)
+	var drainer drainTarget
+	probes.Handle("/drain", drainHandler(cfg, apiReader, &drainer, log.WithName("drain")))
 	wg.Go(func() {
-		if err := server.ListenAndServe(probeCtx, cfg.ProbeAddr, server.ProbeHandler(ready, reg), log.WithName("probes")); err != nil {
+		if err := server.ListenAndServe(probeCtx, cfg.ProbeAddr, probes, log.WithName("probes")); err != nil {
 			log.Error(err, "Probe server failed")
 		}
 	})
@@ -236,9 +246,14 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	)
 	switch cfg.Mode {
 	case config.ModeCallee:
+		keeper, err := podLease(ctx, cfg, apiReader, log)
+		if err != nil {
+			return err
+		}
+		go keeper.Run(ctx)
 		s, err := callee.New(callee.Options{
 			Config: cfg, Client: kc, Reader: apiReader, Cache: objCache, Conn: conn,
-			Publisher: pub, Consumer: conn, Status: sw, Metrics: m, Log: log, Clock: clk,
+			Publisher: pub, Consumer: conn, Status: sw, Metrics: m, Log: log, Clock: clk, Lease: keeper,
 		})
 		if err != nil {
 			return err
@@ -246,7 +261,7 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 		sidecar, handler = s, s
 	case config.ModeCaller:
 		s, err := caller.New(caller.Options{
-			Config: cfg, Client: kc, Publisher: pub, Consumer: conn, Status: sw, Metrics: m, Log: log, Clock: clk,
+			Config: cfg, Client: kc, Reader: apiReader, Publisher: pub, Consumer: conn, Status: sw, Metrics: m, Log: log, Clock: clk,
 		})
 		if err != nil {
 			return err
@@ -254,6 +269,7 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 		sidecar, handler = s, s
 	}
 	ready.Add(string(cfg.Mode), sidecar.Ready)
+	drainer.set(sidecar)
 
 	// The local API outlives the mode's Run: a callee harness reports the
 	// end of its sessions during the shutdown drain.

@@ -238,8 +238,8 @@ func (w *podWorker) startContainer(ctx context.Context, c *ctr) (*proc, error) {
 	}
 	w.event(corev1.EventTypeNormal, "Pulled", "Container image %q maps to the local binary %s", c.spec.Image, binary)
 	w.event(corev1.EventTypeNormal, "Started", "Started container %s", c.spec.Name)
-	if l := c.spec.Lifecycle; l != nil && (l.PostStart != nil || l.PreStop != nil) {
-		w.event(corev1.EventTypeWarning, "HookNotRun", "Container %s has lifecycle hooks; the local pod runner does not run them", c.spec.Name)
+	if l := c.spec.Lifecycle; l != nil && l.PostStart != nil {
+		w.event(corev1.EventTypeWarning, "HookNotRun", "Container %s has a postStart hook; the local pod runner does not run it (it runs preStop hooks)", c.spec.Name)
 	}
 	w.r.log.Info("Container started", append(w.logAttrs(), "container", c.spec.Name, "pid", p.pid, "argv", argv, "uid", spec.UID)...)
 	return p, nil
@@ -481,15 +481,14 @@ func exitState(ps *os.ProcessState, started time.Time) corev1.ContainerStateTerm
 	return t
 }
 
-// stopProc stops a container: SIGTERM to its process group, SIGKILL when
-// the pod's grace period is over.
+// stopProc stops a container: its preStop hook (see lifecycle.go), then
+// SIGTERM to its process group, SIGKILL when the pod's grace period is over
+// (but not before minStopGrace after the SIGTERM).
 func (w *podWorker) stopProc(c *ctr, p *proc, why string) {
+	w.preStopDone(c, p, w.stopDeadline())
 	w.event(corev1.EventTypeNormal, "Killing", "Stopping container %s: %s", c.spec.Name, why)
 	_ = syscall.Kill(-p.pid, syscall.SIGTERM)
-	wait := time.Until(w.stopDeadline())
-	if wait < 0 {
-		wait = 0
-	}
+	wait := max(time.Until(w.stopDeadline()), minStopGrace)
 	select {
 	case <-p.done:
 	case <-time.After(wait):
@@ -501,13 +500,16 @@ func (w *podWorker) stopProc(c *ctr, p *proc, why string) {
 }
 
 // killForRestart stops a container that failed its liveness or startup
-// probe; supervise then restarts it under the pod's restart policy.
+// probe, its preStop hook first, as the kubelet does; supervise then
+// restarts it under the pod's restart policy.
 func (w *podWorker) killForRestart(c *ctr, p *proc, grace time.Duration, why string) {
+	deadline := time.Now().Add(grace)
+	w.runPreStop(c, p, deadline)
 	w.event(corev1.EventTypeNormal, "Killing", "Container %s %s, will be restarted", c.spec.Name, why)
 	_ = syscall.Kill(-p.pid, syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(grace):
+	case <-time.After(max(time.Until(deadline), minStopGrace)):
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 	}
 }

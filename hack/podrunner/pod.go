@@ -53,6 +53,9 @@ type ctr struct {
 	// startedCh is closed when the container first counts as started (the
 	// next init container may run once a sidecar has started).
 	startedCh chan struct{}
+	// hookDone is closed when a sidecar's preStop hook, started with the
+	// pod's deletion, returned (lifecycle.go).
+	hookDone chan struct{}
 }
 
 type podWorker struct {
@@ -202,15 +205,15 @@ func (w *podWorker) run() {
 		w.statusLoop(statusCtx)
 	}()
 
-	// mainCtx ends regular and init containers, sidecarCtx the sidecars
-	// (stopped after the main containers, as Kubernetes does).
-	// Both end only through stopCh, which carries the grace period: the
-	// runner's own shutdown stops pods through it too.
+	// mainCtx ends regular and init containers; each sidecar has its own
+	// context, ended after the main containers have exited, in reverse
+	// order (lifecycle.go). mainCtx ends only through stopCh, which
+	// carries the grace period: the runner's own shutdown stops pods
+	// through it too.
 	mainCtx, stopMain := context.WithCancel(context.Background())
-	sidecarCtx, stopSidecars := context.WithCancel(context.Background())
-	defer stopSidecars()
 	go func() {
 		<-w.stopCh
+		w.startSidecarHooks()
 		stopMain()
 	}()
 
@@ -221,14 +224,14 @@ func (w *podWorker) run() {
 	w.mu.Unlock()
 	w.changed()
 
-	var mainWG, sidecarWG sync.WaitGroup
+	var mainWG sync.WaitGroup
+	var sidecars []sidecarRun
 	if w.prepare(mainCtx) {
 		go w.refreshVolumes(mainCtx)
-		w.runContainers(mainCtx, sidecarCtx, &mainWG, &sidecarWG)
+		sidecars = w.runContainers(mainCtx, &mainWG)
 	}
 	mainWG.Wait()
-	stopSidecars()
-	sidecarWG.Wait()
+	w.stopSidecars(sidecars)
 
 	// The pod has finished on its own (restartPolicy Never/OnFailure), or
 	// is being stopped. A finished pod keeps its object until deleted.
@@ -414,33 +417,39 @@ func (w *podWorker) refreshVolumes(ctx context.Context) {
 	}
 }
 
-// runContainers runs the init containers in order (sidecars stay running),
-// then starts every regular container; it returns once they are started.
-func (w *podWorker) runContainers(mainCtx, sidecarCtx context.Context, mainWG, sidecarWG *sync.WaitGroup) {
+// runContainers runs the init containers in order (a sidecar stays
+// running, and the next container starts once it has started: after its
+// startup probe passed, if it has one), then starts every regular
+// container; it returns once they are started, with the sidecars it
+// started, in order.
+func (w *podWorker) runContainers(mainCtx context.Context, mainWG *sync.WaitGroup) []sidecarRun {
 	pod := w.current()
 	initPolicy := corev1.RestartPolicyOnFailure
 	if pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
 		initPolicy = corev1.RestartPolicyNever
 	}
+	var sidecars []sidecarRun
 	for _, c := range w.ctrs {
 		switch c.kind {
 		case kindSidecar:
-			sidecarWG.Add(1)
+			ctx, cancel := context.WithCancel(context.Background())
+			s := sidecarRun{c: c, cancel: cancel, done: make(chan struct{})}
+			sidecars = append(sidecars, s)
 			go func() {
-				defer sidecarWG.Done()
-				w.supervise(sidecarCtx, c, corev1.RestartPolicyAlways)
+				defer close(s.done)
+				w.supervise(ctx, c, corev1.RestartPolicyAlways)
 			}()
 			select {
 			case <-c.startedCh:
 			case <-mainCtx.Done():
-				return
+				return sidecars
 			}
 		case kindInit:
 			if !w.supervise(mainCtx, c, initPolicy) {
 				if mainCtx.Err() == nil {
 					w.finish(corev1.PodFailed)
 				}
-				return
+				return sidecars
 			}
 		}
 	}
@@ -478,6 +487,7 @@ func (w *podWorker) runContainers(mainCtx, sidecarCtx context.Context, mainWG, s
 		}
 		w.finish(phase)
 	}()
+	return sidecars
 }
 
 func (w *podWorker) finish(phase corev1.PodPhase) {

@@ -246,7 +246,13 @@ func (w *podWorker) execProbe(ctx context.Context, c *ctr, p *proc, command []st
 		return err
 	}
 	raw, _ := readProcEnv(p.pid)
-	args := append([]string{"-t", strconv.Itoa(p.pid), "-n", "-m", "-u", "-S", "follow", "-G", "follow", "--", bin}, command[1:]...)
+	// The container's user and group as numbers: nsenter's "follow"
+	// needs util-linux 2.39 (Debian 12 has 2.38).
+	uid, gid, err := procIDs(p.pid)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"-t", strconv.Itoa(p.pid), "-n", "-m", "-u", "-S", uid, "-G", gid, "--", bin}, command[1:]...)
 	cmd := exec.CommandContext(ctx, "nsenter", args...)
 	cmd.Env = raw
 	var out bytes.Buffer
@@ -255,6 +261,27 @@ func (w *podWorker) execProbe(ctx context.Context, c *ctr, p *proc, command []st
 		return fmt.Errorf("command %q failed: %v: %s", strings.Join(command, " "), err, strings.TrimSpace(out.String()))
 	}
 	return nil
+}
+
+// procIDs reads a process's real user and group ids.
+func procIDs(pid int) (uid, gid string, err error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "", "", err
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 1 && f[0] == "Uid:":
+			uid = f[1]
+		case len(f) > 1 && f[0] == "Gid:":
+			gid = f[1]
+		}
+	}
+	if uid == "" || gid == "" {
+		return "", "", fmt.Errorf("no Uid or Gid in /proc/%d/status", pid)
+	}
+	return uid, gid, nil
 }
 
 func readProcEnv(pid int) ([]string, error) {

@@ -10,6 +10,7 @@ import (
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 )
 
 // annotationRedeclare on shared Exchanges and on Bindings makes the topology
@@ -172,24 +174,32 @@ func mutate(obj, desired client.Object) error {
 		o.RoleRef, o.Subjects = d.RoleRef, d.Subjects
 	case *appsv1.Deployment:
 		mutateDeployment(o, desired.(*appsv1.Deployment))
+	case *policyv1.PodDisruptionBudget:
+		// Only what the operator sets: unhealthyPodEvictionPolicy is the
+		// user's to change on the object.
+		d := desired.(*policyv1.PodDisruptionBudget)
+		o.Spec.MinAvailable, o.Spec.MaxUnavailable, o.Spec.Selector = d.Spec.MinAvailable, d.Spec.MaxUnavailable, d.Spec.Selector
 	default:
 		return fmt.Errorf("no apply rule for %T", obj)
 	}
 	return nil
 }
 
-// mutateDeployment sets replicas and, when the config hash differs, the pod
-// template. The API server defaults many pod fields, so comparing whole
-// templates would update on every reconcile; the hash says whether what the
-// operator renders changed. Edit the Callee or Caller, not the Deployment:
-// direct template edits stay until the next configuration change.
+// mutateDeployment sets replicas and, when the config hash or the sidecar
+// hash differs, the pod template. The API server defaults many pod fields,
+// so comparing whole templates would update on every reconcile; the hashes
+// say whether what the operator renders changed. Edit the Callee or Caller,
+// not the Deployment: direct template edits stay until the next
+// configuration change.
 func mutateDeployment(o, d *appsv1.Deployment) {
 	if o.CreationTimestamp.IsZero() {
 		o.Spec = d.Spec
 		return
 	}
 	o.Spec.Replicas = d.Spec.Replicas
-	if o.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash] != d.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash] {
+	have, want := o.Spec.Template.Annotations, d.Spec.Template.Annotations
+	if have[hcpv1alpha1.AnnotationConfigHash] != want[hcpv1alpha1.AnnotationConfigHash] ||
+		have[resource.AnnotationSidecarHash] != want[resource.AnnotationSidecarHash] {
 		o.Spec.Template = d.Spec.Template
 	}
 }

@@ -9,9 +9,11 @@ import (
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -40,9 +42,9 @@ import (
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // CalleeReconciler declares a Callee's topology, credentials, token key and
@@ -176,11 +178,15 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	}
 	r.core.setTopologyReady(v, topo)
 
+	load, err := r.sessionLoad(ctx, callee)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	prefetch := int32(config.DefaultCalleePrefetch)
 	if p := callee.Spec.Sidecar.Prefetch; p != nil {
 		prefetch = *p
 	}
-	dep, res, err := r.core.deployHarness(ctx, v, resource.HarnessParams{
+	h, res, err := r.core.deployHarness(ctx, v, holdsSidecar(callee, load), resource.HarnessParams{
 		Subject:     v.sub,
 		Harness:     callee.Spec.Harness,
 		Sidecar:     callee.Spec.Sidecar,
@@ -192,55 +198,69 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if h.dep != nil {
+		// Not when the harness could not be applied: the hold (or its
+		// absence) is unknown then.
+		r.setSidecarUpdatePending(v, h.sidecarHeld, load)
+	}
+	if err := r.setDeletionCosts(ctx, v, load.perPod); err != nil {
+		return ctrl.Result{}, err
+	}
 
 	st.CommandQueue = v.sub.QueueName()
 	st.Username = v.sub.Username(b.Vhost)
 	st.CredentialsSecret = creds.Name
 	st.TokenPublicKey = string(tok.Data[resource.TokenPublicKeyKey])
-	if dep != nil {
-		st.Replicas, st.ReadyReplicas = dep.Status.Replicas, dep.Status.ReadyReplicas
+	if h.dep != nil {
+		st.Replicas, st.ReadyReplicas = h.dep.Status.Replicas, h.dep.Status.ReadyReplicas
 	}
-	active, err := r.activeSessions(ctx, callee)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	st.ActiveSessions = active
+	st.ActiveSessions = load.active
 	return res, nil
 }
 
-// activeSessions counts the Callee's HCPSessions not in a terminal state
-// (a session whose state is not written yet is PENDING).
-func (r *CalleeReconciler) activeSessions(ctx context.Context, callee *hcpv1alpha1.Callee) (int32, error) {
-	var list hcpv1alpha1.HCPSessionList
-	if err := r.List(ctx, &list, client.InNamespace(callee.Namespace), client.MatchingFields{indexSessionCallee: callee.ID()}); err != nil {
-		return 0, err
-	}
-	var n int32
-	for i := range list.Items {
-		if !list.Items[i].Status.State.IsTerminal() && list.Items[i].DeletionTimestamp.IsZero() {
-			n++
-		}
-	}
-	return n, nil
-}
-
 // ensureHarness applies the harness Deployment and what its pods need.
-func (c *core) ensureHarness(ctx context.Context, v view, p resource.HarnessParams) (*appsv1.Deployment, error) {
+// With holdSidecar, a change of the sidecar alone is not applied
+// (keepSidecar); the second result says whether one was held back.
+func (c *core) ensureHarness(ctx context.Context, v view, p resource.HarnessParams, holdSidecar bool) (*appsv1.Deployment, bool, error) {
 	for _, desired := range []client.Object{resource.ServiceAccount(v.sub), resource.Role(v.sub), resource.RoleBinding(v.sub)} {
 		if _, err := c.apply(ctx, v.obj, desired); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	live, err := c.apply(ctx, v.obj, resource.Deployment(p))
-	if err != nil {
-		return nil, err
+	if err := c.ensurePodDisruptionBudget(ctx, v, p.Harness.PodDisruptionBudget); err != nil {
+		return nil, false, err
 	}
-	return live.(*appsv1.Deployment), nil
+	desired := resource.Deployment(p)
+	held := false
+	if holdSidecar {
+		live := &appsv1.Deployment{}
+		switch err := c.Get(ctx, client.ObjectKeyFromObject(desired), live); {
+		case err == nil:
+			held = keepSidecar(live, desired)
+		case !apierrors.IsNotFound(err):
+			return nil, false, err
+		}
+	}
+	live, err := c.apply(ctx, v.obj, desired)
+	if err != nil {
+		return nil, false, err
+	}
+	return live.(*appsv1.Deployment), held, nil
+}
+
+// ensurePodDisruptionBudget applies spec.harness.podDisruptionBudget, or
+// deletes the one the operator made when it is unset.
+func (c *core) ensurePodDisruptionBudget(ctx context.Context, v view, spec *hcpv1alpha1.PodDisruptionBudgetSpec) error {
+	if spec == nil {
+		return c.deleteOwned(ctx, v.obj, &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: v.sub.Namespace, Name: v.sub.BaseName()}})
+	}
+	_, err := c.apply(ctx, v.obj, resource.PodDisruptionBudget(v.sub, *spec))
+	return err
 }
 
 // harnessObjects are the objects a harness brings, empty but for names.
 func harnessObjects(s resource.Subject) []client.Object {
-	objs := []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}}
+	objs := []client.Object{&appsv1.Deployment{}, &policyv1.PodDisruptionBudget{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}}
 	for _, o := range objs {
 		o.SetNamespace(s.Namespace)
 		o.SetName(s.BaseName())
@@ -248,11 +268,10 @@ func harnessObjects(s resource.Subject) []client.Object {
 	return objs
 }
 
-// SetupWithManager registers the reconciler. SetupIndexes must have run.
-func (r *CalleeReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCallee)
-	return ctrl.NewControllerManagedBy(mgr).
-		For(&hcpv1alpha1.Callee{}).
+// watchChildren adds to b what a Callee and a Caller both own and watch:
+// their children, the shared topology objects, and the Secrets they use.
+func (c *core) watchChildren(b *builder.Builder) *builder.Builder {
+	return b.
 		Owns(&topologyv1beta1.Queue{}).
 		Owns(&topologyv1beta1.Binding{}).
 		Owns(&topologyv1beta1.User{}).
@@ -262,11 +281,22 @@ func (r *CalleeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&rbacv1.Role{}).
 		Owns(&rbacv1.RoleBinding{}).
 		Owns(&appsv1.Deployment{}).
-		Watches(&topologyv1beta1.Exchange{}, r.core.exchangeLossHandler()).
-		Watches(&topologyv1beta1.Vhost{}, r.core.exchangeLossHandler()).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.core.mapSecret)).
+		Owns(&policyv1.PodDisruptionBudget{}).
+		Watches(&topologyv1beta1.Exchange{}, c.exchangeLossHandler()).
+		Watches(&topologyv1beta1.Vhost{}, c.exchangeLossHandler()).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(c.mapSecret))
+}
+
+// SetupWithManager registers the reconciler. SetupIndexes must have run.
+func (r *CalleeReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCallee)
+	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Callee{})).
 		Watches(&hcpv1alpha1.Callee{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
 		Watches(&hcpv1alpha1.HCPSession{}, handler.EnqueueRequestsFromMapFunc(r.mapSession), builder.WithPredicates(sessionActivityChanged())).
+		// New pods get their deletion cost (their sessions may be recorded
+		// before the cache sees them). Metadata only: the cost is all the
+		// controller reads or writes of a pod.
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.mapPod), builder.OnlyMetadata, builder.WithPredicates(onCreate())).
 		Named("callee").
 		Complete(r)
 }

@@ -93,8 +93,8 @@ func TestCalleeLifecycle(t *testing.T) {
 		t.Errorf("role rules %+v", role.Rules)
 	}
 	dep := harness[0].(*appsv1.Deployment)
-	if dep.Spec.Template.Spec.ServiceAccountName != base || len(dep.Spec.Template.Spec.Containers) != 2 ||
-		dep.Spec.Template.Spec.Containers[1].Image != suiteSidecarImage {
+	if ps := dep.Spec.Template.Spec; ps.ServiceAccountName != base || len(ps.Containers) != 1 || len(ps.InitContainers) != 1 ||
+		ps.InitContainers[0].Image != suiteSidecarImage || ps.InitContainers[0].RestartPolicy == nil {
 		t.Errorf("deployment pod spec %+v", dep.Spec.Template.Spec)
 	}
 

@@ -6,10 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -156,7 +152,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	if p := caller.Spec.Sidecar.Prefetch; p != nil {
 		prefetch = *p // the sidecar override wins
 	}
-	dep, res, err := r.core.deployHarness(ctx, v, resource.HarnessParams{
+	h, res, err := r.core.deployHarness(ctx, v, false, resource.HarnessParams{
 		Subject:     v.sub,
 		Harness:     *caller.Spec.Harness,
 		Sidecar:     caller.Spec.Sidecar,
@@ -168,8 +164,8 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if dep != nil {
-		st.ReadyReplicas = dep.Status.ReadyReplicas
+	if h.dep != nil {
+		st.ReadyReplicas = h.dep.Status.ReadyReplicas
 	}
 	return res, nil
 }
@@ -177,20 +173,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 // SetupWithManager registers the reconciler. SetupIndexes must have run.
 func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCaller)
-	return ctrl.NewControllerManagedBy(mgr).
-		For(&hcpv1alpha1.Caller{}).
-		Owns(&topologyv1beta1.Queue{}).
-		Owns(&topologyv1beta1.Binding{}).
-		Owns(&topologyv1beta1.User{}).
-		Owns(&topologyv1beta1.Permission{}).
-		Owns(&corev1.Secret{}).
-		Owns(&corev1.ServiceAccount{}).
-		Owns(&rbacv1.Role{}).
-		Owns(&rbacv1.RoleBinding{}).
-		Owns(&appsv1.Deployment{}).
-		Watches(&topologyv1beta1.Exchange{}, r.core.exchangeLossHandler()).
-		Watches(&topologyv1beta1.Vhost{}, r.core.exchangeLossHandler()).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.core.mapSecret)).
+	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{})).
 		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
 		Named("caller").
 		Complete(r)

@@ -101,7 +101,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 	if caller.Status.External {
 		t.Error("status.external still true with a harness")
 	}
-	side := dep.Spec.Template.Spec.Containers[len(dep.Spec.Template.Spec.Containers)-1]
+	side := dep.Spec.Template.Spec.InitContainers[0] // a native sidecar
 	env := map[string]string{}
 	for _, e := range side.Env {
 		env[e.Name] = e.Value

@@ -101,8 +101,9 @@ func calleeOfSession(ctx context.Context, c client.Reader, obj client.Object) []
 }
 
 // sessionActivityChanged passes HCPSession events that change a Callee's
-// active-session count: creation, deletion, and entering a terminal state.
-// Progress updates (up to one per second per session) do not pass.
+// active-session count or a pod's: creation, deletion, entering a terminal
+// state, and moving to another pod (status.podName). Progress updates (up
+// to one per second per session) do not pass.
 func sessionActivityChanged() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return true },
@@ -111,8 +112,18 @@ func sessionActivityChanged() predicate.Predicate {
 			o, ok1 := e.ObjectOld.(*hcpv1alpha1.HCPSession)
 			n, ok2 := e.ObjectNew.(*hcpv1alpha1.HCPSession)
 			return !ok1 || !ok2 || o.Status.State.IsTerminal() != n.Status.State.IsTerminal() ||
-				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() || o.Status.PodName != n.Status.PodName
 		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// onCreate passes creations only.
+func onCreate() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return true },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 }

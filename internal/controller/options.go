@@ -10,6 +10,7 @@ import (
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -50,8 +51,9 @@ func AddToScheme(s *runtime.Scheme) error {
 //     label every broker connection and imported-credentials Secret already
 //     needs; the operator's own Secrets carry it too). Caching every Secret
 //     of a cluster would cost memory and widen what the process holds.
-//   - Deployments, ServiceAccounts, Roles, RoleBindings and the topology
-//     operator's objects: only those the operator manages
+//   - Deployments, PodDisruptionBudgets, ServiceAccounts, Roles,
+//     RoleBindings, the topology operator's objects and the harness pods
+//     (their metadata): only those the operator manages
 //     (app.kubernetes.io/managed-by=hcp-operator).
 //
 // With WatchNamespaces set, only those namespaces are cached, plus the
@@ -64,8 +66,12 @@ func CacheOptions(o Options) cache.Options {
 	// would keep either entry, at random).
 	secretKey := &corev1.Secret{}
 	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
-		secretKey:                     {Label: secrets},
-		&appsv1.Deployment{}:          {Label: managed},
+		secretKey:                       {Label: secrets},
+		&appsv1.Deployment{}:            {Label: managed},
+		&policyv1.PodDisruptionBudget{}: {Label: managed},
+		// Harness pods carry the Deployment's labels; the Callee
+		// controller watches their metadata only.
+		&corev1.Pod{}:                 {Label: managed},
 		&corev1.ServiceAccount{}:      {Label: managed},
 		&rbacv1.Role{}:                {Label: managed},
 		&rbacv1.RoleBinding{}:         {Label: managed},

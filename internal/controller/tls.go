@@ -78,28 +78,36 @@ func (c *core) tlsSecret(ctx context.Context, v view, field, name string) (*core
 		field, ns, name, resource.LabelTopologyOperator, ns, name, resource.LabelTopologyOperator)}, nil
 }
 
+// harnessState is what deployHarness did.
+type harnessState struct {
+	// dep is the live Deployment; nil when it was not applied.
+	dep *appsv1.Deployment
+	// sidecarHeld: a sidecar-only change was held back (holdSidecar).
+	sidecarHeld bool
+}
+
 // deployHarness applies the harness (ensureHarness) once the TLS Secrets it
 // mounts check out, and sets HarnessReady and Ready. With a TLS problem the
-// Deployment is left as it is (running pods keep what they mounted) and nil
-// is returned with a backstop requeue: an unlabelled Secret's fix raises no
-// event the manager sees.
-func (c *core) deployHarness(ctx context.Context, v view, p resource.HarnessParams) (*appsv1.Deployment, ctrl.Result, error) {
+// Deployment is left as it is (running pods keep what they mounted) and no
+// Deployment is returned, with a backstop requeue: an unlabelled Secret's
+// fix raises no event the manager sees.
+func (c *core) deployHarness(ctx context.Context, v view, holdSidecar bool, p resource.HarnessParams) (harnessState, ctrl.Result, error) {
 	tlsHash, prob, err := c.resolveTLS(ctx, v)
 	if err != nil {
-		return nil, ctrl.Result{}, err
+		return harnessState{}, ctrl.Result{}, err
 	}
 	if prob != nil {
 		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, prob.reason, prob.message+" (the harness Deployment is not changed until then)")
 		setReady(v)
-		return nil, ctrl.Result{RequeueAfter: time.Minute}, nil
+		return harnessState{}, ctrl.Result{RequeueAfter: time.Minute}, nil
 	}
 	p.TLS = v.broker.TLS
 	p.SecretsHash += tlsHash
-	dep, err := c.ensureHarness(ctx, v, p)
+	dep, held, err := c.ensureHarness(ctx, v, p, holdSidecar)
 	if err != nil {
-		return nil, ctrl.Result{}, err
+		return harnessState{}, ctrl.Result{}, err
 	}
 	setHarnessReady(v, dep)
 	setReady(v)
-	return dep, ctrl.Result{}, nil
+	return harnessState{dep: dep, sidecarHeld: held}, ctrl.Result{}, nil
 }

@@ -203,7 +203,7 @@ func sidecarOf(t *testing.T, d *appsv1.Deployment) (corev1.Container, map[string
 			vols[v.Name] = v.Secret.SecretName
 		}
 	}
-	for _, c := range ps.Containers {
+	for _, c := range ps.InitContainers {
 		if c.Name == resource.SidecarContainerName {
 			return c, vols
 		}

@@ -184,6 +184,8 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 	return corev1.Container{
 		Name:  SidecarContainerName,
 		Image: p.image(),
+		// A native sidecar (see Deployment).
+		RestartPolicy: new(corev1.ContainerRestartPolicyAlways),
 		// The image's entrypoint is the manager; the sidecar is its second binary.
 		Command: []string{SidecarCommand},
 		Args:    []string{"--mode=" + string(s.Role)},
@@ -212,8 +214,16 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 }
 
 // Deployment is the harness Deployment: the user's pod template with the
-// hcp-sidecar container, its state volume, the ServiceAccount and the
-// config-hash annotation injected.
+// hcp-sidecar, its volumes, the ServiceAccount, the drain hooks and the
+// hash annotations injected.
+//
+// The sidecar is a Kubernetes native sidecar: the first init container,
+// with restartPolicy Always. The kubelet starts it before every other
+// container and, when the pod is deleted, stops it only after the regular
+// containers have exited (the later native sidecars first, in reverse
+// order). A plain container would get SIGTERM together with the app, and
+// could not hand the app's sessions over while the app checkpoints; it would
+// also be gone before the app's last events reached it.
 func Deployment(p HarnessParams) *appsv1.Deployment {
 	s := p.Subject
 	tmpl := *p.Harness.Template.DeepCopy()
@@ -228,8 +238,10 @@ func Deployment(p HarnessParams) *appsv1.Deployment {
 	tmpl.Labels = labels
 
 	spec := &tmpl.Spec
-	spec.Containers = slices.DeleteFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == SidecarContainerName })
-	spec.Containers = append(spec.Containers, SidecarContainer(p))
+	isSidecar := func(c corev1.Container) bool { return c.Name == SidecarContainerName }
+	spec.Containers = slices.DeleteFunc(spec.Containers, isSidecar)
+	spec.InitContainers = slices.DeleteFunc(spec.InitContainers, isSidecar)
+	addDrainHooks(spec.Containers)
 	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool { return slices.Contains(reservedVolumes, v.Name) })
 	spec.Volumes = append(spec.Volumes, injectedVolumes(p.TLS)...)
 	spec.ServiceAccountName = s.BaseName()
@@ -241,15 +253,23 @@ func Deployment(p HarnessParams) *appsv1.Deployment {
 	// containers hold no Kubernetes credentials.
 	spec.AutomountServiceAccountToken = new(false)
 
-	// The hash covers the whole rendered pod template (harness, sidecar,
-	// broker settings through the env) and the Secrets' content.
+	// Two hashes: the config hash covers the rendered pod template but the
+	// sidecar container, and the Secrets' content; the sidecar hash the
+	// sidecar container. A change of either rolls the pods, but only a
+	// change of the sidecar hash alone may be held back
+	// (spec.sidecar.updatePolicy OnDrain; see the Callee controller).
 	annotations := tmpl.Annotations
 	if annotations == nil {
 		annotations = map[string]string{}
 	}
 	delete(annotations, hcpv1alpha1.AnnotationConfigHash)
+	delete(annotations, AnnotationSidecarHash)
 	tmpl.Annotations = annotations
-	annotations[hcpv1alpha1.AnnotationConfigHash] = hashJSON(tmpl, p.SecretsHash)
+	sidecar := SidecarContainer(p)
+	configHash, sidecarHash := hashJSON(tmpl, p.SecretsHash), hashJSON(sidecar)
+	annotations[hcpv1alpha1.AnnotationConfigHash] = configHash
+	annotations[AnnotationSidecarHash] = sidecarHash
+	spec.InitContainers = append([]corev1.Container{sidecar}, spec.InitContainers...)
 
 	replicas := int32(1)
 	if p.Harness.Replicas != nil {

@@ -45,12 +45,21 @@ func RoleRules(s Subject) []rbacv1.PolicyRule {
 			{APIGroups: []string{group}, Resources: []string{"capabilitypolicies"}, Verbs: read},
 			{APIGroups: []string{group}, Resources: []string{"callers"}, Verbs: read},
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{get}},
+			// The Lease of each sidecar (hcp-sidecar-<pod>) vouches for
+			// its ownership of sessions; others read it before a takeover.
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{get, "create", "update"}},
+			// Session checkpoints (hcp-session-<id>), owned by their
+			// HCPSession. ConfigMaps, not Secrets: see
+			// internal/sidecar/checkpoint.
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{get, "create", "update"}},
 		}, events...)
 	}
 	return append([]rbacv1.PolicyRule{
 		{APIGroups: []string{group}, Resources: []string{"hcpsessions"}, Verbs: read},
 		{APIGroups: []string{group}, Resources: []string{"hcpsessions/status"}, Verbs: subStatus},
 		{APIGroups: []string{group}, Resources: []string{"callers"}, ResourceNames: []string{s.Name}, Verbs: read},
+		// /drain checks that the sidecar's own pod is being deleted.
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{get}},
 	}, events...)
 }
 

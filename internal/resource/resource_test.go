@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
@@ -172,7 +173,8 @@ func TestCalleeGolden(t *testing.T) {
 		Vhost(c.Namespace, b, DeletionPolicyRetain), cmd, evt,
 		CalleeQueue(c, b), Binding(s, b), User(s, b), Permission(s, b),
 		creds, TokenSecret(s, []byte("PRIVATE"), []byte("PUBLIC")),
-		ServiceAccount(s), Role(s), RoleBinding(s), dep)
+		ServiceAccount(s), Role(s), RoleBinding(s), dep,
+		PodDisruptionBudget(s, hcpv1alpha1.PodDisruptionBudgetSpec{MinAvailable: new(intstr.FromInt32(1))}))
 }
 
 func TestCallerGolden(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -294,13 +295,13 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	tok := TokenSecret(s, []byte("-----BEGIN PRIVATE KEY-----"), []byte("pub"))
 	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 7})
 	var side *corev1.Container
-	for i := range dep.Spec.Template.Spec.Containers {
-		if dep.Spec.Template.Spec.Containers[i].Name == SidecarContainerName {
-			side = &dep.Spec.Template.Spec.Containers[i]
+	for i := range dep.Spec.Template.Spec.InitContainers {
+		if dep.Spec.Template.Spec.InitContainers[i].Name == SidecarContainerName {
+			side = &dep.Spec.Template.Spec.InitContainers[i]
 		}
 	}
 	if side == nil {
-		t.Fatal("no hcp-sidecar container")
+		t.Fatal("no hcp-sidecar init container")
 	}
 	env := resolveEnv(t, *side, map[string]map[string][]byte{creds.Name: creds.Data, tok.Name: tok.Data})
 	cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
@@ -358,12 +359,12 @@ func TestDeploymentInjection(t *testing.T) {
 	cr.Spec.Harness.Template.Spec.Volumes = []corev1.Volume{{Name: StateVolumeName}, {Name: "data"}}
 	d := Deployment(HarnessParams{Subject: s, Harness: *cr.Spec.Harness, Sidecar: hcpv1alpha1.SidecarSpec{Image: "mine:1"}, Image: "mgr:1"})
 	ps := d.Spec.Template.Spec
-	names := make([]string, 0, len(ps.Containers))
-	for _, c := range ps.Containers {
+	names := make([]string, 0, len(ps.InitContainers)+len(ps.Containers))
+	for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
 		names = append(names, c.Name+"="+c.Image)
 	}
-	if !reflect.DeepEqual(names, []string{"app=example.com/agent:1", "hcp-sidecar=mine:1"}) {
-		t.Errorf("containers %v (a user container named hcp-sidecar must be replaced; spec.sidecar.image wins)", names)
+	if !reflect.DeepEqual(names, []string{"hcp-sidecar=mine:1", "app=example.com/agent:1"}) {
+		t.Errorf("init containers, then containers: %v (a user container named hcp-sidecar must be replaced; spec.sidecar.image wins)", names)
 	}
 	if len(ps.Volumes) != 3 || ps.Volumes[0].Name != "data" || ps.Volumes[1].Name != StateVolumeName || ps.Volumes[1].EmptyDir == nil || ps.Volumes[2].Name != APIAccessVolumeName {
 		t.Errorf("volumes %+v", ps.Volumes)
@@ -387,37 +388,46 @@ func TestConfigHash(t *testing.T) {
 	c := sampleCallee()
 	s := ForCallee(c)
 	p := HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: "/hcp", Prefetch: 4, SecretsHash: "a"}
-	hash := func(p HarnessParams) string {
-		return Deployment(p).Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]
+	hashes := func(p HarnessParams) (string, string) {
+		a := Deployment(p).Spec.Template.Annotations
+		return a[hcpv1alpha1.AnnotationConfigHash], a[AnnotationSidecarHash]
 	}
-	h0 := hash(p)
-	if h0 == "" || hash(p) != h0 {
-		t.Fatal("hash empty or unstable")
+	c0, s0 := hashes(p)
+	if c0 == "" || s0 == "" {
+		t.Fatal("hash empty")
 	}
-	changes := map[string]func(*HarnessParams){
-		"secret content": func(p *HarnessParams) { p.SecretsHash = "b" },
-		"prefetch":       func(p *HarnessParams) { p.Prefetch = 5 },
-		"image":          func(p *HarnessParams) { p.Image = "other:1" },
-		"harness image": func(p *HarnessParams) {
+	if c, s := hashes(p); c != c0 || s != s0 {
+		t.Fatal("hash unstable")
+	}
+	// Which hash each change moves: only sidecar-only changes may be held
+	// back by updatePolicy OnDrain.
+	changes := map[string]struct {
+		mutate          func(*HarnessParams)
+		config, sidecar bool
+	}{
+		"secret content": {func(p *HarnessParams) { p.SecretsHash = "b" }, true, false},
+		"prefetch":       {func(p *HarnessParams) { p.Prefetch = 5 }, false, true},
+		"image":          {func(p *HarnessParams) { p.Image = "other:1" }, false, true},
+		"log level":      {func(p *HarnessParams) { p.Sidecar.LogLevel = "debug" }, false, true},
+		"harness image": {func(p *HarnessParams) {
 			p.Harness = *p.Harness.DeepCopy()
 			p.Harness.Template.Spec.Containers[0].Image = "example.com/cvd:2"
-		},
-		"harness port": func(p *HarnessParams) { p.Harness.Port = 9000 },
-		"log level":    func(p *HarnessParams) { p.Sidecar.LogLevel = "debug" },
-		"tls":          func(p *HarnessParams) { p.TLS = &hcpv1alpha1.BrokerTLS{CASecret: "ca"} },
+		}, true, false},
+		// The harness URL is in the sidecar's env.
+		"harness port": {func(p *HarnessParams) { p.Harness.Port = 9000 }, false, true},
+		// A volume and the sidecar's mount of it.
+		"tls": {func(p *HarnessParams) { p.TLS = &hcpv1alpha1.BrokerTLS{CASecret: "ca"} }, true, true},
+		// The update policy says when a change rolls, it is none.
+		"update policy": {func(p *HarnessParams) { p.Sidecar.UpdatePolicy = hcpv1alpha1.SidecarUpdateOnDrain }, false, false},
+		"replicas":      {func(p *HarnessParams) { p.Harness.Replicas = new(int32(7)) }, false, false},
 	}
-	for name, mutate := range changes {
+	for name, ch := range changes {
 		q := p
-		mutate(&q)
-		if hash(q) == h0 {
-			t.Errorf("%s: config hash did not change", name)
+		ch.mutate(&q)
+		c, s := hashes(q)
+		if (c != c0) != ch.config || (s != s0) != ch.sidecar {
+			t.Errorf("%s: config hash changed %v (want %v), sidecar hash changed %v (want %v)", name, c != c0, ch.config, s != s0, ch.sidecar)
 		}
-	}
-	// Replicas do not roll pods.
-	q := p
-	q.Harness.Replicas = new(int32(7))
-	if hash(q) != h0 {
-		t.Error("replicas changed the config hash")
 	}
 }
 

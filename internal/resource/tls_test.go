@@ -204,8 +204,9 @@ func TestSidecarTLSMounts(t *testing.T) {
 
 	root := t.TempDir()
 	var side *corev1.Container
-	for i := range ps.Containers {
-		ctr := &ps.Containers[i]
+	all := append(slices.Clone(ps.InitContainers), ps.Containers...)
+	for i := range all {
+		ctr := &all[i]
 		if ctr.Name == SidecarContainerName {
 			side = ctr
 			continue

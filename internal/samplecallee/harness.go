@@ -21,6 +21,16 @@
 // session the harness already runs is answered 200 without starting it
 // again. GET /hcp/v1/tasks lists the running tasks, so the sidecar notices
 // sessions lost in a harness restart.
+//
+// Durability: with checkpoint_every set, each checkpoint carries the state
+// {"step": N}; a task handed over with "resume" (another replica ran it,
+// or this harness restarted) continues after that step. POST
+// /hcp/v1/sessions/{id}/drain (the sidecar's hand-over at a drain) stops
+// the task after the step in progress and answers with a checkpoint of the
+// last step reported. Every event carries an idempotency key derived from
+// its step, and calls are retried while the sidecar is unreachable or
+// answers 503 (a sidecar restart, a lapsed Lease), so a retry never
+// duplicates an event.
 package samplecallee
 
 import (
@@ -58,6 +68,20 @@ type Task struct {
 	Capability string          `json:"capability"`
 	Intent     string          `json:"intent"`
 	Inputs     json.RawMessage `json:"inputs"`
+	Resume     *Resume         `json:"resume,omitempty"`
+}
+
+// Resume is the checkpoint a handed-over task continues from.
+type Resume struct {
+	CheckpointID string `json:"checkpoint_id"`
+	State        []byte `json:"state"`
+	Sequence     int64  `json:"sequence"`
+	Reason       string `json:"reason"`
+}
+
+// checkpointState is what the sample harness checkpoints.
+type checkpointState struct {
+	Step int `json:"step"`
 }
 
 // Harness is the sample callee harness. Create it with New and serve
@@ -69,7 +93,8 @@ type Harness struct {
 
 	mu       sync.Mutex
 	sessions map[string]*run
-	started  int // tasks started, for tests
+	started  int            // tasks started, for tests
+	starts   map[string]int // starts per session (resumes count)
 	wg       sync.WaitGroup
 }
 
@@ -77,8 +102,10 @@ type run struct {
 	abort chan struct{}
 	once  sync.Once
 	done  chan struct{}
-	// crashed stops the task without reporting anything (Crash).
+	// crashed stops the task without reporting anything (Crash, drain).
 	crashed bool
+	// lastDone is the last step whose progress event the sidecar took.
+	lastDone int
 }
 
 // New returns a harness that reports to the sidecar at sidecarURL (for
@@ -89,6 +116,7 @@ func New(sidecarURL string, log logr.Logger) *Harness {
 		http:     &http.Client{Timeout: 30 * time.Second},
 		log:      log,
 		sessions: map[string]*run{},
+		starts:   map[string]int{},
 	}
 }
 
@@ -108,6 +136,7 @@ func (h *Harness) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hcp/v1/tasks", h.handleTask)
 	mux.HandleFunc("POST /hcp/v1/sessions/{id}/abort", h.handleAbort)
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/drain", h.handleDrain)
 	mux.HandleFunc("GET /hcp/v1/tasks", h.handleList)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, status{"ok"}) })
 	return mux
@@ -126,21 +155,40 @@ func (h *Harness) handleTask(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	h.mu.Lock()
-	if _, ok := h.sessions[t.SessionID]; ok {
-		h.mu.Unlock()
-		writeJSON(w, http.StatusOK, status{"already running"})
-		return
+	first := 1
+	if t.Resume != nil && len(t.Resume.State) > 0 {
+		var cs checkpointState
+		if err := json.Unmarshal(t.Resume.State, &cs); err != nil {
+			writeError(w, http.StatusBadRequest, "bad_checkpoint", err.Error())
+			return
+		}
+		first = cs.Step + 1
 	}
-	rn := &run{abort: make(chan struct{}), done: make(chan struct{})}
+	h.mu.Lock()
+	if old, ok := h.sessions[t.SessionID]; ok {
+		select {
+		case <-old.done:
+			if t.Resume == nil {
+				h.mu.Unlock()
+				writeJSON(w, http.StatusOK, status{"already ran"})
+				return
+			}
+		default:
+			h.mu.Unlock()
+			writeJSON(w, http.StatusOK, status{"already running"})
+			return
+		}
+	}
+	rn := &run{abort: make(chan struct{}), done: make(chan struct{}), lastDone: first - 1}
 	h.sessions[t.SessionID] = rn
 	h.started++
+	h.starts[t.SessionID]++
 	h.wg.Add(1)
 	h.mu.Unlock()
 	go func() {
 		defer h.wg.Done()
 		defer close(rn.done)
-		h.execute(t, in, rn)
+		h.execute(t, in, rn, first)
 	}()
 	writeJSON(w, http.StatusAccepted, status{"started"})
 }
@@ -173,6 +221,48 @@ func (h *Harness) Crash() {
 	h.mu.Unlock()
 }
 
+// handleDrain stops a task for a hand-over: after the step in progress,
+// without a word to the sidecar, answering with a checkpoint of the last
+// step the sidecar took.
+func (h *Harness) handleDrain(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	h.mu.Lock()
+	rn := h.sessions[id]
+	if rn != nil {
+		rn.crashed = true
+	}
+	h.mu.Unlock()
+	if rn == nil {
+		writeError(w, http.StatusNotFound, "not_found", "no such session")
+		return
+	}
+	rn.once.Do(func() { close(rn.abort) })
+	<-rn.done
+	h.mu.Lock()
+	step := rn.lastDone
+	h.mu.Unlock()
+	state, _ := json.Marshal(checkpointState{Step: step})
+	writeJSON(w, http.StatusOK, map[string]any{
+		"checkpoint_id": fmt.Sprintf("drain-%03d", step), "description": fmt.Sprintf("drained after step %d", step), "state": state,
+	})
+}
+
+// Starts returns how many times the harness started (or resumed) a
+// session, and whether it runs it now.
+func (h *Harness) Starts(id string) (starts int, running bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	rn := h.sessions[id]
+	if rn != nil {
+		select {
+		case <-rn.done:
+		default:
+			running = true
+		}
+	}
+	return h.starts[id], running
+}
+
 func (h *Harness) handleAbort(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	h.mu.Lock()
@@ -189,7 +279,7 @@ func (h *Harness) handleAbort(w http.ResponseWriter, r *http.Request) {
 // execute runs the simulated task, reporting through the sidecar. Any
 // answer other than 2xx from the sidecar (the session was aborted, timed
 // out or is unknown) ends the task.
-func (h *Harness) execute(t Task, in Inputs, rn *run) {
+func (h *Harness) execute(t Task, in Inputs, rn *run, first int) {
 	id := t.SessionID
 	log := h.log.WithValues("session", id)
 	start := time.Now()
@@ -215,24 +305,28 @@ func (h *Harness) execute(t Task, in Inputs, rn *run) {
 		time.Sleep(time.Duration(in.AbortCleanupMS) * time.Millisecond)
 		_ = h.post(id, "aborted", reason{"cleanup finished"})
 	}
-	for step := 1; step <= in.Steps; step++ {
+	for step := first; step <= in.Steps; step++ {
 		if !sleep(in.StepMS) {
 			aborted()
 			return
 		}
 		pct := float64(step) * 100 / float64(in.Steps)
-		if err := h.post(id, "events", event{"progress", progress{Stage: fmt.Sprintf("step %d/%d", step, in.Steps), Percent: pct, Message: "working"}}); err != nil {
+		if err := h.post(id, "events", event{"progress", progress{Stage: fmt.Sprintf("step %d/%d", step, in.Steps), Percent: pct, Message: "working"}, fmt.Sprintf("step-%d", step)}); err != nil {
 			log.Info("Stopped: the sidecar refused an event", "error", err.Error())
 			return
 		}
+		h.mu.Lock()
+		rn.lastDone = step
+		h.mu.Unlock()
 		if in.LogEvery > 0 && step%in.LogEvery == 0 {
-			if err := h.post(id, "events", event{"log", logData{Level: "info", Message: fmt.Sprintf("step %d done", step)}}); err != nil {
+			if err := h.post(id, "events", event{"log", logData{Level: "info", Message: fmt.Sprintf("step %d done", step)}, fmt.Sprintf("log-%d", step)}); err != nil {
 				return
 			}
 		}
 		if in.CheckpointEvery > 0 && step%in.CheckpointEvery == 0 {
+			state, _ := json.Marshal(checkpointState{Step: step})
 			if err := h.post(id, "checkpoint", map[string]any{
-				"checkpoint_id": fmt.Sprintf("ckpt-%03d", step), "description": fmt.Sprintf("after step %d", step), "resumable": true,
+				"checkpoint_id": fmt.Sprintf("ckpt-%03d", step), "description": fmt.Sprintf("after step %d", step), "resumable": true, "state": state,
 			}); err != nil {
 				return
 			}
@@ -266,28 +360,56 @@ func (h *Harness) execute(t Task, in Inputs, rn *run) {
 	}
 }
 
+// post calls the sidecar, retrying for up to RetryFor while it is
+// unreachable (restarting) or answers 503 (it cannot vouch for the session
+// right now); events carry idempotency keys, so a retry of a call that did
+// reach the sidecar is not published twice. A 404 after such an outage
+// means the session moved to another replica.
 func (h *Harness) post(id, action string, body any) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return err
 	}
+	deadline := time.Now().Add(RetryFor)
+	backoff := 100 * time.Millisecond
+	for {
+		status, msg, err := h.postOnce(id, action, b)
+		retry := err != nil || status == http.StatusServiceUnavailable
+		if !retry {
+			if status/100 != 2 {
+				return fmt.Errorf("%s: HTTP %d: %s", action, status, msg)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = fmt.Errorf("%s: HTTP %d: %s", action, status, msg)
+			}
+			return err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// RetryFor is how long calls to the sidecar are retried.
+var RetryFor = 2 * time.Minute
+
+func (h *Harness) postOnce(id, action string, b []byte) (int, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.sidecar+"/hcp/v1/sessions/"+id+"/"+action, bytes.NewReader(b))
 	if err != nil {
-		return err
+		return 0, "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := h.http.Do(req)
 	if err != nil {
-		return err
+		return 0, "", err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s: %s: %s", action, resp.Status, strings.TrimSpace(string(msg)))
-	}
-	return nil
+	return resp.StatusCode, strings.TrimSpace(string(msg)), nil
 }
 
 // Bodies of the local API (see docs/openapi/callee-sidecar.yaml).
@@ -299,8 +421,9 @@ type (
 		Reason string `json:"reason"`
 	}
 	event struct {
-		EventType string `json:"event_type"`
-		Data      any    `json:"data"`
+		EventType      string `json:"event_type"`
+		Data           any    `json:"data"`
+		IdempotencyKey string `json:"idempotency_key,omitempty"`
 	}
 	progress struct {
 		Stage   string  `json:"stage"`

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,7 +84,7 @@ func (s *suite) dumpLogs(t *testing.T, ctx context.Context, ns string) {
 		return
 	}
 	for _, p := range pods.Items {
-		for _, c := range p.Spec.Containers {
+		for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
 			out, err := s.kubectl(ctx, nil, "logs", "-n", ns, p.Name, "-c", c.Name, fmt.Sprintf("--tail=%d", logTailLines))
 			if err != nil {
 				out += "\n" + err.Error()

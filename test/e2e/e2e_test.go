@@ -198,12 +198,16 @@ func (r *samplesRun) samplesReady(t *testing.T) {
 	r.callerPod = r.readyPod(t, "hcp.io/caller="+callerID)
 	for _, p := range []*corev1.Pod{r.calleePod, r.callerPod} {
 		var names []string
-		for _, c := range p.Spec.Containers {
+		for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
 			names = append(names, c.Name+"="+c.Image)
 		}
 		t.Logf("pod %s (IP %s): %s", p.Name, p.Status.PodIP, strings.Join(names, " "))
-		if len(p.Spec.Containers) != 2 || p.Spec.Containers[1].Name != "hcp-sidecar" {
-			t.Errorf("pod %s: containers %v, want the harness and the injected hcp-sidecar", p.Name, names)
+		// The sidecar is a native sidecar: the first init container, restarted
+		// always, so it starts before and stops after the harness.
+		init := p.Spec.InitContainers
+		if len(p.Spec.Containers) != 1 || len(init) == 0 || init[0].Name != "hcp-sidecar" ||
+			init[0].RestartPolicy == nil || *init[0].RestartPolicy != corev1.ContainerRestartPolicyAlways {
+			t.Errorf("pod %s: containers %v, want the harness and the injected native hcp-sidecar", p.Name, names)
 		}
 	}
 	hc := r.podHTTP(r.parent, r.callerPod, sidecarPort, appPort)

@@ -125,6 +125,12 @@ func (s *Sidecar) watchAborts(ctx context.Context) error {
 		if ss := s.session(hs.Name); ss != nil && !ss.ended() && hs.Spec.AbortRequested && !ss.abortSeen.Load() {
 			go ss.requestAbort("abort requested (spec.abortRequested)")
 		}
+		s.movedAway(hs)
+		if released(hs) && !s.draining() && !s.isLocal(hs.Name) {
+			// Handed over at a drain: take it at once rather than at the
+			// next sweep.
+			go s.takeOver(s.life, hs.DeepCopy())
+		}
 	}
 	if s.infs == nil {
 		go s.pollAborts(ctx)

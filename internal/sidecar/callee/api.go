@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
@@ -29,6 +30,10 @@ const (
 type harnessEvent struct {
 	EventType session.EventType `json:"event_type"`
 	Data      json.RawMessage   `json:"data"`
+	// IdempotencyKey, when set, makes a retried event (same key, same
+	// session) answer with the sequence it already got instead of being
+	// published again; keys survive a sidecar restart.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // routes is the harness → sidecar side of the local API (docs/harness-api.md).
@@ -216,15 +221,23 @@ func (s *Sidecar) answerState(w http.ResponseWriter, r *http.Request, ss *sess, 
 	respond(w, r, ps, body)
 }
 
-// apiCheckpoint: checkpoint_created data (created_at defaults to now).
+// apiCheckpoint: checkpoint_created data (created_at defaults to now) and
+// an optional state blob.
 func (s *Sidecar) apiCheckpoint(w http.ResponseWriter, r *http.Request) {
 	ss := s.lookup(w, r)
 	if ss == nil {
 		return
 	}
 	var raw json.RawMessage
-	if err := server.DecodeJSON(r, 64<<10, false, &raw); err != nil {
+	if err := server.DecodeJSON(r, checkpoint.MaxState*2+(64<<10), false, &raw); err != nil {
 		err.(*server.RequestError).Write(w)
+		return
+	}
+	var b struct {
+		State []byte `json:"state"`
+	}
+	if err := json.Unmarshal(raw, &b); err != nil {
+		writeAPIError(w, badRequest(fmt.Errorf("state must be base64: %w", err)))
 		return
 	}
 	var d session.CheckpointCreatedData
@@ -239,7 +252,12 @@ func (s *Sidecar) apiCheckpoint(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, badRequest(err))
 		return
 	}
-	ps, e := ss.checkpoint(r.Context(), &d)
+	if len(b.State) > checkpoint.MaxState {
+		writeAPIError(w, &apiError{http.StatusRequestEntityTooLarge, &server.Error{Code: server.CodeTooLarge,
+			Message: fmt.Sprintf("the checkpoint state is %d bytes; at most %d are stored (keep large state elsewhere and checkpoint a reference)", len(b.State), checkpoint.MaxState)}})
+		return
+	}
+	ps, e := ss.checkpoint(r.Context(), &d, b.State)
 	if e != nil {
 		writeAPIError(w, e)
 		return

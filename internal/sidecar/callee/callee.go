@@ -43,9 +43,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/lease"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
@@ -161,6 +164,9 @@ type Options struct {
 	HTTPClient *http.Client
 	// Timeouts tune the sidecar.
 	Timeouts Timeouts
+	// Lease vouches for this replica's ownership of its sessions (see
+	// own.go); nil means always valid (tests with a single replica).
+	Lease *lease.Keeper
 }
 
 // Sidecar is the callee-mode sidecar.
@@ -192,6 +198,16 @@ type Sidecar struct {
 	// timers); it ends after the shutdown drain.
 	life     context.Context
 	stopLife context.CancelFunc
+
+	// wal is the write-ahead log of the sessions (Config.StateDir);
+	// walSessions is what it held at start, for re-adoption.
+	wal         *wal.Log
+	walSessions map[string]*wal.Session
+	lease       *lease.Keeper
+	ckpt        *checkpoint.Store
+	drainOnce   sync.Once
+	drained     chan struct{}
+	stopConsume context.CancelFunc
 
 	consuming   flag
 	inflight    sync.WaitGroup // deliveries being processed
@@ -269,6 +285,10 @@ func New(o Options) (*Sidecar, error) {
 		}}
 	}
 	o.Timeouts.defaults()
+	wl, walSessions, err := wal.Open(o.Config.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("callee: the sessions' write-ahead log in %s: %w", o.Config.StateDir, err)
+	}
 	pod := o.Config.PodName
 	if pod == "" {
 		pod, _ = os.Hostname()
@@ -297,6 +317,12 @@ func New(o Options) (*Sidecar, error) {
 		t:        o.Timeouts,
 		sessions: map[string]*sess{},
 		deciding: map[string]chan struct{}{},
+
+		wal:         wl,
+		walSessions: walSessions,
+		lease:       o.Lease,
+		ckpt:        &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID},
+		drained:     make(chan struct{}),
 	}
 	// Sessions are selectable by state (kubectl get hcps -l hcp.io/state=RUNNING):
 	// the writer keeps the label in step with the state it writes.
@@ -348,11 +374,16 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if err := s.watchAborts(ctx); err != nil {
 		return err
 	}
+	defer func() { _ = s.wal.Release() }()
+	s.readopt(ctx)
 	s.recover(ctx)
 	go s.sweepLoop(ctx)
 	go s.harnessWatchdog(ctx)
 
 	consumeCtx, stopConsume := context.WithCancel(context.WithoutCancel(ctx))
+	s.mu.Lock()
+	s.stopConsume = stopConsume
+	s.mu.Unlock()
 	consumeDone := make(chan error, 1)
 	go func() {
 		s.consuming.set(true, nil)
@@ -366,15 +397,21 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err := <-consumeDone:
+		if s.draining() {
+			// Drained (the pod is being deleted): stay up, serving the
+			// local API, until told to stop.
+			consumeDone <- nil
+			<-ctx.Done()
+			break
+		}
 		// Consume only returns early when the transport was closed.
 		runErr = fmt.Errorf("consuming %s: %w", queue, err)
 		consumeDone <- err
 	}
-	log.Info("Shutting down: no new tasks; finishing what is in hand")
-	s.mu.Lock()
-	s.shuttingDn = true
-	s.mu.Unlock()
-	stopConsume()
+	log.Info("Shutting down: no new tasks; handing sessions over")
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.t.ShutdownDrain)
+	_ = s.Drain(dctx)
+	cancel()
 	if err := <-consumeDone; err != nil && runErr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, transport.ErrClosed) {
 		log.Error(err, "The consumer ended with an error")
 	}

@@ -35,6 +35,21 @@ type harnessTask struct {
 	// state changes (the sidecar's API), for harnesses that do not
 	// configure the sidecar's address themselves.
 	SessionURL string `json:"session_url,omitempty"`
+	// Resume is set when the session is handed to this harness to be
+	// resumed (another replica ran it, or this harness restarted).
+	Resume *resumeInfo `json:"resume,omitempty"`
+}
+
+// resumeInfo tells a harness where to resume a session.
+type resumeInfo struct {
+	// CheckpointID is the checkpoint to resume from.
+	CheckpointID string `json:"checkpoint_id"`
+	// State is the checkpoint's opaque state (base64 in JSON).
+	State []byte `json:"state,omitempty"`
+	// Sequence is the last event sequence when the checkpoint was taken.
+	Sequence int64 `json:"sequence"`
+	// Reason: harness_moved or harness_restarted.
+	Reason string `json:"reason"`
 }
 
 // harnessReachable is the gate's last check: a TCP connection to the
@@ -59,19 +74,15 @@ func (s *Sidecar) harnessReachable(ctx context.Context) error {
 	return c.Close()
 }
 
-// deliver hands the task to the harness; the session fails when the
-// harness cannot take it: harness_unavailable (recoverable) after retries of
-// connection errors and 5xx/429, harness_refused for another 4xx. 409 means
-// the harness already has the session (a repeated hand-over): success.
-func (ss *sess) deliver(ts *task.TaskSubmit) {
-	s := ss.sc
+// taskBody encodes the harness task of a new session.
+func (s *Sidecar) taskBody(sid, msgID, tok, callerID string, risk task.RiskLevel, startedAt, expiresAt time.Time, ts *task.TaskSubmit) ([]byte, error) {
 	body := harnessTask{
-		SessionID: ss.id, TaskMessageID: ss.taskMsgID, SessionToken: ss.token,
-		CallerID: ss.callerID, CalleeID: s.id, Capability: ts.Capability, Intent: ts.Intent,
+		SessionID: sid, TaskMessageID: msgID, SessionToken: tok,
+		CallerID: callerID, CalleeID: s.id, Capability: ts.Capability, Intent: ts.Intent,
 		Inputs: ts.Inputs, Constraints: ts.Constraints, OutputFormat: ts.OutputFormat, Metadata: ts.Metadata,
-		RiskLevel: ss.risk, DataClassification: ts.Constraints.DataClassification,
-		MaxDuration: task.Duration(ss.expiresAt.Sub(ss.startedAt)), ExpiresAt: task.NewTimestamp(ss.expiresAt),
-		SessionURL: s.sessionURL(ss.id),
+		RiskLevel: risk, DataClassification: ts.Constraints.DataClassification,
+		MaxDuration: task.Duration(expiresAt.Sub(startedAt)), ExpiresAt: task.NewTimestamp(expiresAt),
+		SessionURL: s.sessionURL(sid),
 	}
 	if cl, err := s.callee(s.life); err == nil {
 		for _, c := range cl.Spec.Capabilities {
@@ -80,16 +91,31 @@ func (ss *sess) deliver(ts *task.TaskSubmit) {
 			}
 		}
 	}
-	raw, err := json.Marshal(body)
-	if err != nil {
-		ss.terminate(string(task.ReasonInternal), "the task could not be encoded for the harness: "+err.Error(), false)
-		return
+	return json.Marshal(body)
+}
+
+// deliver hands the task to the harness; the session fails when the
+// harness cannot take it: harness_unavailable (recoverable) after retries of
+// connection errors and 5xx/429, harness_refused for another 4xx. 409 means
+// the harness already has the session (a repeated hand-over): success.
+func (ss *sess) deliver() {
+	if err := ss.handTask(ss.task, DefaultHarnessAttempts); err != nil {
+		ss.log.Info("The harness could not take the task", "error", err.msg)
+		ss.terminate(err.code, err.msg, err.code == codeHarnessUnavailable)
 	}
+}
+
+type handError struct{ code, msg string }
+
+// handTask posts a task body to the harness, up to attempts times for
+// transient failures (backoff 250 ms, ×4 each time, at most 5 s).
+func (ss *sess) handTask(raw []byte, attempts int) *handError {
+	s := ss.sc
 	var lastErr string
 	backoff := 250 * time.Millisecond
-	for attempt := 1; attempt <= DefaultHarnessAttempts; attempt++ {
+	for attempt := 1; attempt <= attempts; attempt++ {
 		if ss.ended() {
-			return
+			return nil
 		}
 		status, msg, err := s.callHarness(s.life, "/hcp/v1/tasks", raw)
 		switch {
@@ -97,29 +123,27 @@ func (ss *sess) deliver(ts *task.TaskSubmit) {
 			ss.delivered.Store(true)
 			s.countApp("ok")
 			ss.log.V(1).Info("Handed the task to the harness", "status", status)
-			return
+			return nil
 		case err == nil && status/100 == 4 && status != http.StatusTooManyRequests:
 			s.countApp("error")
 			ss.log.Info("The harness refused the task", "status", status, "message", msg)
-			ss.terminate(codeHarnessRefused, fmt.Sprintf("the harness refused the task (HTTP %d): %s", status, msg), false)
-			return
+			return &handError{codeHarnessRefused, fmt.Sprintf("the harness refused the task (HTTP %d): %s", status, msg)}
 		case err != nil:
 			lastErr = err.Error()
 		default:
 			lastErr = fmt.Sprintf("HTTP %d: %s", status, msg)
 		}
 		s.countApp("error")
-		if attempt < DefaultHarnessAttempts {
+		if attempt < attempts {
 			select {
 			case <-s.life.Done():
-				return
+				return nil
 			case <-s.clk.After(backoff):
 			}
-			backoff *= 4
+			backoff = min(backoff*4, 5*time.Second)
 		}
 	}
-	ss.log.Info("The harness could not take the task", "error", lastErr)
-	ss.terminate(codeHarnessUnavailable, "the harness could not take the task: "+oneLine(lastErr, 500), true)
+	return &handError{codeHarnessUnavailable, "the harness could not take the task: " + oneLine(lastErr, 500)}
 }
 
 // harnessAbort tells the harness to stop a session (best effort; the abort
@@ -140,18 +164,23 @@ func (s *Sidecar) harnessAbort(id, reason string) {
 func (s *Sidecar) callHarness(ctx context.Context, path string, body []byte) (int, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.t.HarnessTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.harnessURL(path), bytes.NewReader(body))
-	if err != nil {
-		return 0, "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.http.Do(req)
+	resp, err := s.postHarness(ctx, path, body)
 	if err != nil {
 		return 0, "", err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	return resp.StatusCode, oneLine(string(b), 500), nil
+}
+
+// postHarness POSTs a JSON body to the harness.
+func (s *Sidecar) postHarness(ctx context.Context, path string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.harnessURL(path), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return s.http.Do(req)
 }
 
 // sessionURL is the sidecar API URL of a session, when the API address is a
@@ -174,17 +203,17 @@ func (s *Sidecar) countApp(result string) {
 	}
 }
 
-// harnessWatchdog ends the sessions of a harness that died while its
-// sidecar lives on (a sidecar restart and a lost pod are handled by
+// harnessWatchdog recovers the sessions of a harness that died while its
+// sidecar lives on (see recoverHarness) (a sidecar restart and a lost pod are handled by
 // recovery): a session must not stay RUNNING until its timeout with nobody
 // working on it. While sessions run it calls GET {harness}/hcp/v1/tasks
 // every Timeouts.HarnessCheck:
 //
 //   - no connection three times in a row: the harness is down; its sessions
-//     end FAILED harness_lost (recoverable);
+//     are recovered;
 //   - a 200 answer {"tasks": [{"session_id": ...}, ...]} (optional for
 //     harnesses): a session the harness took but no longer lists, twice in a
-//     row, was lost in a harness restart and ends FAILED harness_lost;
+//     row, was lost in a harness restart and is recovered;
 //   - any other answer (a harness without the endpoint): reachable, nothing
 //     more is known.
 func (s *Sidecar) harnessWatchdog(ctx context.Context) {
@@ -215,7 +244,7 @@ func (s *Sidecar) harnessWatchdog(ctx context.Context) {
 			s.log.Info("The harness does not answer", "attempt", down, "error", err.Error())
 			if down >= 3 {
 				for _, ss := range watched {
-					ss.terminate(codeHarnessLost, fmt.Sprintf("the harness has not answered for %s: %s", 3*s.t.HarnessCheck, oneLine(err.Error(), 200)), true)
+					go ss.recoverHarness(fmt.Sprintf("the harness has not answered for %s: %s", 3*s.t.HarnessCheck, oneLine(err.Error(), 200)))
 				}
 				down = 0
 			}
@@ -233,7 +262,7 @@ func (s *Sidecar) harnessWatchdog(ctx context.Context) {
 			missing[ss.id]++
 			if missing[ss.id] >= 2 {
 				delete(missing, ss.id)
-				ss.terminate(codeHarnessLost, "the harness no longer runs the session (did it restart?)", true)
+				go ss.recoverHarness("the harness no longer runs the session (it restarted)")
 			}
 		}
 	}

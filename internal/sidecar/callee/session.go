@@ -20,8 +20,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
@@ -48,13 +50,14 @@ const confirmQueueSize = 1024
 
 // pending is one published message waiting for its confirm.
 type pending struct {
-	rk   string
-	pub  amqp.Publishing
-	kind envelope.MessageType
-	seq  int64 // event sequence; 0 for replies and results
-	conf transport.Confirmation
-	done chan struct{}
-	err  error
+	index int64 // position in the session's write-ahead log
+	rk    string
+	pub   amqp.Publishing
+	kind  envelope.MessageType
+	seq   int64 // event sequence; 0 for replies and results
+	conf  transport.Confirmation
+	done  chan struct{}
+	err   error
 }
 
 // sess is one session this replica runs. Sequencing and publishing happen
@@ -93,9 +96,24 @@ type sess struct {
 	timeout        clock.Timer
 	abortTimer     clock.Timer
 	confirmQ       chan *pending
+	// index numbers the session's published messages (write-ahead log).
+	index int64
+	// task is the harness task (JSON) the session was started with; a
+	// resume hands it over again with the checkpoint.
+	task []byte
+	// keys are the idempotency keys of the harness's events.
+	keys wal.Keys
+	// moved is set when the session left this replica (handed over, or
+	// taken over by another): it publishes nothing more.
+	moved atomic.Bool
+	// recovering is set while the harness's loss of the session is being
+	// recovered.
+	recovering atomic.Bool
+	// confirmDone is closed when the confirm loop has finished.
+	confirmDone chan struct{}
 }
 
-func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok string, claims token.Claims) *sess {
+func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok string, claims token.Claims, body []byte) *sess {
 	abortTimeout := DefaultAbortTimeout
 	if cl != nil {
 		abortTimeout = calleeDuration(cl.Spec.Sessions.AbortTimeout, DefaultAbortTimeout)
@@ -116,6 +134,8 @@ func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok s
 		lock:         make(chan struct{}, 1),
 		machine:      session.New(claims.IssuedAt),
 		confirmQ:     make(chan *pending, confirmQueueSize),
+		confirmDone:  make(chan struct{}),
+		task:         body,
 	}
 	ss.seq = session.NewReservingSequencer(0, DefaultSequenceBlock, ss.reserver(DefaultSequenceBlock))
 	return ss
@@ -189,7 +209,10 @@ func (ss *sess) start(reply amqp.Publishing, abortRequested bool) *pending {
 	defer ss.release()
 	ctx := ss.sc.life
 	ss.gauge(session.StatePending, 1)
-	accepted, err := ss.publishLocked(ctx, envelope.TypeTaskAccepted, reply, 0)
+	if err := ss.sc.wal.Open(ss.id, ss.task); err != nil {
+		ss.log.Error(err, "Failed to record the session in the write-ahead log")
+	}
+	accepted, err := ss.publishLocked(ctx, envelope.TypeTaskAccepted, reply, 0, "")
 	if err != nil {
 		ss.log.Error(err, "Failed to publish task_accepted")
 	}
@@ -207,14 +230,36 @@ func (ss *sess) start(reply amqp.Publishing, abortRequested bool) *pending {
 	return accepted
 }
 
-// publishLocked publishes one message of the session. Called with lock.
-func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub amqp.Publishing, seq int64) (*pending, error) {
-	rk := topology.EventRoutingKey(ss.callerID, ss.id, t)
-	conf, err := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, rk, pub)
-	if err != nil {
+// publishLocked publishes one message of the session, after recording it
+// in the write-ahead log; key is the harness's idempotency key ("" for
+// none). It refuses while this replica cannot vouch that it still owns the
+// session (fencing). Called with lock.
+func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub amqp.Publishing, seq int64, key string) (*pending, error) {
+	if err := ss.sc.fence(ss); err != nil {
 		return nil, err
 	}
-	p := &pending{rk: rk, pub: pub, kind: t, seq: seq, conf: conf, done: make(chan struct{})}
+	rk := topology.EventRoutingKey(ss.callerID, ss.id, t)
+	ss.index++
+	if err := ss.sc.wal.Append(ss.id, wal.Message{Index: ss.index, Seq: seq, Key: key, RoutingKey: rk, State: string(ss.machine.State()), Body: pub.Body}); err != nil {
+		ss.index--
+		return nil, err
+	}
+	if key != "" {
+		ss.keys.Put(key, seq)
+	}
+	return ss.enqueueLocked(ctx, ss.index, t, rk, pub, seq)
+}
+
+// enqueueLocked publishes a message already in the log and queues it for
+// its confirm. Called with lock.
+func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.MessageType, rk string, pub amqp.Publishing, seq int64) (*pending, error) {
+	conf, err := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, rk, pub)
+	if err != nil {
+		// Logged: a restart republishes it; in this process the confirm
+		// loop retries it below.
+		conf = failedConfirmation{err}
+	}
+	p := &pending{index: index, rk: rk, pub: pub, kind: t, seq: seq, conf: conf, done: make(chan struct{})}
 	ss.confirmQ <- p
 	ss.sc.countOut(string(t))
 	return p, nil
@@ -222,6 +267,14 @@ func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub a
 
 // emitLocked sequences, publishes and records one event. Called with lock.
 func (ss *sess) emitLocked(ctx context.Context, et session.EventType, data json.RawMessage) (*pending, error) {
+	return ss.emitKeyedLocked(ctx, et, data, "")
+}
+
+// emitKeyedLocked is emitLocked with the harness's idempotency key.
+func (ss *sess) emitKeyedLocked(ctx context.Context, et session.EventType, data json.RawMessage, key string) (*pending, error) {
+	if err := ss.sc.fence(ss); err != nil {
+		return nil, err
+	}
 	seq, err := ss.seq.Next()
 	if err != nil {
 		return nil, err
@@ -236,7 +289,7 @@ func (ss *sess) emitLocked(ctx context.Context, et session.EventType, data json.
 	if err != nil {
 		return nil, err
 	}
-	p, err := ss.publishLocked(ctx, envelope.TypeEvent, pub, seq)
+	p, err := ss.publishLocked(ctx, envelope.TypeEvent, pub, seq, key)
 	if err != nil {
 		return nil, err
 	}
@@ -353,13 +406,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	ss.log.Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
 	// Keep the session in memory for a while, so late harness calls get a
 	// clear 409 instead of 404; then forget it.
-	ss.sc.clk.AfterFunc(ss.sc.t.Retention, func() {
-		ss.sc.mu.Lock()
-		if ss.sc.sessions[ss.id] == ss {
-			delete(ss.sc.sessions, ss.id)
-		}
-		ss.sc.mu.Unlock()
-	})
+	ss.sc.forgetLater(ss)
 	go func() {
 		// Terminal states are written at once; afterwards the writer can
 		// forget the session.
@@ -382,7 +429,7 @@ func (ss *sess) resultLocked(ctx context.Context, t envelope.MessageType, payloa
 	if err != nil {
 		return nil, err
 	}
-	return ss.publishLocked(ctx, t, pub, 0)
+	return ss.publishLocked(ctx, t, pub, 0, "")
 }
 
 func resultSummary(tc *task.TaskCompleted) *v1alpha1.SessionResult {
@@ -407,16 +454,39 @@ func resultSummary(tc *task.TaskCompleted) *v1alpha1.SessionResult {
 // confirmLoop awaits the confirms of the session's publishes in order,
 // republishing a message whose confirm was lost with the connection (same
 // message_id and sequence: the caller deduplicates) and retrying nacks.
+//
+// Confirmed positions go to the write-ahead log now and then (a lagging
+// mark only means more republishing after a restart, which the caller
+// deduplicates); once the session ended or moved and everything was
+// confirmed, the log forgets it.
 func (ss *sess) confirmLoop() {
 	defer ss.sc.sessionsWG.Done()
+	defer close(ss.confirmDone)
+	var failed bool
 	for p := range ss.confirmQ {
 		p.err = ss.awaitConfirm(p)
 		if p.err != nil {
+			failed = true
 			ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
+		} else if !failed && (len(ss.confirmQ) == 0 || p.index%64 == 0) {
+			if err := ss.sc.wal.Confirm(ss.id, p.index); err != nil {
+				ss.log.Error(err, "Failed to record a confirm in the write-ahead log")
+			}
 		}
 		close(p.done)
 	}
+	if !failed {
+		if err := ss.sc.wal.Close(ss.id); err != nil {
+			ss.log.Error(err, "Failed to close the session in the write-ahead log")
+		}
+	}
 }
+
+// failedConfirmation is the confirmation of a publish that failed at once;
+// the confirm loop retries it like a lost one.
+type failedConfirmation struct{ err error }
+
+func (f failedConfirmation) Wait(context.Context) error { return f.err }
 
 func (ss *sess) awaitConfirm(p *pending) error {
 	ctx := ss.sc.life
@@ -516,9 +586,15 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 	var ps []*pending
 	var seqs []int64
 	for _, ev := range evs {
-		p, err := ss.emitLocked(ss.sc.life, ev.EventType, ev.Data)
+		if ev.IdempotencyKey != "" {
+			if seq, ok := ss.keys.Get(ev.IdempotencyKey); ok {
+				seqs = append(seqs, seq) // a retry: already published
+				continue
+			}
+		}
+		p, err := ss.emitKeyedLocked(ss.sc.life, ev.EventType, ev.Data, ev.IdempotencyKey)
 		if err != nil {
-			return ps, seqs, unavailable(err)
+			return ps, seqs, fencedError(err)
 		}
 		ps = append(ps, p)
 		seqs = append(seqs, p.seq)
@@ -567,13 +643,34 @@ func (ss *sess) simpleTransition(ctx context.Context, to session.State, reason s
 	}
 	p, err := ss.transitionLocked(ss.sc.life, to, reason)
 	if err != nil {
-		return nil, unavailable(err)
+		return nil, fencedError(err)
 	}
 	return []*pending{p}, nil
 }
 
-// checkpoint emits checkpoint_created (RUNNING or PAUSED).
-func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData) ([]*pending, *apiError) {
+// checkpoint stores the harness's checkpoint (with the task, so another
+// replica can resume the session) and emits checkpoint_created (RUNNING or
+// PAUSED). The store write comes first and outside the lock: the event
+// announces a checkpoint that exists.
+func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData, state []byte) ([]*pending, *apiError) {
+	if st := ss.currentState(); st != session.StateRunning && st != session.StatePaused {
+		return nil, conflict(st, "checkpoints are accepted while the session is RUNNING or PAUSED; it is %s", st)
+	}
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = task.NewTimestamp(ss.sc.clk.Now())
+	}
+	if len(state) > 0 || d.Resumable {
+		err := ss.sc.ckpt.Save(ctx, checkpoint.Owner{Name: ss.id, UID: ss.uid}, ss.task, checkpoint.Checkpoint{
+			ID: d.CheckpointID, Description: d.Description, Resumable: d.Resumable,
+			Sequence: ss.seq.Last(), CreatedAt: d.CreatedAt.Time, State: state,
+		})
+		if errors.Is(err, checkpoint.ErrTooLarge) {
+			return nil, &apiError{http.StatusRequestEntityTooLarge, &server.Error{Code: server.CodeTooLarge, Message: err.Error()}}
+		}
+		if err != nil {
+			return nil, unavailable(err)
+		}
+	}
 	if e := ss.lockFor(ctx); e != nil {
 		return nil, e
 	}
@@ -582,16 +679,22 @@ func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData
 	if st != session.StateRunning && st != session.StatePaused {
 		return nil, conflict(st, "checkpoints are accepted while the session is RUNNING or PAUSED; it is %s", st)
 	}
-	if d.CreatedAt.IsZero() {
-		d.CreatedAt = task.NewTimestamp(ss.sc.clk.Now())
-	}
 	p, err := ss.emitTyped(ss.sc.life, d)
 	if err != nil {
-		return nil, unavailable(err)
+		return nil, fencedError(err)
 	}
 	cp := &v1alpha1.SessionCheckpoint{ID: truncate(d.CheckpointID, 253), Description: truncate(d.Description, 512), Resumable: d.Resumable, CreatedAt: &metav1.Time{Time: d.CreatedAt.Time}}
 	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) { st.LastCheckpoint = cp })
 	return []*pending{p}, nil
+}
+
+// currentState reads the state without waiting for a busy session.
+func (ss *sess) currentState() session.State {
+	if err := ss.acquire(context.Background()); err != nil {
+		return ""
+	}
+	defer ss.release()
+	return ss.machine.State()
 }
 
 // complete: RUNNING → COMPLETED with task_completed. While ABORTING the

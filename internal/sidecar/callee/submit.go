@@ -363,7 +363,13 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not issue a session token", depth)
 		return
 	}
-	ss := s.newSession(hs, cl, tok, claims)
+	body, err := s.taskBody(sid, msgID, tok, callerID, v.Risk, claims.IssuedAt, claims.ExpiresAt, ts)
+	if err != nil {
+		log.Error(err, "Failed to encode the harness task")
+		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not encode the task for its harness", depth)
+		return
+	}
+	ss := s.newSession(hs, cl, tok, claims, body)
 	s.register(ss)
 	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
 		st.State = v1alpha1.SessionRunning
@@ -385,7 +391,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		log.Error(err, "Failed to build task_accepted")
 	}
 	accepted := ss.start(reply, hs.Spec.AbortRequested)
-	go ss.deliver(ts)
+	go ss.deliver()
 	// Acknowledge once the reply is confirmed.
 	s.settleAfter(ctx, d, log, accepted)
 }

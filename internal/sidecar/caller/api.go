@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
 
@@ -140,6 +141,10 @@ func (s *Sidecar) handleGetTask(w http.ResponseWriter, r *http.Request) {
 	id := strings.ToLower(r.PathValue("id"))
 	t, ok := s.store.Task(id)
 	if !ok {
+		// Submitted by an earlier pod of this caller? Its HCPSession says.
+		t, ok = s.adoptTaskByID(r.Context(), id, "")
+	}
+	if !ok {
 		writeError(w, &apiError{status: 404, code: "not_found", msg: "no task " + id + " is known to this sidecar"})
 		return
 	}
@@ -216,10 +221,13 @@ func (s *Sidecar) sessionView(r SessionRecord) SessionView {
 		UpdatedAt:         ts(r.UpdatedAt),
 	}
 	s.mu.Lock()
-	w := s.streams[r.SessionID]
+	var tr *session.Tracker[*item]
+	if w := s.streams[r.SessionID]; w != nil {
+		tr = w.tracker
+	}
 	s.mu.Unlock()
-	if w != nil {
-		v.Buffered = w.tracker.Buffered()
+	if tr != nil {
+		v.Buffered = tr.Buffered()
 	}
 	return v
 }

@@ -92,6 +92,7 @@ func newBed(t *testing.T, calleeIDs ...string) *bed {
 	must(ch.ExchangeDeclare(topology.EventsExchange, topology.EventsExchangeType, true, false, false, false, nil))
 	_, err = ch.QueueDeclare(topology.EventQueue(b.callerID), true, false, false, false, amqp.Table{
 		"x-queue-type": "quorum", "x-message-ttl": int64(86400000), "x-max-length": int64(100000), "x-overflow": "drop-head",
+		"x-single-active-consumer": true,
 	})
 	must(err)
 	must(ch.QueueBind(topology.EventQueue(b.callerID), topology.EventBindingKey(b.callerID), topology.EventsExchange, false, nil))

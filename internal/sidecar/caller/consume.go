@@ -172,13 +172,15 @@ func (s *Sidecar) dispatch(it *item) {
 	sid := it.env.Session()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w := s.streams[sid]
-	if w == nil && s.stopping {
-		// Not settled: when the channel closes the broker returns it to the
-		// head of the queue, in order (a nack would send a quorum queue
-		// message to the back, behind events that follow it).
+	if s.stopping {
+		// Stopping (Drain, or Run's ctx ended): the workers finish what
+		// they already have, and this is not theirs any more. Not settled:
+		// when the channel closes the broker returns it to the head of the
+		// queue, in order (a nack would send a quorum queue message to the
+		// back, behind events that follow it).
 		return
 	}
+	w := s.streams[sid]
 	if w == nil {
 		w = s.newStream(sid)
 		s.streams[sid] = w

@@ -80,25 +80,86 @@
 // progress, delivers what it already holds for up to DrainTimeout, and
 // leaves the rest unsettled for the channel close to return in order.
 //
+// # Stopping: Drain and a graceful stop
+//
+// Drain (the pod is being deleted: the preStop hook calls it before the app
+// gets SIGTERM) and the end of Run's ctx run one sequence (stop), each step
+// idempotent:
+//
+//  1. nothing more is handed to the session workers (dispatch leaves new
+//     deliveries unsettled, still on the open channel);
+//  2. each worker finishes the app request in progress and what it already
+//     holds (up to DrainTimeout), waits for the fsync that covers it, acks,
+//     records its position in the status writer, and exits;
+//  3. every position recorded (Sidecar.positions) is written and flushed
+//     to its HCPSession, retried with backoff until it lands or the ctx
+//     ends (Drain's own; FlushTimeout at a graceful stop);
+//  4. only then is the consumer stopped: the channel closes without
+//     basic.cancel and the broker hands the unsettled rest, in order, to the
+//     next consumer (the event queue is single-active-consumer, so a standby
+//     pod takes over exactly now), which finds each HCPSession exact.
+//
+// After Drain the sidecar is not ready and delivers nothing but still
+// serves and republishes submits; Run returns when its ctx ends.
+//
 // # Durable state and which copy is authoritative
 //
-// The local store (HCP_STATE_DIR; see Store: a CRC-checked journal with
-// group-committed fsync and atomic compaction) is the deduplication source.
-// Every ack waits for the fsync of the record it depends on. The HCPSession
-// field status.callerAckedSequence is visibility only: it is the highest
-// sequence acked after its fsync, written through the coalescing status
-// writer at most once per Options.StatusInterval (default 5 s, coarser than
-// the callee sidecar's 1 s: both sidecars write the same object) and at
-// once when the session's task_completed or task_failed has been delivered.
-// It is written only when the HCPSession can be read in the sidecar's own
-// namespace — sessions live in the callee's namespace, which a caller in
-// another namespace, or outside the cluster, cannot write. A session whose
-// HCPSession is not found (yet: a cached client may not have seen it) keeps
-// its sequence and retries on its next ack and tick, and re-reads the
-// HCPSession at its terminal message, at stop and before its worker exits,
-// so the final value lands. A sidecar that lost its state directory
-// restarts with an empty store: redelivered events are then delivered
-// again (flagged redelivered=true) rather than lost.
+// A session's position (last_processed_sequence) has two durable copies:
+//
+//   - the local store (HCP_STATE_DIR; see Store: a CRC-checked journal with
+//     group-committed fsync and atomic compaction), an emptyDir: it survives
+//     a container restart, not a pod replacement. Every ack waits for the
+//     fsync of the record it depends on. While a pod runs, it is the
+//     deduplication source;
+//   - the HCPSession's status.callerAckedSequence: the highest sequence
+//     acked after its fsync, written through the coalescing status writer at
+//     most once per Options.StatusInterval (default 5 s, coarser than the
+//     callee sidecar's 1 s: both sidecars write the same object), at once
+//     when the session's task_completed or task_failed has been delivered,
+//     and exactly at Drain and at a graceful stop (see above). It survives
+//     the pod.
+//
+// Both are positions the app has processed (2xx) and the sidecar recorded,
+// so neither is ever ahead of the app: resuming from either can redeliver,
+// never lose. Which one a session worker starts from (stream.seed):
+//
+//   - no local record of the session, and not a task of this store (a new
+//     pod, a lost state directory): the HCPSession, read before anything of
+//     the session is delivered, through Options.Reader (uncached: a cache
+//     may not have seen the previous pod's last write yet); if the API
+//     server cannot be reached, a cached copy (older, so lower: safe); with
+//     neither, the read is retried for up to SeedTimeout, then the session
+//     starts from scratch with a warning. The callee and task come from its
+//     spec (the session is verified, its task adopted: adoptTask); a
+//     session whose HCPSession names another caller is refused
+//     (ReasonForeignSession);
+//   - a local record: the higher of the record and the HCPSession (one
+//     best-effort read, stream.refresh). The HCPSession can only be higher
+//     when another pod of this caller delivered the session meanwhile: with
+//     several replicas the queue's single active consumer moves between live
+//     pods when a connection drops. A record higher than the HCPSession is
+//     written back with the next report.
+//
+// callerAckedSequence is written only when the HCPSession is readable in the
+// sidecar's own namespace and names this caller. Sessions live in the
+// callee's namespace, which a caller in another namespace, or outside the
+// cluster, cannot read or write: for those sessions the guarantee falls
+// back to the local store alone (exact across a container restart; a new
+// pod starts them from scratch: the first event waits out the GapTimeout and
+// copies of events the previous pod delivered that are still queued are
+// delivered again). A session whose HCPSession is not found yet (a cached
+// client may not have seen it) keeps its sequence and retries on its next
+// ack and tick, and re-reads the HCPSession at its terminal message, at
+// stop and before its worker exits, so the final value lands.
+//
+// What a pod move does not cover: a pod lost without a graceful stop leaves
+// the HCPSession up to StatusInterval behind (the events acked after it are
+// gone from the queue, so the new pod sees the next one after a gap: held
+// for GapTimeout, then delivered and counted gap_skipped though nothing is
+// missing; copies republished by the callee in that window can be delivered
+// again); messages without a sequence are deduplicated by local records
+// only (at least once across a move: the app deduplicates on message_id);
+// the session token (for abort) is in the local store only.
 //
 // The one window no acknowledgement protocol closes without the app: the
 // app has processed an event (its 2xx is on the wire) and the sidecar
@@ -125,4 +186,17 @@
 // restart. The session id the callee will use is known at submit time
 // (topology.SessionID), so every event of the session can be checked
 // against the callee the task was sent to.
+//
+// Across a pod move the envelopes of pending submits are lost with the
+// state directory. A task the previous pod submitted is adopted from its
+// HCPSession (named topology.SessionID(callee, message_id); the callee
+// creates it when it decides the task, before answering): when the first
+// message of its session arrives, when the app asks GET /hcp/v1/tasks/{id},
+// or when the app posts the same message_id again (answered with the known
+// task instead of a second publish). Its answer is then recognised and
+// verified. An adopted task is never republished. Not covered: a submit
+// the callee has not decided yet is unknown to the new pod (a confirmed
+// publish is in the callee's durable command queue and will be answered; an
+// unconfirmed one the app posts again with the same message_id, which the
+// callee deduplicates).
 package caller

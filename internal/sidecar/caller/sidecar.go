@@ -40,10 +40,19 @@ const (
 	DefaultRetention         = 24 * time.Hour
 	DefaultDrainTimeout      = 5 * time.Second
 	// DefaultStatusInterval is the minimum time between two
-	// callerAckedSequence writes of one HCPSession: coarser than the callee
-	// sidecar's 1 s (the field is visibility only, and both sidecars write
-	// the same object). A session's terminal message writes at once.
+	// callerAckedSequence writes of one HCPSession while sessions run:
+	// coarser than the callee sidecar's 1 s (both sidecars write the same
+	// object, and a running pod's own store is the deduplication source). A
+	// session's terminal message, Drain and a graceful stop write at once.
 	DefaultStatusInterval = 5 * time.Second
+	// DefaultSeedTimeout bounds how long a session without a local record
+	// waits for its HCPSession to be readable before it is delivered
+	// without the position the previous pod recorded.
+	DefaultSeedTimeout = 30 * time.Second
+	// DefaultFlushTimeout bounds how long a graceful stop (Run's ctx ended)
+	// retries writing callerAckedSequence before the consumer's channel is
+	// closed.
+	DefaultFlushTimeout = 10 * time.Second
 )
 
 // RetryPolicy is how a task_submit without an answer is republished: the
@@ -84,10 +93,17 @@ type Options struct {
 	// Config is the sidecar configuration (mode caller): ID, Username,
 	// Vhost, HarnessURL (the app's base URL), Prefetch, StateDir, Namespace.
 	Config *config.Config
-	// Client reads HCPSessions in Config.Namespace (to learn a session's
-	// callee when no local record names it, and to know whether
-	// callerAckedSequence can be recorded). Optional.
+	// Client reads HCPSessions in Config.Namespace (typically from a cache):
+	// a session's callee and caller when no local record names them, and
+	// whether callerAckedSequence can be recorded. Optional: without Client
+	// and Reader, positions are durable in the local store only.
 	Client client.Client
+	// Reader reads HCPSessions uncached (the API server). A session without
+	// a local record (a new pod) resumes from the status.callerAckedSequence
+	// read through it, since a cache may not have seen the previous pod's
+	// last write yet; a cache miss is checked through it too. Optional: nil
+	// reads through Client.
+	Reader client.Reader
 	// Publisher publishes task_submit and abort (confirmed).
 	Publisher transport.Publisher
 	// Consumer consumes hcp.evt.{callerID}. A *transport.Conn must be
@@ -141,6 +157,12 @@ type Options struct {
 	// (for deduplication and the GET endpoints); default 24h, the event
 	// queue's default message TTL.
 	Retention time.Duration
+	// SeedTimeout bounds the wait for a session's HCPSession when the local
+	// store has no record of it (see DefaultSeedTimeout).
+	SeedTimeout time.Duration
+	// FlushTimeout bounds the final callerAckedSequence writes of a
+	// graceful stop (see DefaultFlushTimeout); Drain uses its own ctx.
+	FlushTimeout time.Duration
 }
 
 // Sidecar is the caller-mode sidecar.
@@ -156,30 +178,34 @@ type Sidecar struct {
 	queue    string
 
 	started atomic.Bool
-	// runCtx ends when Run's ctx ends; workers and timers watch it.
+	// runCtx ends when Run's ctx ends; timers watch it.
 	runCtx context.Context
 	// consuming is true while the consumer runs (readiness).
 	consuming atomic.Bool
+	// stopCh is closed when delivering stops (Drain, or Run's ctx ended):
+	// session workers finish what they hold and exit.
+	stopCh chan struct{}
 
 	mu       sync.Mutex
 	stopping bool
-	streams  map[string]*stream
-	workers  sync.WaitGroup
+	// stopConsume ends the consumer (its channel closes without
+	// basic.cancel); set by Run.
+	stopConsume context.CancelFunc
+	streams     map[string]*stream
+	workers     sync.WaitGroup
 	// answered holds task message ids whose answer has arrived (even if not
 	// yet delivered to the app), so they are not republished.
 	answered map[string]bool
 	// lookups caches HCPSession reads.
 	lookups map[string]lookup
+	// positions holds, per session, the callerAckedSequence this sidecar
+	// has asked the status writer to record and not yet seen written (see
+	// flushPositions).
+	positions map[string]int64
 	// submitMu serialises the check-and-create of a task_submit record.
 	submitMu sync.Mutex
 	// elsewhere logs once that HCPSessions are not in this namespace.
 	elsewhere sync.Once
-}
-
-type lookup struct {
-	found    bool
-	calleeID string
-	at       time.Time
 }
 
 // New validates opts and opens the state store.
@@ -255,6 +281,12 @@ func New(opts Options) (*Sidecar, error) {
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
+	if o.SeedTimeout <= 0 {
+		o.SeedTimeout = DefaultSeedTimeout
+	}
+	if o.FlushTimeout <= 0 {
+		o.FlushTimeout = DefaultFlushTimeout
+	}
 	if o.StatusInterval == 0 {
 		o.StatusInterval = DefaultStatusInterval
 	}
@@ -262,18 +294,20 @@ func New(opts Options) (*Sidecar, error) {
 		iv.SetInterval(o.StatusInterval)
 	}
 	s := &Sidecar{
-		cfg:      c,
-		o:        o,
-		log:      o.Log.WithValues("callerID", c.ID),
-		m:        o.Metrics,
-		clk:      o.Clock,
-		http:     o.HTTPClient,
-		store:    o.Store,
-		queue:    topology.EventQueue(c.ID),
-		streams:  map[string]*stream{},
-		answered: map[string]bool{},
-		lookups:  map[string]lookup{},
-		runCtx:   context.Background(),
+		cfg:       c,
+		o:         o,
+		log:       o.Log.WithValues("callerID", c.ID),
+		m:         o.Metrics,
+		clk:       o.Clock,
+		http:      o.HTTPClient,
+		store:     o.Store,
+		queue:     topology.EventQueue(c.ID),
+		streams:   map[string]*stream{},
+		answered:  map[string]bool{},
+		lookups:   map[string]lookup{},
+		positions: map[string]int64{},
+		runCtx:    context.Background(),
+		stopCh:    make(chan struct{}),
 	}
 	if s.store == nil {
 		st, err := OpenStore(c.StateDir)
@@ -296,6 +330,12 @@ func (s *Sidecar) Store() *Store { return s.store }
 // Ready reports whether the sidecar consumes its event queue and its store
 // is writable.
 func (s *Sidecar) Ready() error {
+	s.mu.Lock()
+	stopping := s.stopping
+	s.mu.Unlock()
+	if stopping {
+		return errors.New("drained or stopping: no longer delivering events")
+	}
 	if !s.consuming.Load() {
 		return errors.New("not consuming the event queue")
 	}
@@ -306,20 +346,29 @@ func (s *Sidecar) Ready() error {
 }
 
 // Run consumes the event queue and republishes pending submits until ctx
-// ends, then shuts down: the subscription is cancelled, app requests in
-// progress finish and are persisted and acked, deliveries already received
-// are still delivered for up to DrainTimeout, and whatever is left (behind a
-// gap, failed by the app) stays unsettled, so the broker returns it to the
-// head of the queue, in order, when the channel closes. The store is closed
-// last. Run may be called once.
+// ends, then shuts down (see stop): deliveries stop being handed to the
+// session workers, the app requests in progress finish and are persisted and
+// acked, deliveries already received are still delivered for up to
+// DrainTimeout, every session's callerAckedSequence is written (retried for
+// up to FlushTimeout), and only then does the consumer's channel close, so
+// whatever is left (behind a gap, failed by the app, not yet handed over)
+// returns to the head of the queue, in order, for the next consumer, which
+// can then rely on the HCPSession's position. After Drain, Run no longer
+// consumes but keeps republishing submits until ctx ends. The store is
+// closed last. Run may be called once.
 func (s *Sidecar) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("caller sidecar: Run called twice")
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The consumer outlives ctx until the positions are written.
+	consumeCtx, stopConsume := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopConsume()
 	s.mu.Lock()
 	s.runCtx = runCtx
+	s.stopConsume = stopConsume
+	drained := s.stopping // Drain before Run: nothing to consume
 	s.mu.Unlock()
 	s.log.Info("Starting caller sidecar", "queue", s.queue, "prefetch", s.cfg.Prefetch, "stateDir", s.cfg.StateDir,
 		"tasks", len(s.store.Tasks()), "sessions", len(s.store.Sessions()))
@@ -327,16 +376,38 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { s.retryLoop(runCtx) })
 	bg.Go(func() { s.housekeeping(runCtx) })
-	bg.Go(func() {
-		<-runCtx.Done()
-		s.mu.Lock()
-		s.stopping = true
-		s.mu.Unlock()
-	})
+	// A graceful stop: the same sequence as Drain, bounded by FlushTimeout.
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-runCtx.Done():
+		case <-consumeCtx.Done():
+			// Drained, or the consumer failed: Run still ends with ctx.
+			<-runCtx.Done()
+		}
+		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), s.o.FlushTimeout)
+		defer fcancel()
+		if err := s.stop(fctx); err != nil {
+			s.log.Error(err, "Stopped without recording every session's position in its HCPSession; a new pod may deliver some events again")
+		}
+	}()
 
-	s.consuming.Store(true)
-	err := s.o.Consumer.Consume(runCtx, s.queue, s.cfg.Prefetch, s.handle)
-	s.consuming.Store(false)
+	var err error
+	if drained {
+		stopConsume()
+	} else {
+		s.consuming.Store(true)
+		err = s.o.Consumer.Consume(consumeCtx, s.queue, s.cfg.Prefetch, s.handle)
+		s.consuming.Store(false)
+	}
+	if consumeCtx.Err() == nil {
+		// The consumer ended by itself (a failure): stop now and return it.
+		cancel()
+	} else if errors.Is(err, context.Canceled) || errors.Is(err, transport.ErrClosed) {
+		err = nil
+	}
+	<-stopped
 	cancel()
 	bg.Wait()
 	s.workers.Wait()
@@ -346,7 +417,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 	}
 	s.log.Info("Stopped caller sidecar")
-	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, transport.ErrClosed)) {
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
 		return nil
 	}
 	return err
@@ -372,10 +443,13 @@ func (s *Sidecar) housekeeping(ctx context.Context) {
 func (s *Sidecar) prune() {
 	cutoff := s.clk.Now().Add(-s.o.Retention)
 	for _, t := range s.store.Tasks() {
-		done := (t.State.answered() && t.Delivered) || t.State == TaskUnanswered || t.State == TaskExpired
+		done := (t.State.answered() && t.Delivered) || t.State == TaskUnanswered || t.State == TaskExpired || t.Adopted
 		last := t.AnsweredAt
 		if last.IsZero() {
 			last = t.LastAttemptAt
+		}
+		if last.IsZero() {
+			last = t.SubmittedAt
 		}
 		if done && last.Before(cutoff) {
 			if err := s.store.DeleteTask(t.MessageID); err != nil {
@@ -391,6 +465,9 @@ func (s *Sidecar) prune() {
 			s.mu.Lock()
 			_, active := s.streams[r.SessionID]
 			delete(s.lookups, r.SessionID)
+			if !active {
+				delete(s.positions, r.SessionID)
+			}
 			s.mu.Unlock()
 			if active {
 				continue

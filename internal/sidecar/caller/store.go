@@ -63,6 +63,10 @@ type TaskRecord struct {
 	ReasonMessage string    `json:"reason_message,omitempty"`
 	// Delivered is set once the answer was handed to the app (2xx).
 	Delivered bool `json:"delivered,omitempty"`
+	// Adopted: the task was submitted by an earlier pod of this caller
+	// (whose state directory is gone) and learnt from its HCPSession. It has
+	// no Envelope and is never republished.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // SessionRecord is the durable per-session state of the caller sidecar.

@@ -93,39 +93,63 @@ type stream struct {
 	// stopAt is set when the sidecar stops: the worker delivers what it
 	// already holds until then, and leaves the rest unsettled.
 	stopAt time.Time
+	// foreign: the session's HCPSession names another caller; its
+	// messages are refused.
+	foreign bool
 }
 
-// newStream builds the worker of session sid; called with s.mu held.
+// newStream builds the worker of session sid; called with s.mu held. Its
+// tracker is made by init, on the worker's goroutine.
 func (s *Sidecar) newStream(sid string) *stream {
-	rec, _ := s.store.Session(sid)
-	tr, err := session.NewTracker[*item](sid, session.TrackerOptions{Store: trackerStore{s.store}, MaxBuffer: s.o.MaxBuffer})
+	return &stream{
+		s:          s,
+		id:         sid,
+		log:        s.log.WithValues("session", sid),
+		inbox:      make(chan *item, 4*s.cfg.Prefetch+16),
+		lastActive: s.clk.Now(),
+	}
+}
+
+// init seeds the session from its HCPSession if the store has no record of
+// it (see seed) and builds its tracker from the store. It reports false if
+// the sidecar stopped first: nothing was delivered, and what the worker got
+// stays unsettled.
+func (w *stream) init() bool {
+	if !w.seed() {
+		return false
+	}
+	rec, _ := w.s.store.Session(w.id)
+	tr, err := session.NewTracker[*item](w.id, session.TrackerOptions{Store: trackerStore{w.s.store}, MaxBuffer: w.s.o.MaxBuffer})
 	if err != nil { // trackerStore.Load does not fail
 		panic(err)
 	}
-	return &stream{
-		s:             s,
-		id:            sid,
-		log:           s.log.WithValues("session", sid),
-		inbox:         make(chan *item, 4*s.cfg.Prefetch+16),
-		tracker:       tr,
-		maxSeen:       rec.LastSeq,
-		callee:        rec.CalleeID,
-		unverified:    rec.Unverified,
-		taskMessageID: rec.TaskMessageID,
-		capability:    rec.Capability,
-		lastActive:    s.clk.Now(),
+	w.maxSeen = max(w.maxSeen, rec.LastSeq)
+	if !w.foreign && w.callee == "" {
+		w.callee, w.unverified = rec.CalleeID, rec.Unverified
+		w.taskMessageID, w.capability = rec.TaskMessageID, rec.Capability
 	}
+	w.s.mu.Lock()
+	w.tracker = tr // read under s.mu by the session view
+	w.s.mu.Unlock()
+	return true
 }
 
 func (w *stream) run() {
 	defer w.s.workers.Done()
-	ctx := w.s.ctx()
+	if !w.init() {
+		w.s.mu.Lock()
+		if w.s.streams[w.id] == w {
+			delete(w.s.streams, w.id)
+		}
+		w.s.mu.Unlock()
+		return
+	}
 	every := min(max(w.s.o.GapTimeout/4, 10*time.Millisecond), time.Second)
 	tick := w.s.clk.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-w.s.stopCh:
 			w.drain()
 			return
 		case it := <-w.inbox:
@@ -181,6 +205,13 @@ func (w *stream) drain() {
 }
 
 func (w *stream) process(it *item) {
+	if w.foreign {
+		w.s.m.Rejects.WithLabelValues(ReasonForeignSession).Inc()
+		w.log.Info("WARNING: dropped a message of another caller's session", "sender", it.sender, "type", it.env.Type,
+			"messageID", it.env.MessageID)
+		w.s.settle(it, true)
+		return
+	}
 	w.checkChannel(it.dctx)
 	if !w.verify(it) {
 		return
@@ -287,7 +318,7 @@ func (w *stream) expectedCallee(it *item) (callee, source string) {
 	if t, ok := w.s.taskForSession(w.id); ok {
 		return t.CalleeID, "task"
 	}
-	if l := w.s.lookupSession(w.id); l.found && l.calleeID != "" {
+	if l := w.s.lookupSession(w.id, false); l.found && l.calleeID != "" {
 		return l.calleeID, "hcpsession"
 	}
 	if w.callee != "" {
@@ -514,7 +545,6 @@ func (w *stream) nextStale(b *barrier) bool {
 // msg is rebuilt per attempt so that a redelivered copy swapped in
 // meanwhile is the one sent.
 func (w *stream) deliverRetrying(what string, msg func() AppMessage) bool {
-	ctx := w.s.ctx()
 	for attempt := 1; ; attempt++ {
 		if w.stopping() {
 			return false
@@ -529,7 +559,7 @@ func (w *stream) deliverRetrying(what string, msg func() AppMessage) bool {
 		timer := w.s.clk.NewTimer(d)
 		select {
 		case <-timer.C():
-		case <-ctx.Done():
+		case <-w.s.stopCh:
 			timer.Stop()
 			if w.stopAt.IsZero() {
 				w.stopAt = w.s.clk.Now().Add(w.s.o.DrainTimeout)

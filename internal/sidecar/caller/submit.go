@@ -8,9 +8,6 @@ import (
 	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
@@ -111,6 +108,12 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 		}
 	}
 
+	if _, ok := s.store.Task(env.MessageID); !ok && req.MessageID != "" {
+		// The app may repeat a submit after this caller's pod moved: if the
+		// callee has decided it, its HCPSession says so, and publishing it
+		// again would only make the callee answer twice.
+		s.adoptTaskByID(ctx, env.MessageID, p.CalleeID)
+	}
 	s.submitMu.Lock()
 	if old, ok := s.store.Task(env.MessageID); ok {
 		s.submitMu.Unlock()
@@ -191,7 +194,9 @@ func (s *Sidecar) retryDue(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if t.State != TaskPending || s.isAnswered(t.MessageID) {
+		if t.State != TaskPending || s.isAnswered(t.MessageID) || len(t.Envelope) == 0 {
+			// Adopted tasks (submitted by an earlier pod) have no envelope
+			// to republish.
 			continue
 		}
 		now := s.clk.Now()
@@ -304,98 +309,4 @@ func (s *Sidecar) abort(ctx context.Context, sid, reason string) (string, *apiEr
 	}
 	s.log.Info("Sent an abort", "session", sid, "callee", rec.CalleeID, "messageID", env.MessageID)
 	return env.MessageID, nil
-}
-
-// lookupRetry is how long a missing HCPSession is not looked up again.
-const lookupRetry = 10 * time.Second
-
-// lookupSession reads the HCPSession named sid in the sidecar's namespace
-// (a hit is kept; a miss is re-checked after lookupRetry: with a cached
-// client the session's watch event may simply not have arrived yet).
-func (s *Sidecar) lookupSession(sid string) lookup {
-	s.mu.Lock()
-	l, ok := s.lookups[sid]
-	s.mu.Unlock()
-	if ok && (l.found || s.clk.Since(l.at) < lookupRetry) {
-		return l
-	}
-	if s.o.Client == nil {
-		return lookup{}
-	}
-	ctx, cancel := context.WithTimeout(s.ctx(), 5*time.Second)
-	defer cancel()
-	var hs v1alpha1.HCPSession
-	err := s.o.Client.Get(ctx, types.NamespacedName{Namespace: s.cfg.Namespace, Name: sid}, &hs)
-	switch {
-	case err == nil:
-		l = lookup{found: true, calleeID: hs.Spec.CalleeID, at: s.clk.Now()}
-	case apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
-		l = lookup{at: s.clk.Now()}
-		s.elsewhere.Do(func() {
-			s.log.Info("An HCPSession is not readable in this namespace (its callee runs in another namespace, or RBAC does not allow it); callerAckedSequence is recorded only for sessions whose HCPSession is here",
-				"namespace", s.cfg.Namespace, "session", sid, "reason", string(apierrors.ReasonForError(err)))
-		})
-		s.log.V(1).Info("No readable HCPSession for this session in the sidecar's namespace (its callee runs in another namespace, or RBAC does not allow it); callerAckedSequence is not recorded",
-			"session", sid, "namespace", s.cfg.Namespace, "reason", string(apierrors.ReasonForError(err)))
-	default:
-		s.log.Error(err, "Failed to read the HCPSession", "session", sid)
-		return lookup{}
-	}
-	s.mu.Lock()
-	s.lookups[sid] = l
-	s.mu.Unlock()
-	return l
-}
-
-// recordAcked records callerAckedSequence through the coalescing status
-// writer, when the HCPSession is in this namespace (or no client is given
-// to check). It reports false when the HCPSession was not found: the
-// session's worker keeps the sequence and calls again (on its next ack or
-// tick, and with fresh set at the session's terminal message, at stop and
-// before it exits idle), so the last value is not lost to a miss cached
-// while the cache had not yet seen a new HCPSession. fresh drops a cached
-// miss first.
-func (s *Sidecar) recordAcked(sid string, seq int64, fresh bool) bool {
-	if s.o.Status == nil {
-		return true
-	}
-	if s.o.Client != nil {
-		if fresh {
-			s.mu.Lock()
-			if l, ok := s.lookups[sid]; ok && !l.found {
-				delete(s.lookups, sid)
-			}
-			s.mu.Unlock()
-		}
-		if !s.lookupSession(sid).found {
-			return false
-		}
-	}
-	s.o.Status.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
-		if seq > st.CallerAckedSequence {
-			st.CallerAckedSequence = seq
-		}
-	})
-	return true
-}
-
-// statusFlusher is implemented by *status.Writer.
-type statusFlusher interface {
-	Flush(ctx context.Context, name string) error
-}
-
-// flushStatus writes sid's pending status now rather than after the
-// interval (a session's terminal message), without waiting for it.
-func (s *Sidecar) flushStatus(sid string) {
-	f, ok := s.o.Status.(statusFlusher)
-	if !ok {
-		return
-	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := f.Flush(ctx, sid); err != nil {
-			s.log.V(1).Info("Failed to flush callerAckedSequence; the status writer retries", "session", sid, "error", err.Error())
-		}
-	}()
 }

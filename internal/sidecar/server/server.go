@@ -123,7 +123,7 @@ func (f *Flag) Err() error {
 
 // ProbeHandler serves /healthz (the process is alive: always 200), /readyz
 // (ready) and /metrics (gatherer in Prometheus text format).
-func ProbeHandler(ready *Readiness, gatherer prometheus.Gatherer) http.Handler {
+func ProbeHandler(ready *Readiness, gatherer prometheus.Gatherer) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]string{statusKey: "ok"})

@@ -51,6 +51,14 @@ func NewReservingSequencer(ceiling, block int64, reserve ReserveFunc) *Sequencer
 	return &Sequencer{last: ceiling, ceiling: ceiling, block: max(block, 1), reserve: reserve}
 }
 
+// ResumeSequencer continues a sequence whose last number is last, with
+// numbers up to ceiling (>= last) already reserved, reserving further
+// blocks like NewReservingSequencer.
+func ResumeSequencer(last, ceiling, block int64, reserve ReserveFunc) *Sequencer {
+	last = max(last, 0)
+	return &Sequencer{last: last, ceiling: max(ceiling, last), block: max(block, 1), reserve: reserve}
+}
+
 // Next returns the next sequence number. It fails only when reserving a new
 // block fails (nothing is handed out then; a later call retries) or the
 // sequence is exhausted.

@@ -1,0 +1,312 @@
+package callee
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+)
+
+// DefaultResumeWait bounds how long a session waits PAUSED for a harness to
+// take it back (a restarting harness, a replica becoming ready).
+const DefaultResumeWait = 2 * time.Minute
+
+// released reports whether a session was handed over at a drain and waits
+// for another replica.
+func released(hs *v1alpha1.HCPSession) bool {
+	return hs.Status.PodName == "" && hs.Status.State == v1alpha1.SessionPaused && hs.Status.Reason == reasonHarnessMoved
+}
+
+func (s *Sidecar) draining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shuttingDn
+}
+
+func (s *Sidecar) readSession(ctx context.Context, id string) (*v1alpha1.HCPSession, error) {
+	var hs v1alpha1.HCPSession
+	if err := s.reader.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: id}, &hs); err != nil {
+		return nil, err
+	}
+	return &hs, nil
+}
+
+// readopt continues the sessions a previous incarnation of this sidecar in
+// the same pod left in the write-ahead log (a crash, an OOM kill): each
+// goes on with the next sequence number, what may not have reached the
+// broker is republished (the caller deduplicates), and the harness, which
+// usually still runs the task, keeps reporting to the same session. A
+// session another replica took over meanwhile is only stopped here.
+func (s *Sidecar) readopt(ctx context.Context) {
+	for id, ws := range s.walSessions {
+		log := s.log.WithValues("session", id)
+		hs, err := s.readSession(ctx, id)
+		switch {
+		case apierrors.IsNotFound(err):
+			_ = s.wal.Close(id)
+			continue
+		case err != nil:
+			log.Error(err, "Failed to read a session to re-adopt; the sweep retries")
+			continue
+		case hs.Status.PodName != s.pod && hs.Status.PodName != "":
+			log.Info("A session of the previous incarnation moved to another replica; stopping it here", "owner", hs.Status.PodName)
+			_ = s.wal.Close(id)
+			go s.harnessAbort(id, "session_moved")
+			continue
+		}
+		claims, err := sessionClaims(s.id, hs)
+		if err != nil {
+			log.Info("Skipped a session whose times cannot be derived", "error", err.Error())
+			continue
+		}
+		ss := s.restoreSession(hs, claims, ws.LastSeq, true)
+		ss.task, ss.keys, ss.index = ws.Task, ws.Keys, ws.LastIndex
+		if st, err := session.ParseState(ws.State); err == nil && ws.State != "" {
+			if m, err := session.Restore(st, hs.CreationTimestamp.Time, s.clk.Now()); err == nil {
+				ss.machine = m
+			}
+		}
+		s.st.Seed(hs.Name, hs.Status, s.clk.Now())
+		s.register(ss)
+		_ = ss.acquire(ctx)
+		for _, m := range ws.Pending {
+			if _, err := ss.republishLocked(m); err != nil {
+				log.Error(err, "Failed to republish a message of a re-adopted session", "sequence", m.Seq)
+			}
+		}
+		if ss.machine.IsTerminal() || hs.Status.State.IsTerminal() {
+			ss.leaveLocked() // ended before the crash: only its last messages were owed
+			ss.release()
+			continue
+		}
+		ss.armTimersLocked()
+		ss.delivered.Store(true) // the harness had it; the watchdog checks
+		ss.release()
+		log.Info("Re-adopted a session after a sidecar restart", "state", ss.machine.State(), "lastSequence", ws.LastSeq, "republished", len(ws.Pending))
+	}
+	s.walSessions = nil
+}
+
+// republishLocked publishes a logged message again. Called with lock.
+func (ss *sess) republishLocked(m wal.Message) (*pending, error) {
+	env, err := envelope.Decode(m.Body)
+	if err != nil {
+		return nil, err
+	}
+	pub := envelope.ToPublishing(env, m.Body, ss.sc.username)
+	return ss.enqueueLocked(ss.sc.life, m.Index, env.Type, m.RoutingKey, pub, m.Seq)
+}
+
+// armTimersLocked starts the max-duration timer (and the abort timer of an
+// ABORTING session). Called with lock.
+func (ss *sess) armTimersLocked() {
+	ss.timeout = ss.sc.clk.AfterFunc(ss.expiresAt.Sub(ss.sc.clk.Now()), ss.onTimeout)
+	if ss.machine.State() == session.StateAborting {
+		ss.abortTimer = ss.sc.clk.AfterFunc(ss.abortTimeout, ss.onAbortTimeout)
+	}
+}
+
+// takeOver claims a session nobody runs: its replica is gone (Lease
+// expired), it was released at a drain, or a previous incarnation of this
+// sidecar left it without a log. With a checkpoint it is resumed here
+// (RUNNING → PAUSED harness_moved → the harness gets the task and the
+// checkpoint → RUNNING recovered_from_checkpoint); without one it ends
+// FAILED harness_lost. PENDING records are removed so their command is
+// decided anew.
+func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
+	log := s.log.WithValues("session", hs.Name, "owner", hs.Status.PodName, "state", hs.Status.State)
+	st := hs.Status.State
+	if st == "" || st == v1alpha1.SessionPending {
+		// No reply was sent and the harness never saw the task: remove
+		// the record so the command, unacknowledged and so redelivered, is
+		// decided anew.
+		err := s.c.Delete(ctx, hs, client.Preconditions{UID: &hs.UID, ResourceVersion: &hs.ResourceVersion})
+		if err == nil {
+			log.Info("Removed an orphaned PENDING session; its command will be decided anew")
+		} else if !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			log.Error(err, "Failed to remove an orphaned PENDING session")
+		}
+		return
+	}
+	claims, err := sessionClaims(s.id, hs)
+	if err != nil {
+		log.Info("Skipped an orphaned session whose times cannot be derived", "error", err.Error())
+		return
+	}
+	rec, err := s.ckpt.Load(ctx, hs.Name)
+	if err != nil {
+		log.Error(err, "Failed to read the checkpoint of an orphaned session; the sweep retries")
+		return
+	}
+	prev, wasReleased := hs.Status.PodName, released(hs)
+	resumable := rec != nil && rec.Checkpoint != nil && st != v1alpha1.SessionAborting
+	msg := fmt.Sprintf("the replica running the session (pod %s) is gone; taken over by pod %s", prev, s.pod)
+	switch {
+	case wasReleased:
+		msg = fmt.Sprintf("handed over by its replica; resumed by pod %s", s.pod)
+	case prev == s.pod:
+		msg = fmt.Sprintf("the callee sidecar (pod %s) restarted without its session log", s.pod)
+	}
+	// Claim it: only the winner of this optimistic-lock write goes on.
+	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
+		st.PodName = s.pod
+		st.Message = truncate(msg, 1024)
+		setCondition(st, metav1.Condition{Type: v1alpha1.ConditionHandover, Status: metav1.ConditionTrue, Reason: "TakenOver",
+			Message: truncate(msg, 512), LastTransitionTime: metav1.NewTime(s.clk.Now())})
+	}); err != nil {
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			log.Error(err, "Failed to claim an orphaned session")
+		}
+		return
+	}
+	s.st.Seed(hs.Name, hs.Status, s.clk.Now())
+	// A released session's lastSequence is exact (written after its last
+	// confirm); otherwise continue after the reserved ceiling, never
+	// reusing a number the caller may have seen.
+	ss := s.restoreSession(hs, claims, hs.Status.LastSequence, wasReleased)
+	if rec != nil {
+		ss.task = rec.Task
+	}
+	s.register(ss)
+	if !resumable {
+		log.Info("Closing an orphaned session: nothing to resume from", "reason", codeHarnessLost)
+		ss.terminate(codeHarnessLost, msg+"; the session has no checkpoint to resume from", true)
+		if prev == s.pod {
+			go s.harnessAbort(hs.Name, codeHarnessLost)
+		}
+		return
+	}
+	_ = ss.acquire(ctx)
+	ss.armTimersLocked()
+	if ss.machine.State() == session.StateRunning {
+		if _, err := ss.transitionLocked(s.life, session.StatePaused, reasonHarnessMoved); err != nil {
+			log.Error(err, "Failed to publish state_changed to PAUSED")
+		}
+	}
+	ss.release()
+	log.Info("Took over a session; resuming it from its checkpoint", "checkpoint", rec.Checkpoint.ID, "released", wasReleased)
+	go ss.resumeFrom(reasonHarnessMoved, rec.Checkpoint)
+}
+
+// recoverHarness handles a harness that lost a running session (it
+// restarted, or stopped answering): with a checkpoint the session goes
+// RUNNING → PAUSED (harness_restarted) and is resumed from it; without
+// one it ends FAILED harness_lost.
+func (ss *sess) recoverHarness(why string) {
+	s := ss.sc
+	if ss.ended() || !ss.recovering.CompareAndSwap(false, true) {
+		return
+	}
+	defer ss.recovering.Store(false)
+	rec, err := s.ckpt.Load(s.life, ss.id)
+	if err != nil || rec == nil || rec.Checkpoint == nil {
+		if err != nil {
+			why += "; its checkpoint could not be read: " + err.Error()
+		} else {
+			why += "; the session has no checkpoint to resume from"
+		}
+		ss.terminate(codeHarnessLost, why, true)
+		return
+	}
+	_ = ss.acquire(context.Background())
+	if ss.machine.State() != session.StateRunning {
+		ss.release()
+		return
+	}
+	if _, err := ss.transitionLocked(s.life, session.StatePaused, reasonHarnessRestarted); err != nil {
+		ss.log.Error(err, "Failed to publish state_changed to PAUSED")
+	}
+	ss.delivered.Store(false)
+	ss.release()
+	ss.log.Info("The harness lost the session; resuming it from its checkpoint", "why", why, "checkpoint", rec.Checkpoint.ID)
+	ss.resumeFrom(reasonHarnessRestarted, rec.Checkpoint)
+}
+
+// resumeFrom hands the task and the checkpoint to the harness (retrying while
+// it is unreachable, up to DefaultResumeWait), then emits PAUSED → RUNNING
+// (recovered_from_checkpoint).
+func (ss *sess) resumeFrom(reason string, cp *checkpoint.Checkpoint) {
+	var body harnessTask
+	if err := json.Unmarshal(ss.task, &body); err != nil || body.SessionID == "" {
+		ss.terminate(codeHarnessLost, "the session's task record cannot be read; it cannot be resumed", true)
+		return
+	}
+	body.Resume = &resumeInfo{CheckpointID: cp.ID, State: cp.State, Sequence: cp.Sequence, Reason: reason}
+	raw, err := json.Marshal(body)
+	if err != nil {
+		ss.terminate(string(task.ReasonInternal), "the task could not be encoded for the harness: "+err.Error(), false)
+		return
+	}
+	attempts := int(DefaultResumeWait/(5*time.Second)) + 3
+	if herr := ss.handTask(raw, attempts); herr != nil {
+		ss.terminate(herr.code, herr.msg, herr.code == codeHarnessUnavailable)
+		return
+	}
+	_ = ss.acquire(context.Background())
+	defer ss.release()
+	if ss.machine.State() != session.StatePaused {
+		return // aborted or ended meanwhile
+	}
+	if _, err := ss.transitionLocked(ss.sc.life, session.StateRunning, reasonRecovered); err != nil {
+		ss.log.Error(err, "Failed to publish state_changed to RUNNING")
+	}
+}
+
+// restoreSession rebuilds a session from its HCPSession. With exact, last
+// is the last sequence used; otherwise the sequence resumes after the
+// reserved ceiling, never reusing a number the caller may have seen. Its
+// times are the token's (sessionClaims), not the status's.
+func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, last int64, exact bool) *sess {
+	ceiling, err := strconv.ParseInt(hs.Annotations[AnnotationSequenceCeiling], 10, 64)
+	if err != nil || ceiling < hs.Status.LastSequence {
+		ceiling = hs.Status.LastSequence + DefaultSequenceBlock
+	}
+	if !exact {
+		last = ceiling
+	}
+	m, err := session.Restore(session.State(hs.Status.State), hs.CreationTimestamp.Time, s.clk.Now())
+	if err != nil {
+		m, _ = session.Restore(session.StateRunning, hs.CreationTimestamp.Time, s.clk.Now())
+	}
+	abortTimeout := DefaultAbortTimeout
+	if cl, err := s.callee(s.life); err == nil {
+		abortTimeout = calleeDuration(cl.Spec.Sessions.AbortTimeout, DefaultAbortTimeout)
+	}
+	tok, _ := token.Issue(s.key, claims)
+	ss := &sess{
+		sc:             s,
+		id:             hs.Name,
+		callerID:       hs.Spec.CallerID,
+		capability:     hs.Spec.Capability,
+		taskMsgID:      hs.Spec.TaskMessageID,
+		risk:           task.RiskLevel(hs.Spec.RiskLevel),
+		token:          tok,
+		startedAt:      claims.IssuedAt,
+		expiresAt:      claims.ExpiresAt,
+		uid:            hs.UID,
+		log:            s.log.WithValues("session", hs.Name, "caller", hs.Spec.CallerID),
+		abortTimeout:   abortTimeout,
+		abortRequested: hs.Spec.AbortRequested,
+		lock:           make(chan struct{}, 1),
+		machine:        m,
+		events:         hs.Status.EventCount,
+		confirmQ:       make(chan *pending, confirmQueueSize),
+		confirmDone:    make(chan struct{}),
+	}
+	ss.seq = session.ResumeSequencer(last, ceiling, DefaultSequenceBlock, ss.reserver(ceiling))
+	ss.gauge(m.State(), 1)
+	return ss
+}

@@ -1,0 +1,509 @@
+// Package wal is the callee sidecar's write-ahead log of its sessions: for
+// each session it runs, the harness task it handed over, every message it
+// published that the broker has not confirmed yet (the encoded envelope,
+// in publish order), the highest event sequence it assigned, the session's
+// L2 state after the last state_changed, and the idempotency keys the
+// harness sent with its events.
+//
+// A record is written (one write(2) call) before its message is published.
+// A sidecar that restarts in the same pod (a crash, an OOM kill, a SIGKILL)
+// reads the log back and so continues every session it owned with the next
+// sequence number, republishes what may not have reached the broker (the
+// caller deduplicates by sequence), and answers a harness that retries an
+// event with the sequence it already got.
+//
+// Why no fsync: the log lives in the pod's emptyDir, which outlives a
+// container restart but not the pod. A process crash leaves every write(2)
+// that returned in the page cache, where the restarted process reads it;
+// a machine crash takes the pod (and its emptyDir) away, and the session
+// is then handed over from the HCPSession and its checkpoint instead (see
+// docs/reliability.md). An fsync would cost a disk flush per event and
+// protect nothing more.
+//
+// Records are framed as [length uint32][crc32c uint32][payload]; a torn
+// last record (a crash in the middle of a write) fails its checksum and is
+// dropped: its write had not returned, so nothing was published on its
+// strength. The log is compacted (rewritten with the live state, then
+// renamed over) when it grows past a threshold.
+package wal
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+)
+
+// FileName is the log's name inside the state directory.
+const FileName = "callee-sessions.wal"
+
+// DefaultCompactAt is the size past which the log is compacted.
+const DefaultCompactAt = 16 << 20
+
+// MaxKeys bounds the idempotency keys remembered per session (oldest go
+// first).
+const MaxKeys = 4096
+
+// Message is one published message of a session.
+type Message struct {
+	// Index orders the session's messages (1, 2, ...).
+	Index int64
+	// Seq is the event sequence (0 for task results).
+	Seq int64
+	// Key is the harness's idempotency key ("" for none).
+	Key string
+	// RoutingKey the message was published with.
+	RoutingKey string
+	// State is the session's L2 state after this message.
+	State string
+	// Body is the encoded envelope.
+	Body []byte
+}
+
+// Session is what the log knows of one open session.
+type Session struct {
+	ID string
+	// Task is the harness task the session was started with (JSON).
+	Task []byte
+	// LastSeq is the highest event sequence assigned.
+	LastSeq int64
+	// LastIndex is the index of the last message.
+	LastIndex int64
+	// Confirmed: every message with Index <= Confirmed was confirmed.
+	Confirmed int64
+	// State is the L2 state after the last message ("" before any).
+	State string
+	// Pending are the messages not known to be confirmed, in order.
+	Pending []Message
+	// Keys maps idempotency keys to their sequence.
+	Keys Keys
+}
+
+// Keys remembers the last MaxKeys idempotency keys and their sequences.
+type Keys struct {
+	m     map[string]int64
+	order []string
+}
+
+// Get returns the sequence a key was given.
+func (k *Keys) Get(key string) (int64, bool) {
+	seq, ok := k.m[key]
+	return seq, ok
+}
+
+// Len is the number of keys remembered.
+func (k *Keys) Len() int { return len(k.m) }
+
+// Put remembers a key, forgetting the oldest beyond MaxKeys.
+func (k *Keys) Put(key string, seq int64) {
+	if k.m == nil {
+		k.m = map[string]int64{}
+	}
+	if _, ok := k.m[key]; !ok {
+		k.order = append(k.order, key)
+	}
+	k.m[key] = seq
+	if len(k.order) > MaxKeys {
+		delete(k.m, k.order[0])
+		k.order = k.order[1:]
+	}
+}
+
+func (k Keys) clone() Keys {
+	c := Keys{m: make(map[string]int64, len(k.m)), order: slices.Clone(k.order)}
+	for key, v := range k.m {
+		c.m[key] = v
+	}
+	return c
+}
+
+func (s *Session) clone() *Session {
+	c := *s
+	c.Task = slices.Clone(s.Task)
+	c.Pending = slices.Clone(s.Pending)
+	c.Keys = s.Keys.clone()
+	return &c
+}
+
+func (s *Session) apply(m Message) {
+	s.LastIndex = max(s.LastIndex, m.Index)
+	s.LastSeq = max(s.LastSeq, m.Seq)
+	if m.State != "" {
+		s.State = m.State
+	}
+	if m.Index > s.Confirmed {
+		s.Pending = append(s.Pending, m)
+	}
+	if m.Key != "" {
+		s.Keys.Put(m.Key, m.Seq)
+	}
+}
+
+func (s *Session) confirm(index int64) {
+	if index <= s.Confirmed {
+		return
+	}
+	s.Confirmed = index
+	i := 0
+	for i < len(s.Pending) && s.Pending[i].Index <= index {
+		i++
+	}
+	s.Pending = slices.Delete(s.Pending, 0, i)
+}
+
+// Record kinds.
+const (
+	kindOpen    byte = 'O'
+	kindMessage byte = 'M'
+	kindConfirm byte = 'C'
+	kindClose   byte = 'X'
+)
+
+// Log is the write-ahead log. The zero directory keeps nothing (tests and
+// sidecars without a state directory): every method succeeds and Open
+// returns no sessions.
+type Log struct {
+	path      string
+	compactAt int64
+
+	mu       sync.Mutex
+	f        *os.File
+	size     int64
+	sessions map[string]*Session
+	buf      []byte
+}
+
+// Open opens (or creates) the log in dir and returns the sessions it holds.
+func Open(dir string) (*Log, map[string]*Session, error) {
+	l := &Log{compactAt: DefaultCompactAt, sessions: map[string]*Session{}}
+	if dir == "" {
+		return l, map[string]*Session{}, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("wal: %w", err)
+	}
+	l.path = filepath.Join(dir, FileName)
+	f, err := os.OpenFile(l.path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("wal: %w", err)
+	}
+	valid, err := l.replay(f)
+	if err != nil {
+		_ = f.Close()
+		return nil, nil, err
+	}
+	// Drop a torn tail so new records follow the last good one.
+	if err := f.Truncate(valid); err != nil {
+		_ = f.Close()
+		return nil, nil, fmt.Errorf("wal: %w", err)
+	}
+	if _, err := f.Seek(valid, io.SeekStart); err != nil {
+		_ = f.Close()
+		return nil, nil, fmt.Errorf("wal: %w", err)
+	}
+	l.f, l.size = f, valid
+	out := make(map[string]*Session, len(l.sessions))
+	for id, s := range l.sessions {
+		out[id] = s.clone()
+	}
+	return l, out, nil
+}
+
+// SetCompactAt overrides DefaultCompactAt (tests).
+func (l *Log) SetCompactAt(n int64) { l.compactAt = n }
+
+// Open records a new session and the task it runs.
+func (l *Log) Open(id string, task []byte) error {
+	return l.write(func(b []byte) []byte { return appendOpen(b, id, task) }, func() {
+		l.sessions[id] = &Session{ID: id, Task: slices.Clone(task)}
+	})
+}
+
+// Append records messages of a session about to be published.
+func (l *Log) Append(id string, ms ...Message) error {
+	return l.write(func(b []byte) []byte {
+		for _, m := range ms {
+			b = appendMessage(b, id, m)
+		}
+		return b
+	}, func() {
+		s := l.session(id)
+		for _, m := range ms {
+			s.apply(m)
+		}
+	})
+}
+
+// Confirm records that every message of the session up to index was
+// confirmed by the broker.
+func (l *Log) Confirm(id string, index int64) error {
+	return l.write(func(b []byte) []byte { return appendConfirm(b, id, index) }, func() {
+		l.session(id).confirm(index)
+	})
+}
+
+// Close forgets a session (it ended and everything was confirmed, or it was
+// handed over).
+func (l *Log) Close(id string) error {
+	return l.write(func(b []byte) []byte { return appendClose(b, id) }, func() {
+		delete(l.sessions, id)
+	})
+}
+
+// Release closes the file.
+func (l *Log) Release() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+func (l *Log) session(id string) *Session {
+	s, ok := l.sessions[id]
+	if !ok {
+		s = &Session{ID: id}
+		l.sessions[id] = s
+	}
+	return s
+}
+
+// write frames the records encode produces, writes them in one call, then
+// applies them to the in-memory mirror (kept for compaction).
+func (l *Log) write(encode func([]byte) []byte, apply func()) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	apply()
+	if l.path == "" {
+		return nil
+	}
+	if l.f == nil {
+		return errors.New("wal: closed")
+	}
+	l.buf = encode(l.buf[:0])
+	n, err := l.f.Write(l.buf)
+	l.size += int64(n)
+	if err != nil {
+		return fmt.Errorf("wal: %w", err)
+	}
+	if l.size > l.compactAt {
+		return l.compact()
+	}
+	return nil
+}
+
+// compact rewrites the log with the live state only. Called with mu.
+func (l *Log) compact() error {
+	tmp := l.path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("wal: compact: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	var b []byte
+	var size int64
+	for id, s := range l.sessions {
+		b = appendOpen(b[:0], id, s.Task)
+		b = appendSnapshot(b, id, s)
+		n, _ := w.Write(b)
+		size += int64(n)
+	}
+	if err := w.Flush(); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("wal: compact: %w", err)
+	}
+	if err := os.Rename(tmp, l.path); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("wal: compact: %w", err)
+	}
+	_ = l.f.Close()
+	l.f, l.size = f, size
+	return nil
+}
+
+// appendSnapshot encodes a session's state after its open record: the
+// confirmed watermark, then the pending messages, and its remembered keys
+// as key-only messages (index 0, never pending).
+func appendSnapshot(b []byte, id string, s *Session) []byte {
+	b = appendMessage(b, id, Message{Index: s.LastIndex, Seq: s.LastSeq, State: s.State})
+	b = appendConfirm(b, id, s.Confirmed)
+	for _, k := range s.Keys.order {
+		b = appendMessage(b, id, Message{Key: k, Seq: s.Keys.m[k]})
+	}
+	for _, m := range s.Pending {
+		b = appendMessage(b, id, m)
+	}
+	return b
+}
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+func frame(b []byte, payload func([]byte) []byte) []byte {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0)
+	b = payload(b)
+	p := b[start+8:]
+	binary.LittleEndian.PutUint32(b[start:], uint32(len(p)))
+	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(p, crcTable))
+	return b
+}
+
+func appendBytes(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+func appendString(b []byte, v string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+func appendOpen(b []byte, id string, task []byte) []byte {
+	return frame(b, func(b []byte) []byte {
+		b = append(b, kindOpen)
+		b = appendString(b, id)
+		return appendBytes(b, task)
+	})
+}
+
+func appendMessage(b []byte, id string, m Message) []byte {
+	return frame(b, func(b []byte) []byte {
+		b = append(b, kindMessage)
+		b = appendString(b, id)
+		b = binary.AppendVarint(b, m.Index)
+		b = binary.AppendVarint(b, m.Seq)
+		b = appendString(b, m.Key)
+		b = appendString(b, m.RoutingKey)
+		b = appendString(b, m.State)
+		return appendBytes(b, m.Body)
+	})
+}
+
+func appendConfirm(b []byte, id string, index int64) []byte {
+	return frame(b, func(b []byte) []byte {
+		b = append(b, kindConfirm)
+		b = appendString(b, id)
+		return binary.AppendVarint(b, index)
+	})
+}
+
+func appendClose(b []byte, id string) []byte {
+	return frame(b, func(b []byte) []byte {
+		b = append(b, kindClose)
+		return appendString(b, id)
+	})
+}
+
+// maxRecord bounds one record (an envelope is at most 1 MiB).
+const maxRecord = 8 << 20
+
+// replay applies every valid record of f and returns the offset after the
+// last one.
+func (l *Log) replay(f *os.File) (int64, error) {
+	r := bufio.NewReaderSize(f, 1<<20)
+	var off int64
+	hdr := make([]byte, 8)
+	for {
+		if _, err := io.ReadFull(r, hdr); err != nil {
+			return off, nil // EOF or a torn header
+		}
+		n := binary.LittleEndian.Uint32(hdr)
+		if n == 0 || n > maxRecord {
+			return off, nil
+		}
+		p := make([]byte, n)
+		if _, err := io.ReadFull(r, p); err != nil {
+			return off, nil
+		}
+		if crc32.Checksum(p, crcTable) != binary.LittleEndian.Uint32(hdr[4:]) {
+			return off, nil
+		}
+		if err := l.applyRecord(p); err != nil {
+			return off, nil
+		}
+		off += 8 + int64(n)
+	}
+}
+
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) bytes() []byte {
+	n, k := binary.Uvarint(r.b)
+	if k <= 0 || uint64(len(r.b)-k) < n {
+		r.err = errors.New("wal: bad record")
+		return nil
+	}
+	v := r.b[k : k+int(n)]
+	r.b = r.b[k+int(n):]
+	return v
+}
+
+func (r *reader) int() int64 {
+	v, k := binary.Varint(r.b)
+	if k <= 0 {
+		r.err = errors.New("wal: bad record")
+		return 0
+	}
+	r.b = r.b[k:]
+	return v
+}
+
+func (l *Log) applyRecord(p []byte) error {
+	r := &reader{b: p[1:]}
+	id := string(r.bytes())
+	switch p[0] {
+	case kindOpen:
+		task := slices.Clone(r.bytes())
+		if r.err == nil {
+			l.sessions[id] = &Session{ID: id, Task: task}
+		}
+	case kindMessage:
+		m := Message{Index: r.int(), Seq: r.int()}
+		m.Key = string(r.bytes())
+		m.RoutingKey = string(r.bytes())
+		m.State = string(r.bytes())
+		m.Body = slices.Clone(r.bytes())
+		if r.err == nil {
+			if m.Index == 0 { // a remembered key or a snapshot header
+				s := l.session(id)
+				if m.Key != "" {
+					s.Keys.Put(m.Key, m.Seq)
+				}
+				break
+			}
+			if m.RoutingKey == "" { // snapshot header
+				s := l.session(id)
+				s.LastIndex, s.LastSeq = max(s.LastIndex, m.Index), max(s.LastSeq, m.Seq)
+				if m.State != "" {
+					s.State = m.State
+				}
+				break
+			}
+			l.session(id).apply(m)
+		}
+	case kindConfirm:
+		idx := r.int()
+		if r.err == nil {
+			l.session(id).confirm(idx)
+		}
+	case kindClose:
+		if r.err == nil {
+			delete(l.sessions, id)
+		}
+	default:
+		return errors.New("wal: unknown record")
+	}
+	return r.err
+}

@@ -1,0 +1,132 @@
+package wal
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func msg(i int64, key string) Message {
+	return Message{Index: i, Seq: i, Key: key, RoutingKey: "alpha.s.event", State: "RUNNING", Body: []byte(fmt.Sprintf(`{"n":%d}`, i))}
+}
+
+func reopen(t *testing.T, dir string) map[string]*Session {
+	t.Helper()
+	l, ss, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	return ss
+}
+
+func TestReplayKeepsUnconfirmedMessagesAndKeys(t *testing.T) {
+	dir := t.TempDir()
+	l, ss, err := Open(dir)
+	if err != nil || len(ss) != 0 {
+		t.Fatalf("fresh log: %v %v", ss, err)
+	}
+	must(t, l.Open("s1", []byte(`{"task":1}`)))
+	for i := int64(1); i <= 5; i++ {
+		must(t, l.Append("s1", msg(i, fmt.Sprintf("k%d", i))))
+	}
+	must(t, l.Confirm("s1", 3))
+	must(t, l.Open("s2", nil))
+	must(t, l.Append("s2", msg(1, "")))
+	must(t, l.Close("s2"))
+	must(t, l.Release())
+
+	got := reopen(t, dir)
+	if len(got) != 1 {
+		t.Fatalf("sessions after replay: %d, want 1 (s2 was closed)", len(got))
+	}
+	s := got["s1"]
+	if string(s.Task) != `{"task":1}` || s.LastSeq != 5 || s.Confirmed != 3 || s.State != "RUNNING" {
+		t.Fatalf("replayed %+v", s)
+	}
+	if len(s.Pending) != 2 || s.Pending[0].Seq != 4 || string(s.Pending[1].Body) != `{"n":5}` {
+		t.Fatalf("pending %+v", s.Pending)
+	}
+	if get(s, "k2") != 2 || get(s, "k5") != 5 {
+		t.Fatalf("keys: %d", s.Keys.Len())
+	}
+}
+
+func TestTornTailIsDropped(t *testing.T) {
+	dir := t.TempDir()
+	l, _, err := Open(dir)
+	must(t, err)
+	must(t, l.Open("s1", nil))
+	must(t, l.Append("s1", msg(1, "")))
+	must(t, l.Append("s1", msg(2, "")))
+	must(t, l.Release())
+	path := filepath.Join(dir, FileName)
+	fi, err := os.Stat(path)
+	must(t, err)
+	must(t, os.Truncate(path, fi.Size()-3)) // a crash in the middle of the last write
+	l, ss, err := Open(dir)
+	must(t, err)
+	if s := ss["s1"]; s == nil || s.LastSeq != 1 || len(s.Pending) != 1 {
+		t.Fatalf("after a torn tail: %+v", ss["s1"])
+	}
+	// New records follow the last good one.
+	must(t, l.Append("s1", msg(2, "again")))
+	must(t, l.Release())
+	if s := reopen(t, dir)["s1"]; s.LastSeq != 2 || get(s, "again") != 2 {
+		t.Fatalf("append after truncation: %+v", s)
+	}
+}
+
+func TestCompactionKeepsTheLiveState(t *testing.T) {
+	dir := t.TempDir()
+	l, _, err := Open(dir)
+	must(t, err)
+	l.SetCompactAt(4 << 10)
+	must(t, l.Open("s1", []byte("task")))
+	for i := int64(1); i <= 500; i++ {
+		must(t, l.Append("s1", msg(i, fmt.Sprintf("k%d", i))))
+		if i%10 == 0 {
+			must(t, l.Confirm("s1", i-2))
+		}
+	}
+	must(t, l.Release())
+	fi, err := os.Stat(filepath.Join(dir, FileName))
+	must(t, err)
+	if fi.Size() > 64<<10 {
+		t.Fatalf("log not compacted: %d bytes", fi.Size())
+	}
+	s := reopen(t, dir)["s1"]
+	if s == nil || string(s.Task) != "task" || s.LastSeq != 500 || s.Confirmed != 498 || len(s.Pending) != 2 || s.Pending[0].Seq != 499 {
+		t.Fatalf("after compaction: %+v", s)
+	}
+	if get(s, "k500") != 500 || get(s, "k1") != 1 {
+		t.Fatalf("keys after compaction: %d keys", s.Keys.Len())
+	}
+}
+
+func TestKeysAreBounded(t *testing.T) {
+	l, _, err := Open("")
+	must(t, err)
+	for i := int64(1); i <= MaxKeys+10; i++ {
+		must(t, l.Append("s", msg(i, fmt.Sprintf("k%d", i))))
+	}
+	s := l.sessions["s"]
+	if s.Keys.Len() != MaxKeys || get(s, "k1") != 0 || get(s, fmt.Sprintf("k%d", MaxKeys+10)) == 0 {
+		t.Fatalf("keys: %d", s.Keys.Len())
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func get(s *Session, key string) int64 {
+	seq, _ := s.Keys.Get(key)
+	return seq
+}
