@@ -19,6 +19,8 @@ export CGO_ENABLED ?= 0
 
 # Test settings.
 GO_TEST_FLAGS ?= -count=1
+# CHAOS_REPORT receives the fault table of `make chaos`.
+CHAOS_REPORT ?= $(CURDIR)/test/e2e/_artifacts/chaos.md
 TEST_TIMEOUT ?= 40m
 
 .PHONY: all
@@ -94,6 +96,10 @@ bench: testbed ## Benchmarks against their raw baselines in the same run: transp
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end suite (test/e2e): chart install, samples, sessions on the local stack (root; brought up if not running) or, with HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.
 	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...
+
+.PHONY: chaos
+chaos: ## Run the end-to-end suite with every chaos fault (sidecar, app and pod kills, rollouts, an operator upgrade, caller faults, a broker restart, the API server down 30 s); the table goes to CHAOS_REPORT.
+	HCP_CHAOS=full HCP_CHAOS_REPORT=$(CHAOS_REPORT) go test -tags e2e -count=1 -timeout 60m -run '^TestHCP$$' -v ./test/e2e/...
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.

@@ -12,6 +12,10 @@
 #                           mounts, hostname), like kubectl exec
 #   local-stack.sh netns NAMESPACE/POD
 #                           print the pod's network namespace (for ip netns exec)
+#   local-stack.sh kill NAMESPACE/POD CONTAINER [SIGNAL]
+#                           signal a container's processes (default KILL), like a crash
+#   local-stack.sh freeze PROCESS SECONDS
+#                           SIGSTOP a stack process (e.g. kube-apiserver), SIGCONT after
 #
 # What runs (all on this machine, state in $HCP_STACK_DIR):
 #   etcd                     127.0.0.1:$HCP_ETCD_PORT
@@ -226,7 +230,9 @@ wait_until() {
   local what=$1 name=$2; shift 2
   local start=$SECONDS next=$((SECONDS + 10))
   until "$@" >/dev/null 2>&1; do
-    if [ -n "$name" ] && ! running "$name"; then
+    # Checked twice: /proc/PID/cmdline reads empty for an instant while a
+    # wrapper script execs the real binary (testbed-mto.sh does).
+    if [ -n "$name" ] && ! running "$name" && ! { sleep 0.5; running "$name"; }; then
       tail -n 30 "$logs/$name.log" >&2 || true
       die "$name exited while waiting for: $what (log: $logs/$name.log)"
     fi
@@ -476,6 +482,32 @@ pod_exec() {
   exec nsenter -t "$pid" -n -m -u -- "$@"
 }
 
+# pod_kill NS/POD CONTAINER [SIGNAL]: signals a container's process group
+# (default KILL), as an OOM kill or a crash would end it; the pod runner
+# restarts it under the pod's restartPolicy.
+pod_kill() {
+  local ref=${1:-} container=${2:-} sig=${3:-KILL}
+  [ -n "$ref" ] && [ -n "$container" ] || die "usage: $0 kill NAMESPACE/POD CONTAINER [SIGNAL]"
+  local pid; pid=$(pod_pid "$ref" "$container")
+  kill -"$sig" -- "-$pid"
+  log "sent SIG$sig to $ref container $container (process group $pid)"
+}
+
+# freeze NAME SECONDS: stops a stack process (e.g. kube-apiserver) with
+# SIGSTOP and resumes it after SECONDS: it accepts connections but answers
+# nothing, as a hung or partitioned server does.
+freeze() {
+  local name=${1:-} secs=${2:-}
+  [ -n "$name" ] && [ -n "$secs" ] || die "usage: $0 freeze PROCESS SECONDS (e.g. kube-apiserver 30)"
+  running "$name" || die "$name is not running"
+  local pid; pid=$(pid_of "$name")
+  kill -STOP "$pid"
+  log "froze $name (pid $pid) for ${secs}s"
+  sleep "$secs"
+  kill -CONT "$pid"
+  log "resumed $name"
+}
+
 pod_netns() {
   local ref=${1:-} ns pod uid
   ns=${ref%%/*}; pod=${ref#*/}
@@ -494,5 +526,7 @@ case "$cmd" in
     cat "$stack/env" ;;
   exec) find_kubectl; pod_exec "$@" ;;
   netns) find_kubectl; pod_netns "$@" ;;
-  *) die "usage: $0 up|down|status|env|exec NS/POD [-c CONTAINER] -- CMD...|netns NS/POD" ;;
+  kill) find_kubectl; pod_kill "$@" ;;
+  freeze) freeze "$@" ;;
+  *) die "usage: $0 up|down|status|env|exec NS/POD [-c CONTAINER] -- CMD...|netns NS/POD|kill NS/POD CONTAINER [SIGNAL]|freeze PROCESS SECONDS" ;;
 esac

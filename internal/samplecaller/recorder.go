@@ -48,6 +48,8 @@ type Received struct {
 	EventType   string    `json:"event_type,omitempty"`
 	Redelivered bool      `json:"redelivered,omitempty"`
 	At          time.Time `json:"at"`
+	// Data is an event's data (progress, state_changed, ...).
+	Data json.RawMessage `json:"data,omitempty"`
 }
 
 // SessionLog is what the app saw of one session.
@@ -211,7 +213,7 @@ func (r *Recorder) Record(m Message) {
 		return
 	}
 	r.seen[m.MessageID] = true
-	s.Messages = append(s.Messages, Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: time.Now()})
+	s.Messages = append(s.Messages, Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: time.Now(), Data: m.Data})
 	switch m.Type {
 	case "task_accepted", "task_rejected":
 		if s.Answer != "" {

@@ -72,6 +72,7 @@ func TestHCP(t *testing.T) {
 		{"Rejections", r.rejections},
 		{"Abort", r.abort},
 		{"Timeout", r.timeout},
+		{"Chaos", r.chaos},
 		{"DeleteCallee", r.deleteCallee},
 		{"DeleteCaller", r.deleteCaller},
 	} {
@@ -270,11 +271,16 @@ func conditions(conds []metav1.Condition) string {
 
 // get GETs url in the caller pod and decodes the JSON answer into out.
 func (r *samplesRun) get(ctx context.Context, url string, out any) error {
+	return getJSON(ctx, r.app, url, out)
+}
+
+// getJSON GETs url with hc and decodes the JSON answer into out.
+func getJSON(ctx context.Context, hc *http.Client, url string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := r.app.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}

@@ -274,8 +274,10 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 	if err != nil || ceiling < hs.Status.LastSequence {
 		ceiling = hs.Status.LastSequence + DefaultSequenceBlock
 	}
+	// Every sequence up to an exact last is one published event.
+	events := last
 	if !exact {
-		last = ceiling
+		last, events = ceiling, hs.Status.EventCount
 	}
 	m, err := session.Restore(session.State(hs.Status.State), hs.CreationTimestamp.Time, s.clk.Now())
 	if err != nil {
@@ -302,7 +304,7 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 		abortRequested: hs.Spec.AbortRequested,
 		lock:           make(chan struct{}, 1),
 		machine:        m,
-		events:         hs.Status.EventCount,
+		events:         events,
 		confirmQ:       make(chan *pending, confirmQueueSize),
 		confirmDone:    make(chan struct{}),
 	}

@@ -189,8 +189,9 @@ func TestSidecarSIGKILLReadoptsSessions(t *testing.T) {
 		t.Fatalf("transitions %v: the restart must not show", tr)
 	}
 	hs := b.waitState(sid, v1alpha1.SessionCompleted, 10*time.Second)
-	if hs.Status.LastSequence != evs[len(evs)-1].Sequence {
-		t.Fatalf("status.lastSequence %d, last event %d", hs.Status.LastSequence, evs[len(evs)-1].Sequence)
+	if hs.Status.LastSequence != evs[len(evs)-1].Sequence || hs.Status.EventCount != int64(len(evs)) {
+		t.Fatalf("status.lastSequence %d eventCount %d, want the last event's %d and the %d events published",
+			hs.Status.LastSequence, hs.Status.EventCount, evs[len(evs)-1].Sequence, len(evs))
 	}
 }
 
