@@ -98,6 +98,7 @@ func (s *Sidecar) readopt(ctx context.Context) {
 		log.Info("Re-adopted a session after a sidecar restart", "state", ss.machine.State(), "lastSequence", ws.LastSeq, "republished", len(ws.Pending))
 	}
 	s.walSessions = nil
+	s.adopting.Store(false)
 }
 
 // republishLocked publishes a logged message again. Called with lock.

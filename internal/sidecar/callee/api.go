@@ -57,11 +57,16 @@ func (s *Sidecar) routes() http.Handler {
 	return mux
 }
 
-// lookup finds the session of the request or answers 404.
+// lookup finds the session of the request or answers 404 (503 while
+// the sessions of a previous incarnation are being re-adopted).
 func (s *Sidecar) lookup(w http.ResponseWriter, r *http.Request) *sess {
 	id := r.PathValue("id")
 	if ss := s.session(strings.ToLower(id)); ss != nil {
 		return ss
+	}
+	if s.adopting.Load() {
+		server.Errorf(w, http.StatusServiceUnavailable, server.CodeUnavailable, "the sidecar restarted and is re-adopting its sessions; retry")
+		return nil
 	}
 	server.Errorf(w, http.StatusNotFound, server.CodeNotFound, "no session %q runs on this sidecar (it never existed, ended long ago, or runs on another replica)", truncate(id, 64))
 	return nil

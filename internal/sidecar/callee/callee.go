@@ -23,6 +23,31 @@
 // redelivery on another replica, or the recovery of a crashed replica)
 // decides it. The task reaches the harness only after RUNNING is stored, so
 // no crash can make two harnesses run one task.
+//
+// # Where things are
+//
+// One type owns a session's lifecycle: sess (session.go), with its L2
+// machine. Every state change goes through its lifecycle methods; the
+// other files are the ways into it.
+//
+//	callee.go       Options, New, the Sidecar
+//	run.go          Run: consume, then drain and shut down
+//	submit.go       a command from the queue: decode, route, the task_submit entry
+//	decide.go       the L3 decision and the HCPSession it is recorded in
+//	duplicate.go    a task_submit seen before (redelivery, another replica)
+//	reply.go        task_accepted/task_rejected: build, publish, settle the delivery
+//	gate.go         the L3 gate's pure checks
+//	session.go      sess: the owner of one session, its registry and lock
+//	lifecycle.go    sess: start, transitions, terminal outcomes, abort, timeouts
+//	publish.go      sess: sequencing, the write-ahead log, publishing, confirms
+//	session_api.go  sess: what the harness API asks of a session
+//	api.go          the harness API's HTTP handlers
+//	harness.go      calls to the harness: hand-over, resume, the watchdog
+//	own.go          ownership and fencing (the pod's Lease)
+//	adopt.go        re-adopting sessions from the log, taking over lost ones
+//	drain.go        handing sessions over when the pod goes away
+//	abort.go        aborts from the HCPSession (spec.abortRequested)
+//	recovery.go     sessions of vanished pods
 package callee
 
 import (
@@ -35,6 +60,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -203,6 +229,10 @@ type Sidecar struct {
 	// walSessions is what it held at start, for re-adoption.
 	wal         *wal.Log
 	walSessions map[string]*wal.Session
+	// adopting is set until the sessions in walSessions are re-adopted:
+	// meanwhile the harness API answers 503 (retry), not 404, for a
+	// session it does not hold yet.
+	adopting    atomic.Bool
 	lease       *lease.Keeper
 	ckpt        *checkpoint.Store
 	drainOnce   sync.Once
@@ -329,6 +359,7 @@ func New(o Options) (*Sidecar, error) {
 	o.Status.SetStateLabel(v1alpha1.LabelSessionState)
 	s.life, s.stopLife = context.WithCancel(context.Background())
 	s.handler = s.routes()
+	s.adopting.Store(len(walSessions) > 0)
 	return s, nil
 }
 
@@ -351,144 +382,6 @@ func (s *Sidecar) Ready() error {
 	}
 	return nil
 }
-
-// Run checks the topology, recovers the sessions a previous incarnation
-// left behind, consumes commands until ctx ends, then shuts down
-// gracefully: it stops consuming, finishes the deliveries in hand, lets
-// running sessions go on for Timeouts.ShutdownDrain, fails the rest
-// (callee_shutdown), waits for their last events to be confirmed and
-// flushes their status.
-func (s *Sidecar) Run(ctx context.Context) error {
-	defer s.stopLife()
-	log := s.log.WithValues("callee", s.id, "pod", s.pod)
-	queue := topology.CommandQueue(s.id)
-
-	if err := s.checkTopology(ctx); err != nil {
-		return err
-	}
-	if cl, err := s.callee(ctx); err == nil {
-		s.st.SetInterval(calleeDuration(cl.Spec.Sessions.StatusUpdateInterval, status.DefaultInterval))
-	} else {
-		log.Error(err, "Failed to read the Callee; using default session settings for now")
-	}
-	if err := s.watchAborts(ctx); err != nil {
-		return err
-	}
-	defer func() { _ = s.wal.Release() }()
-	s.readopt(ctx)
-	s.recover(ctx)
-	go s.sweepLoop(ctx)
-	go s.harnessWatchdog(ctx)
-
-	consumeCtx, stopConsume := context.WithCancel(context.WithoutCancel(ctx))
-	s.mu.Lock()
-	s.stopConsume = stopConsume
-	s.mu.Unlock()
-	consumeDone := make(chan error, 1)
-	go func() {
-		s.consuming.set(true, nil)
-		err := s.cons.Consume(consumeCtx, queue, s.cfg.Prefetch, s.handle)
-		s.consuming.set(false, err)
-		consumeDone <- err
-	}()
-	log.Info("Consuming commands", "queue", queue, "prefetch", s.cfg.Prefetch)
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case err := <-consumeDone:
-		if s.draining() {
-			// Drained (the pod is being deleted): stay up, serving the
-			// local API, until told to stop.
-			consumeDone <- nil
-			<-ctx.Done()
-			break
-		}
-		// Consume only returns early when the transport was closed.
-		runErr = fmt.Errorf("consuming %s: %w", queue, err)
-		consumeDone <- err
-	}
-	log.Info("Shutting down: no new tasks; handing sessions over")
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.t.ShutdownDrain)
-	_ = s.Drain(dctx)
-	cancel()
-	if err := <-consumeDone; err != nil && runErr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, transport.ErrClosed) {
-		log.Error(err, "The consumer ended with an error")
-	}
-	if !waitTimeout(&s.inflight, s.t.ShutdownDrain) {
-		log.Info("Commands still in hand after the drain time; they return to the queue")
-	}
-	s.drainSessions(log)
-	// Unblocks whatever still waits on the broker; the deliveries it holds
-	// are requeued by the broker.
-	s.stopLife()
-	waitTimeout(&s.inflight, 5*time.Second)
-	return runErr
-}
-
-// waitTimeout waits for wg at most d; false when it timed out.
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
-
-func (s *Sidecar) checkTopology(ctx context.Context) error {
-	err := s.conn.CheckTopology(ctx,
-		map[string]string{topology.CommandsExchange: topology.CommandsExchangeType, topology.EventsExchange: topology.EventsExchangeType},
-		[]string{topology.CommandQueue(s.id)})
-	if err != nil {
-		return fmt.Errorf("callee %q: the HCP topology is incomplete (the operator declares it; the sidecar may not): %w", s.id, err)
-	}
-	return nil
-}
-
-// drainSessions waits up to ShutdownDrain for the running sessions to end,
-// fails the rest, and waits (10 s at most) for their last confirms.
-func (s *Sidecar) drainSessions(log logr.Logger) {
-	deadline := s.clk.NewTimer(s.t.ShutdownDrain)
-	defer deadline.Stop()
-	tick := s.clk.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for s.activeCount() > 0 {
-		select {
-		case <-deadline.C():
-			for _, ss := range s.active() {
-				log.Info("Failing a session still running at shutdown", "session", ss.id)
-				ss.terminate(codeCalleeShutdown, "the callee sidecar shut down before the task finished", true)
-			}
-		case <-tick.C():
-			continue
-		}
-		break
-	}
-	done := make(chan struct{})
-	go func() { s.sessionsWG.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		log.Info("Gave up waiting for the confirms of the last events")
-	}
-}
-
-func (s *Sidecar) active() []*sess {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*sess
-	for _, ss := range s.sessions {
-		if !ss.ended() {
-			out = append(out, ss)
-		}
-	}
-	return out
-}
-
-func (s *Sidecar) activeCount() int { return len(s.active()) }
 
 // callee reads this sidecar's Callee object from the cache.
 func (s *Sidecar) callee(ctx context.Context) (*v1alpha1.Callee, error) {

@@ -1,0 +1,310 @@
+package callee
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/policy"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+)
+
+// gateInput reads the Callee, the policies, the caller's labels and the
+// active session counts from the cache.
+func (s *Sidecar) gateInput(ctx context.Context, callerID string, ts *task.TaskSubmit, now time.Time) (gateInput, *v1alpha1.Callee, error) {
+	cl, err := s.callee(ctx)
+	if err != nil {
+		return gateInput{}, nil, err
+	}
+	var pols v1alpha1.CapabilityPolicyList
+	if err := s.c.List(ctx, &pols, client.InNamespace(s.ns)); err != nil {
+		return gateInput{}, cl, fmt.Errorf("listing CapabilityPolicies: %w", err)
+	}
+	// Callers in other namespaces (sharing the vhost) or external programs
+	// have no Caller object here: they match rules by id only.
+	caller := policy.UnknownCaller(callerID)
+	var callers v1alpha1.CallerList
+	if err := s.c.List(ctx, &callers, client.InNamespace(s.ns)); err != nil {
+		return gateInput{}, cl, fmt.Errorf("listing Callers: %w", err)
+	}
+	for i := range callers.Items {
+		if callers.Items[i].ID() == callerID {
+			caller = policy.KnownCaller(&callers.Items[i])
+			break
+		}
+	}
+	active, err := s.activeSessions(ctx, callerID)
+	if err != nil {
+		return gateInput{}, cl, err
+	}
+	return gateInput{Now: now, Callee: cl, CallerID: callerID, Caller: caller, Policies: pols.Items, Active: active, Task: ts}, cl, nil
+}
+
+// activeSessions counts the non-terminal sessions of this callee (all
+// replicas, from the cache) and of the caller on it. Sessions this replica
+// started that the cache has not seen yet are added, so a burst on one
+// replica is counted; across replicas the count is as fresh as the cache.
+func (s *Sidecar) activeSessions(ctx context.Context, callerID string) (policy.Active, error) {
+	var list v1alpha1.HCPSessionList
+	if err := s.c.List(ctx, &list, client.InNamespace(s.ns), client.MatchingLabels{v1alpha1.LabelCalleeID: s.id}); err != nil {
+		return policy.Active{}, fmt.Errorf("listing HCPSessions: %w", err)
+	}
+	var a policy.Active
+	seen := map[string]bool{}
+	for i := range list.Items {
+		hs := &list.Items[i]
+		seen[hs.Name] = true
+		if hs.Status.State.IsTerminal() {
+			continue
+		}
+		if ss := s.session(hs.Name); ss != nil && ss.ended() {
+			continue
+		}
+		a.Callee++
+		if hs.Spec.CallerID == callerID {
+			a.CallerOnCallee++
+		}
+	}
+	for _, ss := range s.active() {
+		if !seen[ss.id] {
+			a.Callee++
+			if ss.callerID == callerID {
+				a.CallerOnCallee++
+			}
+		}
+	}
+	return a, nil
+}
+
+// decideAndReply records the verdict (HCPSession PENDING, then REJECTED or
+// RUNNING), replies, and acknowledges the command once the reply is
+// confirmed.
+func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.Callee, v verdict, depth int) {
+	d, log, callerID, sid, msgID, ts := c.d, c.log, c.callerID, c.sid, c.msgID, c.ts
+	now := s.clk.Now().UTC().Truncate(time.Second)
+	hs := s.newHCPSession(cl, sid, callerID, msgID, ts, v)
+	if err := s.c.Create(ctx, hs, client.FieldOwner(status.FieldOwner)); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			s.duplicate(ctx, c, depth)
+			return
+		}
+		if !v.Admitted && !apierrors.IsInvalid(err) {
+			// The rejection stands without its record.
+			log.Error(err, "Failed to record a rejected task as an HCPSession; replying anyway")
+			s.replyRejected(ctx, d, callerID, sid, msgID, now, v.Reason, v.Message)
+			return
+		}
+		if apierrors.IsInvalid(err) {
+			log.Error(err, "The API server refused the HCPSession; rejecting the task")
+			s.replyRejected(ctx, d, callerID, sid, msgID, now, task.ReasonMalformed, "the task cannot be recorded: "+oneLine(err.Error(), 500))
+			return
+		}
+		log.Error(err, "Failed to create the HCPSession; the command will be retried")
+		s.retryLater(ctx, d)
+		return
+	}
+	// PENDING, with the pod deciding it: a duplicate arriving on another
+	// replica meanwhile waits for this one.
+	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
+		st.State = v1alpha1.SessionPending
+		st.PodName = s.pod
+	}); err != nil {
+		s.afterCASFailure(ctx, c, err, depth)
+		return
+	}
+
+	if !v.Admitted {
+		if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
+			st.State = v1alpha1.SessionRejected
+			st.Reason = string(v.Reason)
+			st.Message = truncate(v.Message, 1024)
+			st.Error = &v1alpha1.SessionError{Code: string(v.Reason), Message: truncate(v.Message, 1024)}
+			st.CompletedAt = &metav1.Time{Time: now}
+		}); err != nil {
+			s.afterCASFailure(ctx, c, err, depth)
+			return
+		}
+		s.st.Seed(sid, hs.Status, s.clk.Now())
+		log.Info("Rejected a task", "reasonCode", v.Reason, "message", v.Message)
+		s.countReject(string(v.Reason))
+		pub, err := s.rejectedReply(hs)
+		if err != nil {
+			log.Error(err, "Failed to build task_rejected")
+			s.settle(d, true, false)
+			return
+		}
+		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
+		s.forgetWhenWritten(sid)
+		return
+	}
+
+	// The claims come from the object's immutable part (creation time,
+	// spec), so every later duplicate re-issues this very token.
+	claims, err := sessionClaims(s.id, hs)
+	var tok string
+	if err == nil {
+		tok, err = token.Issue(s.key, claims)
+	}
+	if err != nil {
+		log.Error(err, "Failed to issue the session token")
+		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not issue a session token", depth)
+		return
+	}
+	body, err := s.taskBody(sid, msgID, tok, callerID, v.Risk, claims.IssuedAt, claims.ExpiresAt, ts)
+	if err != nil {
+		log.Error(err, "Failed to encode the harness task")
+		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not encode the task for its harness", depth)
+		return
+	}
+	ss := s.newSession(hs, cl, tok, claims, body)
+	s.register(ss)
+	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
+		st.State = v1alpha1.SessionRunning
+		st.Reason = "accepted"
+		st.Message = truncate(v.Message, 1024)
+		// For people and dashboards only: replies never read them back.
+		st.StartedAt = &metav1.Time{Time: claims.IssuedAt}
+		st.TokenExpiresAt = &metav1.Time{Time: claims.ExpiresAt}
+	}); err != nil {
+		s.unregister(ss)
+		s.afterCASFailure(ctx, c, err, depth)
+		return
+	}
+	s.st.Seed(sid, hs.Status, s.clk.Now())
+	log.Info("Accepted a task", "capability", ts.Capability, "risk", v.Risk, "maxDuration", task.FormatDuration(v.MaxDuration))
+
+	reply, err := s.acceptedReply(hs)
+	if err != nil { // cannot happen: the same inputs just issued a token
+		log.Error(err, "Failed to build task_accepted")
+	}
+	accepted := ss.start(reply, hs.Spec.AbortRequested)
+	go ss.deliver()
+	// Acknowledge once the reply is confirmed.
+	s.settleAfter(ctx, d, log, accepted)
+}
+
+// casReject turns a PENDING session REJECTED (optimistic lock) and replies.
+func (s *Sidecar) casReject(ctx context.Context, c *command, hs *v1alpha1.HCPSession, code task.ReasonCode, msg string, depth int) {
+	d, log, callerID, sid := c.d, c.log, c.callerID, c.sid
+	now := s.clk.Now().UTC().Truncate(time.Second)
+	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
+		st.State = v1alpha1.SessionRejected
+		st.Reason = string(code)
+		st.Message = msg
+		st.Error = &v1alpha1.SessionError{Code: string(code), Message: msg}
+		st.CompletedAt = &metav1.Time{Time: now}
+	}); err != nil {
+		s.afterCASFailure(ctx, c, err, depth)
+		return
+	}
+	s.st.Seed(sid, hs.Status, s.clk.Now())
+	defer s.forgetWhenWritten(sid)
+	s.countReject(string(code))
+	pub, err := s.rejectedReply(hs)
+	if err != nil {
+		s.settle(d, true, false)
+		return
+	}
+	s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
+}
+
+// forgetWhenWritten drops a session this replica decided but does not run
+// (a rejection) from the status writer once the writer has written what it
+// still owes (the state label).
+func (s *Sidecar) forgetWhenWritten(sid string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.life), 30*time.Second)
+		defer cancel()
+		if err := s.st.Flush(ctx, sid); err == nil || errors.Is(err, status.ErrNotFound) {
+			s.st.Forget(sid)
+		}
+	}()
+}
+
+// afterCASFailure: someone else decided (Conflict) or the object vanished;
+// answer as a duplicate, which re-reads the object.
+func (s *Sidecar) afterCASFailure(ctx context.Context, c *command, err error, depth int) {
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		c.log.V(1).Info("Another processor changed the HCPSession first; answering as a duplicate", "error", err.Error())
+		s.duplicate(ctx, c, depth+1)
+		return
+	}
+	c.log.Error(err, "Failed to record the decision; the command will be retried")
+	s.retryLater(ctx, c.d)
+}
+
+// newHCPSession builds the HCPSession recording a decision.
+func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string, ts *task.TaskSubmit, v verdict) *v1alpha1.HCPSession {
+	hs := &v1alpha1.HCPSession{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      sid,
+			Namespace: s.ns,
+			Labels: map[string]string{
+				v1alpha1.LabelCalleeID:  s.id,
+				v1alpha1.LabelCallerID:  callerID,
+				v1alpha1.LabelCallee:    s.cfg.ObjectName,
+				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue,
+				// The status writer keeps it in step from here on.
+				v1alpha1.LabelSessionState: string(v1alpha1.SessionPending),
+			},
+		},
+		Spec: v1alpha1.HCPSessionSpec{
+			SessionID:          sid,
+			CalleeID:           s.id,
+			CallerID:           callerID,
+			Capability:         truncateRunes(ts.Capability, 128),
+			TaskMessageID:      msgID,
+			RiskLevel:          v1alpha1.RiskLevel(v.Risk),
+			DataClassification: v1alpha1.DataClass(ts.Constraints.DataClassification),
+			Intent:             truncateRunes(ts.Intent, 1024),
+		},
+	}
+	if v.Admitted {
+		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
+		hs.Annotations = map[string]string{AnnotationSequenceCeiling: strconv.Itoa(DefaultSequenceBlock)}
+	}
+	if cl != nil {
+		hs.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: v1alpha1.GroupVersion.String(),
+			Kind:       "Callee",
+			Name:       cl.Name,
+			UID:        cl.UID,
+			Controller: ptr.To(true),
+		}}
+	}
+	return hs
+}
+
+// casStatus patches the status of hs with an optimistic lock: it fails with
+// Conflict when anyone changed the object since hs was read. hs is updated
+// from the response.
+func (s *Sidecar) casStatus(ctx context.Context, hs *v1alpha1.HCPSession, mutate func(*v1alpha1.HCPSessionStatus)) error {
+	base := hs.DeepCopy()
+	mutate(&hs.Status)
+	err := s.c.Status().Patch(ctx, hs, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(status.FieldOwner))
+	if s.m != nil {
+		switch {
+		case err == nil:
+			s.m.StatusWrites.WithLabelValues("ok").Inc()
+		case apierrors.IsConflict(err):
+			s.m.StatusWrites.WithLabelValues("conflict").Inc()
+		default:
+			s.m.StatusWrites.WithLabelValues("error").Inc()
+		}
+	}
+	if err != nil {
+		*hs = *base
+	}
+	return err
+}

@@ -1,0 +1,243 @@
+package callee
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+)
+
+// start publishes task_accepted, session_created and state_changed
+// (PENDING → RUNNING), and arms the max-duration timer. It returns the
+// pending task_accepted, whose confirm acknowledges the command.
+func (ss *sess) start(reply amqp.Publishing, abortRequested bool) *pending {
+	_ = ss.acquire(context.Background())
+	defer ss.release()
+	ctx := ss.sc.life
+	ss.gauge(session.StatePending, 1)
+	if err := ss.sc.wal.Open(ss.id, ss.task); err != nil {
+		ss.log.Error(err, "Failed to record the session in the write-ahead log")
+	}
+	accepted, err := ss.publishLocked(ctx, envelope.TypeTaskAccepted, reply, 0, "")
+	if err != nil {
+		ss.log.Error(err, "Failed to publish task_accepted")
+	}
+	if _, err := ss.emitTyped(ctx, &session.SessionCreatedData{State: session.StateRunning, RiskLevel: ss.risk, SessionToken: ss.token}); err != nil {
+		ss.log.Error(err, "Failed to publish session_created")
+	}
+	if _, err := ss.transitionLocked(ctx, session.StateRunning, "accepted"); err != nil {
+		ss.log.Error(err, "Failed to publish state_changed")
+	}
+	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) { st.PodName = ss.sc.pod })
+	ss.timeout = ss.sc.clk.AfterFunc(ss.expiresAt.Sub(ss.sc.clk.Now()), ss.onTimeout)
+	if abortRequested || ss.abortRequested {
+		ss.toAbortingLocked(ctx, "abort requested before the session started")
+	}
+	return accepted
+}
+
+// transitionLocked applies a non-terminal transition and emits its
+// state_changed event. Called with lock.
+func (ss *sess) transitionLocked(ctx context.Context, to session.State, reason string) (*pending, error) {
+	from := ss.machine.State()
+	m, err := ss.machine.Apply(to, reason, ss.sc.clk.Now())
+	if err != nil {
+		return nil, err
+	}
+	ss.machine = m
+	ss.gauge(from, -1)
+	ss.gauge(to, 1)
+	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) {
+		st.State = v1alpha1.SessionState(to)
+		st.Reason = reason
+		if from != session.StatePending {
+			st.Message = "" // PENDING → RUNNING keeps the admission message
+		}
+	})
+	return ss.emitTyped(ctx, &session.StateChangedData{FromState: from, ToState: to, Reason: reason})
+}
+
+// outcome is what ends a session.
+type outcome struct {
+	final     session.State
+	reason    string
+	message   string
+	completed *task.TaskCompleted
+	failed    *task.TaskFailed
+}
+
+// finishLocked moves the session to its terminal state: task_completed or
+// task_failed (if any), then session_closed; stops the timers; writes the
+// terminal status at once; closes the confirm queue. Called with lock.
+func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error) {
+	from := ss.machine.State()
+	now := ss.sc.clk.Now()
+	m, err := ss.machine.Apply(o.final, o.reason, now)
+	if err != nil {
+		return nil, err
+	}
+	ss.machine = m
+	ss.gauge(from, -1)
+	var ps []*pending
+	if o.completed != nil {
+		if o.completed.Summary.Duration == 0 {
+			o.completed.Summary.Duration = task.Duration(now.Sub(ss.startedAt))
+		}
+		if o.completed.Summary.EventCount == 0 {
+			o.completed.Summary.EventCount = ss.events
+		}
+		if p, err := ss.resultLocked(ctx, envelope.TypeTaskCompleted, o.completed); err != nil {
+			ss.log.Error(err, "Failed to publish task_completed")
+		} else {
+			ps = append(ps, p)
+		}
+	}
+	if o.failed != nil {
+		if p, err := ss.resultLocked(ctx, envelope.TypeTaskFailed, o.failed); err != nil {
+			ss.log.Error(err, "Failed to publish task_failed")
+		} else {
+			ps = append(ps, p)
+		}
+	}
+	if p, err := ss.emitTyped(ctx, &session.SessionClosedData{FinalState: o.final, Reason: o.reason}); err != nil {
+		ss.log.Error(err, "Failed to publish session_closed")
+	} else {
+		ps = append(ps, p)
+	}
+	if ss.timeout != nil {
+		ss.timeout.Stop()
+	}
+	if ss.abortTimer != nil {
+		ss.abortTimer.Stop()
+	}
+	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) {
+		st.State = v1alpha1.SessionState(o.final)
+		st.Reason = o.reason
+		st.Message = truncate(o.message, 1024)
+		st.CompletedAt = &metav1.Time{Time: now.UTC().Truncate(time.Second)}
+		if o.completed != nil {
+			st.Result = resultSummary(o.completed)
+		}
+		if o.failed != nil {
+			st.Error = &v1alpha1.SessionError{Code: o.failed.Code, Message: truncate(o.failed.Message, 1024), Recoverable: o.failed.Recoverable}
+		}
+	})
+	ss.terminal.Store(true)
+	ss.endedAt.Store(now.UnixNano())
+	close(ss.confirmQ)
+	ss.log.Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
+	// Keep the session in memory for a while, so late harness calls get a
+	// clear 409 instead of 404; then forget it.
+	ss.sc.forgetLater(ss)
+	go func() {
+		// Terminal states are written at once; afterwards the writer can
+		// forget the session.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ss.sc.life), 30*time.Second)
+		defer cancel()
+		if err := ss.sc.st.Flush(ctx, ss.id); err == nil {
+			ss.sc.st.Forget(ss.id)
+		}
+	}()
+	return ps, nil
+}
+
+// requestAbort starts an abort (RUNNING or PAUSED → ABORTING); a no-op in
+// any other state.
+func (ss *sess) requestAbort(reason string) {
+	if ss.terminal.Load() || !ss.abortSeen.CompareAndSwap(false, true) {
+		return
+	}
+	_ = ss.acquire(context.Background())
+	defer ss.release()
+	ss.abortRequested = true
+	ss.toAbortingLocked(ss.sc.life, reason)
+}
+
+func (ss *sess) toAbortingLocked(ctx context.Context, reason string) {
+	st := ss.machine.State()
+	if st != session.StateRunning && st != session.StatePaused {
+		return
+	}
+	if _, err := ss.transitionLocked(ctx, session.StateAborting, reason); err != nil {
+		ss.log.Error(err, "Failed to publish state_changed to ABORTING")
+	}
+	ss.log.Info("Aborting session", "reason", reason)
+	now := metav1.NewTime(ss.sc.clk.Now())
+	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) {
+		setCondition(st, metav1.Condition{Type: v1alpha1.ConditionAbortRequested, Status: metav1.ConditionTrue, Reason: "AbortRequested", Message: truncate(reason, 512), LastTransitionTime: now})
+	})
+	ss.abortTimer = ss.sc.clk.AfterFunc(ss.abortTimeout, ss.onAbortTimeout)
+	ss.notifyHarnessAbortLocked(reason)
+}
+
+// notifyHarnessAbortLocked tells the harness to stop, once, in the
+// background. Called with lock.
+func (ss *sess) notifyHarnessAbortLocked(reason string) {
+	if ss.abortSent {
+		return
+	}
+	ss.abortSent = true
+	go ss.sc.harnessAbort(ss.id, reason)
+}
+
+func (ss *sess) onAbortTimeout() {
+	_ = ss.acquire(context.Background())
+	defer ss.release()
+	if ss.machine.State() != session.StateAborting {
+		return
+	}
+	msg := fmt.Sprintf("the harness did not report the end of its cleanup within the abort timeout %s", task.FormatDuration(ss.abortTimeout))
+	if _, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAbortTimeout, message: msg}); err != nil {
+		ss.log.Error(err, "Failed to end an aborting session")
+	}
+}
+
+// onTimeout fails the session that exceeded its max duration (resuming it
+// first when PAUSED) and tells the harness to stop.
+func (ss *sess) onTimeout() {
+	_ = ss.acquire(context.Background())
+	defer ss.release()
+	st := ss.machine.State()
+	if st != session.StateRunning && st != session.StatePaused {
+		return
+	}
+	msg := fmt.Sprintf("the session exceeded its maximum duration (%s, until %s)", task.FormatDuration(ss.expiresAt.Sub(ss.startedAt)), ss.expiresAt.Format(time.RFC3339))
+	ss.failLocked(codeTimeout, msg, false)
+	ss.notifyHarnessAbortLocked("timeout")
+}
+
+// failLocked ends a RUNNING or PAUSED session FAILED, or an ABORTING one
+// ABORTED. Called with lock.
+func (ss *sess) failLocked(code, msg string, recoverable bool) {
+	ctx := ss.sc.life
+	switch ss.machine.State() {
+	case session.StatePaused:
+		if _, err := ss.transitionLocked(ctx, session.StateRunning, code); err != nil {
+			ss.log.Error(err, "Failed to publish state_changed")
+		}
+		fallthrough
+	case session.StateRunning:
+		if _, err := ss.finishLocked(ctx, outcome{final: session.StateFailed, reason: code, message: msg,
+			failed: &task.TaskFailed{Code: code, Message: msg, Recoverable: recoverable}}); err != nil {
+			ss.log.Error(err, "Failed to end a session")
+		}
+	case session.StateAborting:
+		if _, err := ss.finishLocked(ctx, outcome{final: session.StateAborted, reason: code, message: msg}); err != nil {
+			ss.log.Error(err, "Failed to end a session")
+		}
+	}
+}
+
+// terminate ends the session from outside (harness unreachable, shutdown).
+func (ss *sess) terminate(code, msg string, recoverable bool) {
+	_ = ss.acquire(context.Background())
+	defer ss.release()
+	ss.failLocked(code, msg, recoverable)
+}

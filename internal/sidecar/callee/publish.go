@@ -1,0 +1,220 @@
+package callee
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
+	"github.com/hcp-io/hcp-operator/internal/transport"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+)
+
+// publishLocked publishes one message of the session, after recording it
+// in the write-ahead log; key is the harness's idempotency key ("" for
+// none). It refuses while this replica cannot vouch that it still owns the
+// session (fencing). Called with lock.
+func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub amqp.Publishing, seq int64, key string) (*pending, error) {
+	if err := ss.sc.fence(ss); err != nil {
+		return nil, err
+	}
+	rk := topology.EventRoutingKey(ss.callerID, ss.id, t)
+	ss.index++
+	if err := ss.sc.wal.Append(ss.id, wal.Message{Index: ss.index, Seq: seq, Key: key, RoutingKey: rk, State: string(ss.machine.State()), Body: pub.Body}); err != nil {
+		ss.index--
+		return nil, err
+	}
+	if key != "" {
+		ss.keys.Put(key, seq)
+	}
+	return ss.enqueueLocked(ctx, ss.index, t, rk, pub, seq)
+}
+
+// enqueueLocked publishes a message already in the log and queues it for
+// its confirm. Called with lock.
+func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.MessageType, rk string, pub amqp.Publishing, seq int64) (*pending, error) {
+	conf, err := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, rk, pub)
+	if err != nil {
+		// Logged: a restart republishes it; in this process the confirm
+		// loop retries it below.
+		conf = failedConfirmation{err}
+	}
+	p := &pending{index: index, rk: rk, pub: pub, kind: t, seq: seq, conf: conf, done: make(chan struct{})}
+	ss.confirmQ <- p
+	ss.sc.countOut(string(t))
+	return p, nil
+}
+
+// emitLocked sequences, publishes and records one event. Called with lock.
+func (ss *sess) emitLocked(ctx context.Context, et session.EventType, data json.RawMessage) (*pending, error) {
+	return ss.emitKeyedLocked(ctx, et, data, "")
+}
+
+// emitKeyedLocked is emitLocked with the harness's idempotency key.
+func (ss *sess) emitKeyedLocked(ctx context.Context, et session.EventType, data json.RawMessage, key string) (*pending, error) {
+	if err := ss.sc.fence(ss); err != nil {
+		return nil, err
+	}
+	seq, err := ss.seq.Next()
+	if err != nil {
+		return nil, err
+	}
+	now := ss.sc.clk.Now()
+	payload := session.EventPayload{EventType: et, Sequence: seq, Data: data}
+	env, err := envelope.NewAt(now, envelope.TypeEvent, ss.id, payload)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := envelope.EncodePublishing(env, ss.sc.username)
+	if err != nil {
+		return nil, err
+	}
+	p, err := ss.publishLocked(ctx, envelope.TypeEvent, pub, seq, key)
+	if err != nil {
+		return nil, err
+	}
+	ss.events++
+	events := ss.events
+	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) {
+		st.LastSequence = seq
+		st.EventCount = events
+		st.LastEventAt = &metav1.Time{Time: now.UTC().Truncate(time.Second)}
+	})
+	return p, nil
+}
+
+func (ss *sess) emitTyped(ctx context.Context, d session.EventData) (*pending, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(d)
+	if err != nil {
+		return nil, err
+	}
+	return ss.emitLocked(ctx, d.EventType(), raw)
+}
+
+// resultLocked publishes task_completed or task_failed. Called with lock.
+func (ss *sess) resultLocked(ctx context.Context, t envelope.MessageType, payload any) (*pending, error) {
+	env, err := envelope.NewAt(ss.sc.clk.Now(), t, ss.id, payload)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := envelope.EncodePublishing(env, ss.sc.username)
+	if err != nil {
+		return nil, err
+	}
+	return ss.publishLocked(ctx, t, pub, 0, "")
+}
+
+func resultSummary(tc *task.TaskCompleted) *v1alpha1.SessionResult {
+	r := &v1alpha1.SessionResult{}
+	if len(tc.Result) > 0 && string(tc.Result) != "null" {
+		var str string
+		if json.Unmarshal(tc.Result, &str) == nil {
+			r.Summary = truncate(str, 1024)
+		} else {
+			r.Summary = truncate(string(tc.Result), 1024)
+		}
+	}
+	for i, a := range tc.Artifacts {
+		if i == 64 {
+			break
+		}
+		r.Artifacts = append(r.Artifacts, v1alpha1.Artifact{URI: a.URI, SHA256: a.SHA256, MediaType: a.MediaType, Size: a.Size})
+	}
+	return r
+}
+
+// confirmLoop awaits the confirms of the session's publishes in order,
+// republishing a message whose confirm was lost with the connection (same
+// message_id and sequence: the caller deduplicates) and retrying nacks.
+//
+// Confirmed positions go to the write-ahead log now and then (a lagging
+// mark only means more republishing after a restart, which the caller
+// deduplicates); once the session ended or moved and everything was
+// confirmed, the log forgets it.
+func (ss *sess) confirmLoop() {
+	defer ss.sc.sessionsWG.Done()
+	defer close(ss.confirmDone)
+	var failed bool
+	for p := range ss.confirmQ {
+		p.err = ss.awaitConfirm(p)
+		if p.err != nil {
+			failed = true
+			ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
+		} else if !failed && (len(ss.confirmQ) == 0 || p.index%64 == 0) {
+			if err := ss.sc.wal.Confirm(ss.id, p.index); err != nil {
+				ss.log.Error(err, "Failed to record a confirm in the write-ahead log")
+			}
+		}
+		close(p.done)
+	}
+	if !failed {
+		if err := ss.sc.wal.Close(ss.id); err != nil {
+			ss.log.Error(err, "Failed to close the session in the write-ahead log")
+		}
+	}
+}
+
+// failedConfirmation is the confirmation of a publish that failed at once;
+// the confirm loop retries it like a lost one.
+type failedConfirmation struct{ err error }
+
+func (f failedConfirmation) Wait(context.Context) error { return f.err }
+
+func (ss *sess) awaitConfirm(p *pending) error {
+	ctx := ss.sc.life
+	err := p.conf.Wait(ctx)
+	backoff := 100 * time.Millisecond
+	for attempt := 0; err != nil && attempt < 30; attempt++ {
+		switch {
+		case ctx.Err() != nil, errors.Is(err, transport.ErrUnroutable), errors.Is(err, transport.ErrClosed):
+			return err
+		case errors.Is(err, transport.ErrConnectionLost):
+			ss.log.V(1).Info("Republishing after a lost connection", "type", p.kind, "sequence", p.seq)
+		case errors.Is(err, transport.ErrNacked):
+			select {
+			case <-ctx.Done():
+				return err
+			case <-ss.sc.clk.After(backoff):
+			}
+			backoff = min(backoff*2, 5*time.Second)
+		default:
+			return err
+		}
+		conf, perr := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, p.rk, p.pub)
+		if perr != nil {
+			err = perr
+			continue
+		}
+		err = conf.Wait(ctx)
+	}
+	return err
+}
+
+// waitAll waits for the confirms of ps and returns the first error.
+func waitAll(ctx context.Context, ps []*pending) error {
+	for _, p := range ps {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+			if p.err != nil {
+				return p.err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}

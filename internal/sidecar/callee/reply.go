@@ -1,0 +1,228 @@
+package callee
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/transport"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+)
+
+// sessionClaims are the session token's claims, derived only from what
+// nobody can change after the HCPSession's creation: its creation time
+// (iat, whole seconds, set by the API server) and its spec (callee id,
+// caller, capability, risk, and maxDuration for exp; CEL keeps them
+// immutable). Nothing comes from status, which the sidecar's
+// ServiceAccount (and so anyone who holds its token) may write: a
+// re-issued token is the original byte for byte, and writing
+// status.tokenExpiresAt cannot extend it.
+func sessionClaims(calleeID string, hs *v1alpha1.HCPSession) (token.Claims, error) {
+	if hs.CreationTimestamp.IsZero() {
+		return token.Claims{}, errors.New("the HCPSession has no creationTimestamp")
+	}
+	if hs.Spec.MaxDuration == "" {
+		return token.Claims{}, errors.New("the HCPSession has no spec.maxDuration: it was not admitted")
+	}
+	d, err := task.ParseDuration(string(hs.Spec.MaxDuration))
+	if err != nil {
+		return token.Claims{}, fmt.Errorf("spec.maxDuration: %w", err)
+	}
+	return token.NewClaims(calleeID, hs.Spec.CallerID, hs.Name, hs.Spec.Capability, task.RiskLevel(hs.Spec.RiskLevel), hs.CreationTimestamp.Time, d), nil
+}
+
+// acceptedReply rebuilds the task_accepted of an accepted session from the
+// stored object's immutable part (sessionClaims); the original and every
+// duplicate are byte for byte equal.
+func (s *Sidecar) acceptedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error) {
+	claims, err := sessionClaims(s.id, hs)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	tok, err := token.Issue(s.key, claims)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	payload := task.TaskAccepted{
+		TaskMessageID: hs.Spec.TaskMessageID,
+		SessionID:     hs.Name,
+		SessionToken:  tok,
+		RiskLevel:     claims.Risk,
+		ExpiresAt:     task.NewTimestamp(claims.ExpiresAt),
+	}
+	return s.replyPublishing(hs.Name, envelope.TypeTaskAccepted, claims.IssuedAt, payload)
+}
+
+// rejectedReply rebuilds the task_rejected of a rejected session.
+func (s *Sidecar) rejectedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error) {
+	code, msg := task.ReasonInternal, "rejected"
+	if e := hs.Status.Error; e != nil {
+		code, msg = task.ReasonCode(e.Code), e.Message
+	}
+	at := hs.CreationTimestamp.Time
+	if hs.Status.CompletedAt != nil {
+		at = hs.Status.CompletedAt.Time
+	}
+	return s.rejectedPublishing(hs.Name, hs.Spec.TaskMessageID, at, code, msg)
+}
+
+func (s *Sidecar) rejectedPublishing(sid, msgID string, at time.Time, code task.ReasonCode, msg string) (amqp.Publishing, error) {
+	if strings.TrimSpace(msg) == "" {
+		msg = string(code)
+	}
+	return s.replyPublishing(sid, envelope.TypeTaskRejected, at, task.TaskRejected{TaskMessageID: msgID, ReasonCode: code, Message: msg})
+}
+
+// replyPublishing builds the envelope of a reply with a message id derived
+// from the session id, so a re-sent reply is the same message.
+func (s *Sidecar) replyPublishing(sid string, t envelope.MessageType, at time.Time, payload any) (amqp.Publishing, error) {
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	env := &envelope.Envelope{
+		HCPVersion: envelope.Version,
+		MessageID:  derivedID("reply", sid),
+		Timestamp:  at.UTC().Truncate(time.Millisecond),
+		SessionID:  &sid,
+		Type:       t,
+		Payload:    raw,
+	}
+	return envelope.EncodePublishing(env, s.username)
+}
+
+// derivedID is a deterministic id in UUID v4 form.
+func derivedID(parts ...string) string {
+	h := sha256.New()
+	h.Write([]byte("hcp.io/callee-sidecar/v1"))
+	for _, p := range parts {
+		h.Write([]byte{0})
+		h.Write([]byte(p))
+	}
+	var u uuid.UUID
+	copy(u[:], h.Sum(nil))
+	u[6] = (u[6] & 0x0f) | 0x40
+	u[8] = (u[8] & 0x3f) | 0x80
+	return u.String()
+}
+
+// replyRejected publishes a task_rejected with no HCPSession behind it.
+func (s *Sidecar) replyRejected(ctx context.Context, d amqp.Delivery, callerID, sid, msgID string, at time.Time, code task.ReasonCode, msg string) {
+	pub, err := s.rejectedPublishing(sid, msgID, at, code, msg)
+	if err != nil {
+		s.log.Error(err, "Failed to build task_rejected")
+		s.settle(d, true, false)
+		return
+	}
+	s.countReject(string(code))
+	s.sendReply(ctx, d, s.log.WithValues("caller", callerID, "session", sid), callerID, sid, envelope.TypeTaskRejected, pub)
+}
+
+// sendReply publishes a reply to the authenticated caller and settles the
+// command: ack once confirmed; ack too when the caller's queue does not
+// exist (retrying cannot help and would block the queue); requeue after a
+// pause on transient failures.
+func (s *Sidecar) sendReply(ctx context.Context, d amqp.Delivery, log logr.Logger, callerID, sid string, t envelope.MessageType, pub amqp.Publishing) {
+	rk := topology.EventRoutingKey(callerID, sid, t)
+	err := s.publishConfirmed(s.life, rk, pub)
+	s.countOut(string(t))
+	switch {
+	case err == nil:
+		s.settle(d, true, false)
+	case errors.Is(err, transport.ErrUnroutable):
+		log.Error(err, "Reply unroutable: the caller's event queue does not exist; discarded the command", "routingKey", rk)
+		s.settle(d, true, false)
+	default:
+		log.Error(err, "Failed to publish the reply; the command will be retried")
+		s.retryLater(ctx, d)
+	}
+}
+
+// settleAfter acks d once p is confirmed.
+func (s *Sidecar) settleAfter(ctx context.Context, d amqp.Delivery, log logr.Logger, p *pending) {
+	if p == nil {
+		s.settle(d, true, false)
+		return
+	}
+	select {
+	case <-p.done:
+	case <-s.life.Done():
+		s.settle(d, false, true)
+		return
+	}
+	switch {
+	case p.err == nil:
+		s.settle(d, true, false)
+	case errors.Is(p.err, transport.ErrUnroutable):
+		log.Error(p.err, "task_accepted unroutable: the caller's event queue does not exist")
+		s.settle(d, true, false)
+	default:
+		// The session is recorded RUNNING: a redelivery re-sends the
+		// same task_accepted.
+		log.Error(p.err, "Failed to publish task_accepted; the command will be redelivered")
+		s.retryLater(ctx, d)
+	}
+}
+
+// publishConfirmed publishes and waits for the confirm, republishing (same
+// message) while the connection is lost and retrying nacks with backoff.
+func (s *Sidecar) publishConfirmed(ctx context.Context, rk string, pub amqp.Publishing) error {
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := s.pub.Publish(ctx, topology.EventsExchange, rk, pub)
+		if err == nil || errors.Is(err, transport.ErrUnroutable) || errors.Is(err, transport.ErrClosed) || ctx.Err() != nil || attempt >= 8 {
+			return err
+		}
+		if !errors.Is(err, transport.ErrConnectionLost) && !errors.Is(err, transport.ErrNacked) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.clk.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// retryLater returns the command to the queue after a pause, so a transient
+// failure neither loses it nor spins. (Quorum queues count redeliveries:
+// spec.commandQueue.deliveryLimit bounds a command that always fails.)
+func (s *Sidecar) retryLater(ctx context.Context, d amqp.Delivery) {
+	select {
+	case <-ctx.Done():
+		return // channel gone: the broker requeues it anyway
+	case <-s.clk.After(time.Second):
+	}
+	s.settle(d, false, true)
+}
+
+// settle acks (ack=true) or nacks (requeue) a delivery, logging failures: a
+// stale delivery (its channel closed) is redelivered by the broker.
+func (s *Sidecar) settle(d amqp.Delivery, ack, requeue bool) {
+	var err error
+	if ack {
+		err = d.Ack(false)
+	} else {
+		err = d.Nack(false, requeue)
+	}
+	if err != nil {
+		if errors.Is(err, transport.ErrStaleDelivery) || errors.Is(err, amqp.ErrClosed) {
+			s.log.V(1).Info("Could not settle a delivery from a closed channel; the broker redelivers it", "messageId", d.MessageId)
+			return
+		}
+		s.log.Error(err, "Failed to settle a delivery", "messageId", d.MessageId)
+	}
+}

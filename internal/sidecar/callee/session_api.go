@@ -1,0 +1,252 @@
+package callee
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+)
+
+// apiError is an error answer of the local API.
+type apiError struct {
+	status int
+	body   *server.Error
+}
+
+func (e *apiError) Error() string { return e.body.Error() }
+
+func conflict(state session.State, format string, args ...any) *apiError {
+	return &apiError{http.StatusConflict, &server.Error{Code: server.CodeInvalidTransition, Message: fmt.Sprintf(format, args...), State: string(state)}}
+}
+
+func badRequest(err error) *apiError {
+	e := &server.Error{Code: server.CodeBadRequest, Message: err.Error()}
+	var ve *task.ValidationError
+	if errors.As(err, &ve) {
+		for _, f := range ve.Fields {
+			e.Fields = append(e.Fields, server.FieldError{Field: f.Field, Message: f.Message})
+		}
+	}
+	return &apiError{http.StatusBadRequest, e}
+}
+
+func transitionConflict(err error, state session.State) *apiError {
+	return &apiError{http.StatusConflict, &server.Error{Code: server.CodeInvalidTransition, Message: err.Error(), State: string(state)}}
+}
+
+// lockFor acquires the lock for an API call.
+func (ss *sess) lockFor(ctx context.Context) *apiError {
+	if err := ss.acquire(ctx); err != nil {
+		return &apiError{http.StatusServiceUnavailable, &server.Error{Code: server.CodeUnavailable, Message: "the session is busy (publishing is blocked): " + err.Error()}}
+	}
+	return nil
+}
+
+// events publishes harness events (already validated, data as sent) with
+// consecutive sequence numbers.
+func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pending, []int64, *apiError) {
+	if e := ss.lockFor(ctx); e != nil {
+		return nil, nil, e
+	}
+	defer ss.release()
+	switch st := ss.machine.State(); st {
+	case session.StateRunning, session.StatePaused, session.StateAborting:
+	default:
+		return nil, nil, conflict(st, "events are accepted while the session is RUNNING, PAUSED or ABORTING; it is %s", st)
+	}
+	var ps []*pending
+	var seqs []int64
+	for _, ev := range evs {
+		if ev.IdempotencyKey != "" {
+			if seq, ok := ss.keys.Get(ev.IdempotencyKey); ok {
+				seqs = append(seqs, seq) // a retry: already published
+				continue
+			}
+		}
+		p, err := ss.emitKeyedLocked(ss.sc.life, ev.EventType, ev.Data, ev.IdempotencyKey)
+		if err != nil {
+			return ps, seqs, fencedError(err)
+		}
+		ps = append(ps, p)
+		seqs = append(seqs, p.seq)
+		if ev.EventType == session.EventProgress {
+			ss.recordProgress(ev.Data)
+		}
+	}
+	return ps, seqs, nil
+}
+
+func (ss *sess) recordProgress(raw json.RawMessage) {
+	var d session.ProgressData
+	if json.Unmarshal(raw, &d) != nil {
+		return
+	}
+	p := &v1alpha1.SessionProgress{Stage: truncate(d.Stage, 256), Message: truncate(d.Message, 512)}
+	if d.Percent != nil && !math.IsNaN(*d.Percent) {
+		v := int32(math.Round(max(0, min(100, *d.Percent))))
+		p.Percent = &v
+	}
+	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) { st.Progress = p })
+}
+
+func unavailable(err error) *apiError {
+	return &apiError{http.StatusServiceUnavailable, &server.Error{Code: server.CodeUnavailable, Message: "the event could not be published: " + err.Error()}}
+}
+
+// pause: RUNNING → PAUSED.
+func (ss *sess) pause(ctx context.Context, reason string) ([]*pending, *apiError) {
+	return ss.simpleTransition(ctx, session.StatePaused, orDefault(reason, "paused by the harness"))
+}
+
+// resume: PAUSED → RUNNING.
+func (ss *sess) resume(ctx context.Context, reason string) ([]*pending, *apiError) {
+	return ss.simpleTransition(ctx, session.StateRunning, orDefault(reason, "resumed by the harness"))
+}
+
+func (ss *sess) simpleTransition(ctx context.Context, to session.State, reason string) ([]*pending, *apiError) {
+	if e := ss.lockFor(ctx); e != nil {
+		return nil, e
+	}
+	defer ss.release()
+	st := ss.machine.State()
+	if err := session.Transition(st, to); err != nil {
+		return nil, transitionConflict(err, st)
+	}
+	p, err := ss.transitionLocked(ss.sc.life, to, reason)
+	if err != nil {
+		return nil, fencedError(err)
+	}
+	return []*pending{p}, nil
+}
+
+// checkpoint stores the harness's checkpoint (with the task, so another
+// replica can resume the session) and emits checkpoint_created (RUNNING or
+// PAUSED). The store write comes first and outside the lock: the event
+// announces a checkpoint that exists.
+func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData, state []byte) ([]*pending, *apiError) {
+	if st := ss.currentState(); st != session.StateRunning && st != session.StatePaused {
+		return nil, conflict(st, "checkpoints are accepted while the session is RUNNING or PAUSED; it is %s", st)
+	}
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = task.NewTimestamp(ss.sc.clk.Now())
+	}
+	if len(state) > 0 || d.Resumable {
+		err := ss.sc.ckpt.Save(ctx, checkpoint.Owner{Name: ss.id, UID: ss.uid}, ss.task, checkpoint.Checkpoint{
+			ID: d.CheckpointID, Description: d.Description, Resumable: d.Resumable,
+			Sequence: ss.seq.Last(), CreatedAt: d.CreatedAt.Time, State: state,
+		})
+		if errors.Is(err, checkpoint.ErrTooLarge) {
+			return nil, &apiError{http.StatusRequestEntityTooLarge, &server.Error{Code: server.CodeTooLarge, Message: err.Error()}}
+		}
+		if err != nil {
+			return nil, unavailable(err)
+		}
+	}
+	if e := ss.lockFor(ctx); e != nil {
+		return nil, e
+	}
+	defer ss.release()
+	st := ss.machine.State()
+	if st != session.StateRunning && st != session.StatePaused {
+		return nil, conflict(st, "checkpoints are accepted while the session is RUNNING or PAUSED; it is %s", st)
+	}
+	p, err := ss.emitTyped(ss.sc.life, d)
+	if err != nil {
+		return nil, fencedError(err)
+	}
+	cp := &v1alpha1.SessionCheckpoint{ID: truncate(d.CheckpointID, 253), Description: truncate(d.Description, 512), Resumable: d.Resumable, CreatedAt: &metav1.Time{Time: d.CreatedAt.Time}}
+	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) { st.LastCheckpoint = cp })
+	return []*pending{p}, nil
+}
+
+// currentState reads the state without waiting for a busy session.
+func (ss *sess) currentState() session.State {
+	if err := ss.acquire(context.Background()); err != nil {
+		return ""
+	}
+	defer ss.release()
+	return ss.machine.State()
+}
+
+// complete: RUNNING → COMPLETED with task_completed. While ABORTING the
+// abort wins: the session ends ABORTED and the result is not forwarded.
+func (ss *sess) complete(ctx context.Context, tc *task.TaskCompleted) ([]*pending, *apiError) {
+	if e := ss.lockFor(ctx); e != nil {
+		return nil, e
+	}
+	defer ss.release()
+	switch st := ss.machine.State(); st {
+	case session.StateRunning:
+		ps, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateCompleted, reason: "completed", completed: tc})
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		return ps, nil
+	case session.StateAborting:
+		_, _ = ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: "the harness completed the task while it was being aborted; the result was discarded"})
+		return nil, conflict(session.StateAborted, "the session was being aborted: it is now ABORTED and the result was not forwarded")
+	case session.StatePaused:
+		return nil, conflict(st, "the session is PAUSED: resume it before completing it (L2 has no PAUSED -> COMPLETED)")
+	default:
+		return nil, conflict(st, "the session is %s", st)
+	}
+}
+
+// fail: RUNNING → FAILED with task_failed (from PAUSED through RUNNING,
+// since L2 has no PAUSED → FAILED). While ABORTING the abort wins.
+func (ss *sess) fail(ctx context.Context, tf *task.TaskFailed) ([]*pending, *apiError) {
+	if e := ss.lockFor(ctx); e != nil {
+		return nil, e
+	}
+	defer ss.release()
+	switch st := ss.machine.State(); st {
+	case session.StatePaused, session.StateRunning:
+		var ps []*pending
+		if st == session.StatePaused {
+			p, err := ss.transitionLocked(ss.sc.life, session.StateRunning, "resumed to fail: "+tf.Code)
+			if err != nil {
+				return nil, unavailable(err)
+			}
+			ps = append(ps, p)
+		}
+		more, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateFailed, reason: tf.Code, message: tf.Message, failed: tf})
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		return append(ps, more...), nil
+	case session.StateAborting:
+		_, _ = ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: "the harness reported a failure while the task was being aborted: " + tf.Message})
+		return nil, conflict(session.StateAborted, "the session was being aborted: it is now ABORTED")
+	default:
+		return nil, conflict(st, "the session is %s", st)
+	}
+}
+
+// aborted: ABORTING → ABORTED (the harness finished its cleanup).
+func (ss *sess) aborted(ctx context.Context, reason string) ([]*pending, *apiError) {
+	if e := ss.lockFor(ctx); e != nil {
+		return nil, e
+	}
+	defer ss.release()
+	st := ss.machine.State()
+	if st != session.StateAborting {
+		if err := session.Transition(st, session.StateAborted); err != nil {
+			return nil, transitionConflict(err, st)
+		}
+	}
+	ps, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: orDefault(reason, "the harness finished cleaning up")})
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return ps, nil
+}
