@@ -609,8 +609,9 @@ func (r *samplesRun) concurrentSessions(t *testing.T) {
 	for _, sb := range subs {
 		s := snap.Sessions[sb.task.SessionID]
 		// session_created, state_changed to RUNNING, a progress per step,
-		// the logs and checkpoints, session_closed.
-		want := 2 + sb.steps + sb.steps/logEvery + sb.steps/checkpointEvery + 1
+		// the logs and checkpoints, state_changed to COMPLETED,
+		// session_closed.
+		want := 2 + sb.steps + sb.steps/logEvery + sb.steps/checkpointEvery + 2
 		checkStream(t, s, "task_completed", string(hcpv1alpha1.SessionCompleted))
 		if s.Events != want || count(s, "progress") != sb.steps {
 			t.Errorf("session %s (%d steps): %d events (%d progress), want %d (%d progress)", s.SessionID, sb.steps, s.Events, count(s, "progress"), want, sb.steps)

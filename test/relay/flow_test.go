@@ -50,8 +50,9 @@ func TestRelayFullFlow(t *testing.T) {
 	const steps, logEvery, checkpointEvery = 12, 4, 5
 	inputs := fmt.Sprintf(`{"steps":%d,"step_ms":15,"log_every":%d,"checkpoint_every":%d}`, steps, logEvery, checkpointEvery)
 	// session_created, state_changed PENDING→RUNNING, per step a progress,
-	// the logs and checkpoints, session_closed.
-	wantEvents := 2 + steps + steps/logEvery + steps/checkpointEvery + 1
+	// the logs and checkpoints, state_changed RUNNING→COMPLETED,
+	// session_closed.
+	wantEvents := 2 + steps + steps/logEvery + steps/checkpointEvery + 2
 
 	var (
 		wg       sync.WaitGroup

@@ -108,7 +108,7 @@ func TestAcceptedEventsCompleted(t *testing.T) {
 		session.EventSessionCreated, session.EventStateChanged,
 		session.EventProgress, session.EventProgress, session.EventLog, session.EventProgress, session.EventCheckpointCreated,
 		session.EventProgress, session.EventLog, session.EventProgress, session.EventProgress, session.EventLog, session.EventCheckpointCreated,
-		session.EventSessionClosed,
+		session.EventStateChanged, session.EventSessionClosed,
 	}
 	if !slices.Equal(types, want) {
 		t.Fatalf("event types\n got %v\nwant %v", types, want)
@@ -126,6 +126,19 @@ func TestAcceptedEventsCompleted(t *testing.T) {
 	must(t, json.Unmarshal(evs[len(evs)-1].Data, &closed))
 	if closed.FinalState != session.StateCompleted {
 		t.Fatalf("session_closed = %+v", closed)
+	}
+	// session_created's state is where the first state_changed starts, and
+	// the last state_changed ends where session_closed says.
+	var created session.SessionCreatedData
+	var first, final session.StateChangedData
+	must(t, json.Unmarshal(evs[0].Data, &created))
+	must(t, json.Unmarshal(evs[1].Data, &first))
+	must(t, json.Unmarshal(evs[len(evs)-2].Data, &final))
+	if created.State != first.FromState || first.ToState != session.StateRunning {
+		t.Fatalf("session_created says %s, then state_changed %s → %s", created.State, first.FromState, first.ToState)
+	}
+	if final.FromState != session.StateRunning || final.ToState != closed.FinalState || final.Reason != closed.Reason {
+		t.Fatalf("last state_changed %+v, session_closed %+v", final, closed)
 	}
 	// Every message carries the L1 properties.
 	for _, m := range msgs {
@@ -346,7 +359,7 @@ func TestAbort(t *testing.T) {
 		if closed.FinalState != session.StateAborted {
 			t.Fatalf("session_closed = %+v", closed)
 		}
-		if got := b.stateChanges(sid); !slices.Equal(got, []string{"PENDING>RUNNING", "RUNNING>ABORTING"}) {
+		if got := b.stateChanges(sid); !slices.Equal(got, []string{"PENDING>RUNNING", "RUNNING>ABORTING", "ABORTING>ABORTED"}) {
 			t.Fatalf("transitions %v", got)
 		}
 		hs := b.waitState(sid, v1alpha1.SessionAborted, 5*time.Second)
@@ -402,7 +415,7 @@ func TestPauseResume(t *testing.T) {
 	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
 		t.Fatalf("session_closed = %+v", closed)
 	}
-	if got := b.stateChanges(sid); !slices.Equal(got, []string{"PENDING>RUNNING", "RUNNING>PAUSED", "PAUSED>RUNNING"}) {
+	if got := b.stateChanges(sid); !slices.Equal(got, []string{"PENDING>RUNNING", "RUNNING>PAUSED", "PAUSED>RUNNING", "RUNNING>COMPLETED"}) {
 		t.Fatalf("transitions %v", got)
 	}
 	checkSequences(t, b.events(sid))
@@ -441,7 +454,7 @@ func TestTimeout(t *testing.T) {
 			t.Fatalf("session_closed = %+v", closed)
 		}
 		// No PAUSED -> FAILED in L2: resumed first, then failed.
-		if got := b.stateChanges(sid); !slices.Equal(got, []string{"PENDING>RUNNING", "RUNNING>PAUSED", "PAUSED>RUNNING"}) {
+		if got := b.stateChanges(sid); !slices.Equal(got, []string{"PENDING>RUNNING", "RUNNING>PAUSED", "PAUSED>RUNNING", "RUNNING>FAILED"}) {
 			t.Fatalf("transitions %v", got)
 		}
 		checkSequences(t, b.events(sid))
@@ -591,10 +604,10 @@ func TestRecoveryClosesOrphanedSessions(t *testing.T) {
 		final       session.State
 		transitions []string
 	}{
-		{mine, session.StateFailed, nil},
-		{minePaused, session.StateFailed, []string{"PAUSED>RUNNING"}},
-		{mineAborting, session.StateAborted, nil},
-		{vanished, session.StateFailed, nil},
+		{mine, session.StateFailed, []string{"RUNNING>FAILED"}},
+		{minePaused, session.StateFailed, []string{"PAUSED>RUNNING", "RUNNING>FAILED"}},
+		{mineAborting, session.StateAborted, []string{"ABORTING>ABORTED"}},
+		{vanished, session.StateFailed, []string{"RUNNING>FAILED"}},
 	} {
 		closed := closedOf(t, b, c.sid)
 		if closed.FinalState != c.final || closed.Reason != codeHarnessLost {
@@ -855,7 +868,7 @@ func TestHarnessAPI(t *testing.T) {
 	for _, e := range evs {
 		seqs = append(seqs, e.Sequence)
 	}
-	if !slices.Equal(seqs, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 11}) {
+	if !slices.Equal(seqs, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12}) { // 11: RUNNING → COMPLETED, 12: session_closed
 		t.Fatalf("sequences %v", seqs)
 	}
 }
@@ -892,9 +905,9 @@ func TestBrokerConnectionLoss(t *testing.T) {
 		}
 		dups += seen[seq] - 1
 	}
-	// 60 progress + 60 log + session_created + state_changed + session_closed.
-	if last != 123 {
-		t.Fatalf("last sequence %d, want 123", last)
+	// 60 progress + 60 log + session_created + 2 state_changed + session_closed.
+	if last != 124 {
+		t.Fatalf("last sequence %d, want 124", last)
 	}
 	t.Logf("%d events, %d duplicates after two connection losses", last, dups)
 	b.waitState(sid, v1alpha1.SessionCompleted, 10*time.Second)

@@ -185,7 +185,7 @@ func TestSidecarSIGKILLReadoptsSessions(t *testing.T) {
 		t.Fatalf("session_closed = %+v (%s)", closed, summary(b.messages(sid)))
 	}
 	evs := checkStream(t, b, sid, 30)
-	if tr := transitionsOf(evs); !slices.Equal(tr, []string{"PENDING>RUNNING:accepted"}) {
+	if tr := transitionsOf(evs); !slices.Equal(tr, []string{"PENDING>RUNNING:accepted", "RUNNING>COMPLETED:completed"}) {
 		t.Fatalf("transitions %v: the restart must not show", tr)
 	}
 	hs := b.waitState(sid, v1alpha1.SessionCompleted, 10*time.Second)
@@ -249,7 +249,7 @@ func TestTwoReplicasRaceForALostSession(t *testing.T) {
 	if !slices.Equal(stages, want) {
 		t.Fatalf("progress %v, want %v", stages, want)
 	}
-	if tr := transitionsOf(checkStreamFrom(b, sid)); !slices.Equal(tr, []string{"RUNNING>PAUSED:harness_moved", "PAUSED>RUNNING:recovered_from_checkpoint"}) {
+	if tr := transitionsOf(checkStreamFrom(b, sid)); !slices.Equal(tr, []string{"RUNNING>PAUSED:harness_moved", "PAUSED>RUNNING:recovered_from_checkpoint", "RUNNING>COMPLETED:completed"}) {
 		t.Fatalf("transitions %v", tr)
 	}
 }

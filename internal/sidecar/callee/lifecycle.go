@@ -29,7 +29,9 @@ func (ss *sess) start(reply amqp.Publishing, abortRequested bool) *pending {
 	if err != nil {
 		ss.log.Error(err, "Failed to publish task_accepted")
 	}
-	if _, err := ss.emitTyped(ctx, &session.SessionCreatedData{State: session.StateRunning, RiskLevel: ss.risk, SessionToken: ss.token}); err != nil {
+	// The session is created PENDING (the L3 decision is recorded), and
+	// the state_changed right after it takes it to RUNNING: the two agree.
+	if _, err := ss.emitTyped(ctx, &session.SessionCreatedData{State: session.StatePending, RiskLevel: ss.risk, SessionToken: ss.token}); err != nil {
 		ss.log.Error(err, "Failed to publish session_created")
 	}
 	if _, err := ss.transitionLocked(ctx, session.StateRunning, "accepted"); err != nil {
@@ -73,8 +75,8 @@ type outcome struct {
 	failed    *task.TaskFailed
 }
 
-// finishLocked moves the session to its terminal state: task_completed or
-// task_failed (if any), then session_closed; stops the timers; writes the
+// finishLocked moves the session to its terminal state: state_changed,
+// task_completed or task_failed (if any), then session_closed; stops the timers; writes the
 // terminal status at once; closes the confirm queue. Called with lock.
 func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error) {
 	from := ss.machine.State()
@@ -86,6 +88,13 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	ss.machine = m
 	ss.gauge(from, -1)
 	var ps []*pending
+	// Every transition has its state_changed, the terminal one too, before
+	// the result and session_closed.
+	if p, err := ss.emitTyped(ctx, &session.StateChangedData{FromState: from, ToState: o.final, Reason: o.reason}); err != nil {
+		ss.log.Error(err, "Failed to publish state_changed")
+	} else {
+		ps = append(ps, p)
+	}
 	if o.completed != nil {
 		if o.completed.Summary.Duration == 0 {
 			o.completed.Summary.Duration = task.Duration(now.Sub(ss.startedAt))
