@@ -191,6 +191,22 @@ func testEventually(t *testing.T, timeout time.Duration, f func() error) {
 	}
 }
 
+// TestNoDataClassification: a spec-only caller leaves
+// constraints.data_classification out; the task is judged as the
+// capability's class (analyze: T2), which the test policy admits, and the
+// session and the harness's task carry that class.
+func TestNoDataClassification(t *testing.T) {
+	b := newBed(t, bedOptions{})
+	_, sid, _ := b.submit(newSubmit(func(ts *task.TaskSubmit) { ts.Constraints.DataClassification = "" }))
+	b.waitMessage(sid, 20*time.Second, "task_accepted", isType(envelope.TypeTaskAccepted))
+	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
+		t.Fatalf("session_closed = %+v", closed)
+	}
+	if hs := b.hcpSession(sid); hs.Spec.DataClassification != v1alpha1.DataT2 {
+		t.Fatalf("HCPSession dataClassification %q, want T2 (the capability's)", hs.Spec.DataClassification)
+	}
+}
+
 func TestRejections(t *testing.T) {
 	b := newBed(t, bedOptions{})
 	for _, tc := range []struct {

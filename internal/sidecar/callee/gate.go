@@ -100,6 +100,10 @@ type verdict struct {
 	Risk task.RiskLevel
 	// MaxDuration of the admitted session.
 	MaxDuration time.Duration
+	// DataClass is the class the task was judged by: its own
+	// constraints.data_classification, or, when it has none, the
+	// capability's (empty when rejected before the capability was found).
+	DataClass task.DataClass
 }
 
 func reject(reason task.ReasonCode, format string, args ...any) verdict {
@@ -136,10 +140,18 @@ func decide(in gateInput) verdict {
 	requested, _ := requestedRisk(ts) // validated by decodeSubmit
 	risk := task.MaxRiskLevel(task.RiskLevel(capability.RiskLevel), requested)
 
-	class := ts.Constraints.DataClassification
+	// A task that does not say how sensitive its data is (the spec makes
+	// constraints.data_classification optional) is judged as the most
+	// sensitive data the capability may handle: a policy must admit that
+	// class, so leaving it out never widens what a caller may do.
+	class, implied := ts.Constraints.DataClassification, ""
+	if class == "" {
+		class = task.DataClass(capability.DataClassification)
+		implied = fmt.Sprintf(" (the task has no constraints.data_classification; it is judged as %s, the class of capability %q)", class, capability.Name)
+	}
 	if task.DataClass(capability.DataClassification).Less(class) {
 		v := reject(task.ReasonDataClassExceedsPolicy, "data classification %s exceeds %s, the most sensitive class capability %q may handle", class, capability.DataClassification, capability.Name)
-		v.Risk = risk
+		v.Risk, v.DataClass = risk, class
 		return v
 	}
 
@@ -150,12 +162,16 @@ func decide(in gateInput) verdict {
 		Duration:   ts.Constraints.MaxDuration.Std(),
 	}, in.Active)
 	if !d.Admitted {
-		return verdict{Reason: d.Reason, Message: d.Message, Risk: task.RiskLevel(d.Risk)}
+		msg := d.Message
+		if d.Reason == task.ReasonDataClassExceedsPolicy {
+			msg += implied
+		}
+		return verdict{Reason: d.Reason, Message: msg, Risk: task.RiskLevel(d.Risk), DataClass: class}
 	}
 	risk = task.RiskLevel(d.Risk)
 
 	if ceiling := ts.Constraints.MaxRiskLevel; ceiling != "" && ceiling.Less(risk) {
-		return verdict{Reason: task.ReasonRiskExceedsPolicy, Risk: risk,
+		return verdict{Reason: task.ReasonRiskExceedsPolicy, Risk: risk, DataClass: class,
 			Message: fmt.Sprintf("assessed risk %s exceeds the task's own constraints.max_risk_level %s", risk, ceiling)}
 	}
 
@@ -174,10 +190,10 @@ func decide(in gateInput) verdict {
 	// The session token carries whole seconds: a session shorter than one
 	// second cannot be issued a token that is valid at all.
 	if maxDur < time.Second {
-		return verdict{Reason: task.ReasonExpired, Risk: risk,
+		return verdict{Reason: task.ReasonExpired, Risk: risk, DataClass: class,
 			Message: fmt.Sprintf("constraints.deadline leaves %s, less than the one second a session needs", maxDur)}
 	}
-	return verdict{Admitted: true, Risk: risk, MaxDuration: maxDur, Message: d.Message}
+	return verdict{Admitted: true, Risk: risk, MaxDuration: maxDur, Message: d.Message, DataClass: class}
 }
 
 func defaultMaxDuration(c *v1alpha1.Callee) time.Duration {

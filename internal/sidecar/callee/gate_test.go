@@ -1,6 +1,7 @@
 package callee
 
 import (
+	"cmp"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -64,6 +65,13 @@ func testPolicy(maxRisk v1alpha1.RiskLevel, maxDuration v1alpha1.ISO8601Duration
 	}
 }
 
+// classPolicy admits alpha everything, for tasks of the given classes only.
+func classPolicy(classes ...v1alpha1.DataClass) v1alpha1.CapabilityPolicy {
+	p := testPolicy(v1alpha1.RiskR5, "")
+	p.Spec.Rules[0].DataClassifications = classes
+	return p
+}
+
 func submit(mut func(*task.TaskSubmit)) *task.TaskSubmit {
 	ts := &task.TaskSubmit{
 		CallerID: "alpha", CalleeID: "lab", Capability: "analyze", Intent: "do it",
@@ -87,6 +95,8 @@ func TestDecide(t *testing.T) {
 		want     task.ReasonCode // "" = admitted
 		risk     task.RiskLevel
 		maxDur   time.Duration
+		class    task.DataClass // the class judged by, when admitted (default T1)
+		message  string         // in the rejection's message
 	}{
 		{name: "admitted with the capability's max duration", ts: submit(nil), policies: allow, risk: task.R1, maxDur: 2 * time.Hour},
 		{name: "admitted with the callee default", ts: submit(func(t *task.TaskSubmit) { t.Capability = "synthesize" }), policies: allow, risk: task.R3, maxDur: 30 * time.Minute},
@@ -110,6 +120,11 @@ func TestDecide(t *testing.T) {
 			t.Constraints.MaxRiskLevel = task.R2
 		}), policies: allow, want: task.ReasonRiskExceedsPolicy, risk: task.R3},
 		{name: "duration above the capability's", ts: submit(func(t *task.TaskSubmit) { t.Constraints.MaxDuration = task.Duration(3 * time.Hour) }), policies: allow, want: task.ReasonDurationExceedsPolicy},
+		// A spec-only caller may leave data_classification out: the task is
+		// judged as the capability's class (analyze: T2).
+		{name: "no data_classification: judged as the capability's class", ts: submit(func(t *task.TaskSubmit) { t.Constraints.DataClassification = "" }), policies: allow, risk: task.R1, maxDur: 2 * time.Hour, class: task.T2},
+		{name: "no data_classification, the policy admits less than the capability's class", ts: submit(func(t *task.TaskSubmit) { t.Constraints.DataClassification = "" }),
+			policies: []v1alpha1.CapabilityPolicy{classPolicy(v1alpha1.DataT1)}, want: task.ReasonDataClassExceedsPolicy, message: "has no constraints.data_classification; it is judged as T2"},
 		{name: "callee-wide concurrency", ts: submit(nil), policies: allow, active: policy.Active{Callee: 5, CallerOnCallee: 1}, want: task.ReasonConcurrencyLimit},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -125,13 +140,16 @@ func TestDecide(t *testing.T) {
 				if v.Risk != tc.risk || v.MaxDuration != tc.maxDur {
 					t.Fatalf("admitted with risk %s, max duration %s; want %s, %s", v.Risk, v.MaxDuration, tc.risk, tc.maxDur)
 				}
+				if want := cmp.Or(tc.class, tc.ts.Constraints.DataClassification); v.DataClass != want {
+					t.Fatalf("judged as class %s, want %s", v.DataClass, want)
+				}
 				return
 			}
 			if v.Admitted || v.Reason != tc.want {
 				t.Fatalf("verdict = %+v, want reason %s", v, tc.want)
 			}
-			if v.Message == "" {
-				t.Fatal("a rejection without a message")
+			if v.Message == "" || !strings.Contains(v.Message, tc.message) {
+				t.Fatalf("rejection message %q, want one containing %q", v.Message, tc.message)
 			}
 			if tc.risk != "" && v.Risk != tc.risk {
 				t.Fatalf("risk = %s, want %s", v.Risk, tc.risk)

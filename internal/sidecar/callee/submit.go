@@ -191,6 +191,11 @@ func (s *Sidecar) decideTask(ctx context.Context, c *command, depth int) {
 		return
 	}
 	v := decide(in)
+	if ts.Constraints.DataClassification == "" {
+		// The class the gate judged by is the session's (HCPSession spec,
+		// the harness's task).
+		ts.Constraints.DataClassification = v.DataClass
+	}
 	if v.Admitted {
 		if err := s.harnessReachable(ctx); err != nil {
 			v = verdict{Reason: task.ReasonHarnessUnavailable, Risk: v.Risk, Message: "the callee harness is not reachable: " + oneLine(err.Error(), 300)}

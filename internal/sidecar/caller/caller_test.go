@@ -626,7 +626,7 @@ func TestSubmitValidation(t *testing.T) {
 	r := b.start()
 	var e ErrorResponse
 	bad := taskReq("lab")
-	bad.Constraints.DataClassification = ""
+	bad.Constraints.DataClassification = "T9"
 	bad.Capability = "bad capability"
 	if st := r.call(t, http.MethodPost, "/hcp/v1/tasks", bad, &e); st != 400 || len(e.Fields) != 2 {
 		t.Errorf("invalid task: HTTP %d %+v", st, e)

@@ -29,10 +29,11 @@
 //     (envelope.IsUUIDv4). task_rejected quotes task_message_id as any
 //     non-empty string up to 128 characters, so that a task_submit rejected
 //     as malformed can still be answered.
-//   - constraints.data_classification is required: a task that does not say
-//     how sensitive its data is cannot be checked against a policy, and
-//     assuming T1 would be unsafe. max_duration, max_risk_level and deadline
-//     are optional (the callee's defaults and the policy apply).
+//   - constraints are optional, as in the spec. A task without
+//     data_classification is judged by the callee as the most sensitive
+//     data its capability may handle (assuming T1 would be unsafe); without
+//     max_duration, max_risk_level or deadline the callee's defaults and the
+//     policy apply.
 //   - inputs must be a JSON object (possibly empty). Binary data travels by
 //     URI only (L1). Validate rejects the one unambiguous form of inline
 //     binary, a base64 data: URI anywhere in inputs; it deliberately does not

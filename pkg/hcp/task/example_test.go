@@ -32,5 +32,5 @@ func ExampleTaskSubmit_Validate() {
 	}`), &s)
 	fmt.Println(s.Validate())
 	// Output:
-	// invalid task_submit: caller_id: "Alpha" is not a valid id (lowercase letters, digits, '-' and '_', 1-63 characters, starting and ending with a letter or digit); inputs.image: inline binary data (a base64 data: URI) is not allowed; reference binary data by URI; constraints.data_classification: required (one of T1, T2, T3, T4)
+	// invalid task_submit: caller_id: "Alpha" is not a valid id (lowercase letters, digits, '-' and '_', 1-63 characters, starting and ending with a letter or digit); inputs.image: inline binary data (a base64 data: URI) is not allowed; reference binary data by URI
 }

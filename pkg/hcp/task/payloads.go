@@ -44,8 +44,10 @@ type Constraints struct {
 	// MaxRiskLevel is the highest risk the caller accepts; empty means no
 	// caller-side cap.
 	MaxRiskLevel RiskLevel `json:"max_risk_level,omitempty"`
-	// DataClassification is the sensitivity of the data involved. Required.
-	DataClassification DataClass `json:"data_classification"`
+	// DataClassification is the sensitivity of the data involved. Optional
+	// (as in the spec); a callee without one judges the task as the most
+	// sensitive data the capability may handle.
+	DataClassification DataClass `json:"data_classification,omitempty"`
 	// Deadline, when set, is the time by which the task must have finished.
 	Deadline *Timestamp `json:"deadline,omitempty"`
 }
@@ -99,10 +101,7 @@ func (c *Constraints) validate(e *ValidationError, prefix string) {
 	if c.MaxRiskLevel != "" && !c.MaxRiskLevel.Valid() {
 		e.Add(prefix+".max_risk_level", "%q is not one of %s", truncate(string(c.MaxRiskLevel), 20), joinLevels(RiskLevels()))
 	}
-	switch {
-	case c.DataClassification == "":
-		e.Add(prefix+".data_classification", "required (one of %s)", joinLevels(DataClasses()))
-	case !c.DataClassification.Valid():
+	if c.DataClassification != "" && !c.DataClassification.Valid() {
 		e.Add(prefix+".data_classification", "%q is not one of %s", truncate(string(c.DataClassification), 20), joinLevels(DataClasses()))
 	}
 	validOptionalTime(e, prefix+".deadline", c.Deadline)

@@ -140,14 +140,14 @@ func TestTaskSubmitValidate(t *testing.T) {
 		{"inputs plain data URI allowed", func(s *TaskSubmit) { s.Inputs = json.RawMessage(`{"t":"data:,hello"}`) }, nil},
 		{"max_duration negative", func(s *TaskSubmit) { s.Constraints.MaxDuration = -1 }, []string{"constraints.max_duration"}},
 		{"max_risk_level bad", func(s *TaskSubmit) { s.Constraints.MaxRiskLevel = "R9" }, []string{"constraints.max_risk_level"}},
-		{"data_classification missing", func(s *TaskSubmit) { s.Constraints.DataClassification = "" }, []string{"constraints.data_classification"}},
+		{"data_classification missing (optional in the spec)", func(s *TaskSubmit) { s.Constraints.DataClassification = "" }, nil},
 		{"data_classification bad", func(s *TaskSubmit) { s.Constraints.DataClassification = "T5" }, []string{"constraints.data_classification"}},
 		{"deadline zero", func(s *TaskSubmit) { s.Constraints.Deadline = &Timestamp{} }, []string{"constraints.deadline"}},
 		{"output_format number", func(s *TaskSubmit) { s.OutputFormat = json.RawMessage(`42`) }, []string{"output_format"}},
 		{"output_format invalid", func(s *TaskSubmit) { s.OutputFormat = json.RawMessage(`{`) }, []string{"output_format"}},
 		{"expires_at zero", func(s *TaskSubmit) { s.ExpiresAt = &Timestamp{} }, []string{"expires_at"}},
 		{"metadata array", func(s *TaskSubmit) { s.Metadata = json.RawMessage(`["x"]`) }, []string{"metadata"}},
-		{"everything wrong", func(s *TaskSubmit) { *s = TaskSubmit{} }, []string{"caller_id", "callee_id", "capability", "intent", "inputs", "constraints.data_classification"}},
+		{"everything wrong", func(s *TaskSubmit) { *s = TaskSubmit{} }, []string{"caller_id", "callee_id", "capability", "intent", "inputs"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
