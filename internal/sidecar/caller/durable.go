@@ -28,6 +28,12 @@ import (
 // another caller: this caller's queue should never carry them.
 const ReasonForeignSession = "foreign_session"
 
+// ReasonUnsolicitedSession counts deliveries of a session this caller never
+// submitted: no task of its store, and no HCPSession in its namespace
+// naming it. A callee, or anyone who may publish to hcp.events, cannot
+// inject a session into the app.
+const ReasonUnsolicitedSession = "unsolicited_session"
+
 // lookupRetry is how long a missing HCPSession is not looked up again.
 const lookupRetry = 10 * time.Second
 
@@ -361,9 +367,9 @@ func (s *Sidecar) stop(ctx context.Context) error {
 // directory) its starting point from its HCPSession, before anything of it
 // is delivered: last_processed_sequence from status.callerAckedSequence, the
 // callee and task from spec, and the task record (adoptTask). A session
-// whose HCPSession names another caller is refused (w.foreign). A session
-// with no readable HCPSession here (callee in another namespace, external
-// caller) starts from the local store alone. While the API server cannot be
+// whose HCPSession names another caller is refused (ReasonForeignSession),
+// and so is one with no HCPSession in this namespace
+// (ReasonUnsolicitedSession): nothing shows this caller submitted it. While the API server cannot be
 // reached the seed is retried for up to SeedTimeout; then the session is
 // delivered from scratch (a warning: events the previous pod delivered and
 // that come again are then delivered again). seed returns false if the
@@ -396,6 +402,8 @@ func (w *stream) seed() bool {
 			s.mu.Lock()
 			s.lookups[w.id] = lookup{at: s.clk.Now()}
 			s.mu.Unlock()
+			w.refused = ReasonUnsolicitedSession
+			w.log.Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession in its namespace naming it)")
 			return true
 		case !s.clk.Now().Before(deadline):
 			w.log.Info("WARNING: the HCPSession of a session this pod has no record of could not be read; delivering it from its first event received (copies of events an earlier pod delivered are delivered again)",
@@ -478,7 +486,7 @@ func (w *stream) adopt(hs *v1alpha1.HCPSession) {
 	s := w.s
 	l := s.lookupOf(hs)
 	if l.foreign {
-		w.foreign = true
+		w.refused = ReasonForeignSession
 		w.log.Info("WARNING: the HCPSession of this session names another caller; refusing its messages", "caller", hs.Spec.CallerID, "callee", hs.Spec.CalleeID)
 		return
 	}

@@ -395,3 +395,36 @@ func TestReplicasTakeTurns(t *testing.T) {
 		t.Errorf("callerAckedSequence %d, want %d", got, n)
 	}
 }
+
+// TestUnsolicitedSessionIsRefused: a callee (here the legitimate callee
+// user, allowed to publish to hcp.events) streams a whole session the
+// caller never submitted: no task of its store, no HCPSession naming it.
+// Nothing of it reaches the app; every message is counted and acked.
+// The caller's own session, streamed meanwhile, is untouched.
+func TestUnsolicitedSessionIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("envtest and RabbitMQ")
+	}
+	a := newAPIBed(t)
+	b := newBed(t, "lab")
+	r := b.start(a.withAPI(a.writer(b)))
+	const n = 6
+	mine := newScript(t, "lab", r.submit(t, taskReq("lab")).MessageID, n)
+	a.hcpSession("lab", b.callerID, mine.taskID)
+	injected := newScript(t, "lab", envelope.NewMessageID(), n)
+	c := b.callee("lab")
+	for i := range mine.msgs {
+		c.publish(injected.msgs[i])
+		c.publish(mine.msgs[i])
+	}
+	eventually(t, 20*time.Second, "the caller's own session", func() error { return b.complete(mine.sessionID, n) })
+	eventually(t, 10*time.Second, "the injected session refused", func() error {
+		if got := testutil.ToFloat64(b.metrics.Rejects.WithLabelValues(ReasonUnsolicitedSession)); got != float64(len(injected.msgs)) {
+			return fmt.Errorf("%s = %.0f, want %d", ReasonUnsolicitedSession, got, len(injected.msgs))
+		}
+		return nil
+	})
+	if s, ok := b.app.Session(injected.sessionID); ok {
+		t.Fatalf("the app received %d messages of a session the caller never submitted", len(s.Messages))
+	}
+}

@@ -93,9 +93,10 @@ type stream struct {
 	// stopAt is set when the sidecar stops: the worker delivers what it
 	// already holds until then, and leaves the rest unsettled.
 	stopAt time.Time
-	// foreign: the session's HCPSession names another caller; its
-	// messages are refused.
-	foreign bool
+	// refused is why the session's messages are refused, if they are:
+	// ReasonForeignSession (its HCPSession names another caller) or
+	// ReasonUnsolicitedSession (this caller never submitted it).
+	refused string
 }
 
 // newStream builds the worker of session sid; called with s.mu held. Its
@@ -124,7 +125,7 @@ func (w *stream) init() bool {
 		panic(err)
 	}
 	w.maxSeen = max(w.maxSeen, rec.LastSeq)
-	if !w.foreign && w.callee == "" {
+	if w.refused == "" && w.callee == "" {
 		w.callee, w.unverified = rec.CalleeID, rec.Unverified
 		w.taskMessageID, w.capability = rec.TaskMessageID, rec.Capability
 	}
@@ -205,9 +206,9 @@ func (w *stream) drain() {
 }
 
 func (w *stream) process(it *item) {
-	if w.foreign {
-		w.s.m.Rejects.WithLabelValues(ReasonForeignSession).Inc()
-		w.log.Info("WARNING: dropped a message of another caller's session", "sender", it.sender, "type", it.env.Type,
+	if w.refused != "" {
+		w.s.m.Rejects.WithLabelValues(w.refused).Inc()
+		w.log.Info("WARNING: dropped a message of a session that is not this caller's", "reason", w.refused, "sender", it.sender, "type", it.env.Type,
 			"messageID", it.env.MessageID)
 		w.s.settle(it, true)
 		return
