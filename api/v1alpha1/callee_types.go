@@ -147,6 +147,15 @@ type SessionsSpec struct {
 	// +kubebuilder:default="P1D"
 	TTLAfterFinished ISO8601Duration `json:"ttlAfterFinished,omitempty"`
 
+	// ttlAfterRejected deletes HCPSessions of rejected tasks this long after
+	// the rejection, so that a flood of refused submits does not fill etcd.
+	// The record only has to outlive redeliveries of the task_submit (a
+	// duplicate then gets the original reply); one the callee sees after it
+	// is decided again.
+	// +optional
+	// +kubebuilder:default="PT10M"
+	TTLAfterRejected ISO8601Duration `json:"ttlAfterRejected,omitempty"`
+
 	// maxConcurrent caps sessions running at once on this callee (all
 	// replicas); tasks beyond it are rejected with concurrency_limit.
 	// +optional

@@ -127,6 +127,29 @@ func TestCallerExternalThenHarness(t *testing.T) {
 	}
 }
 
+// TestRejectedSessionsGoSooner: a rejected task's HCPSession goes
+// ttlAfterRejected after the rejection, while a session that ran keeps its
+// ttlAfterFinished; a flood of refused submits cannot fill etcd.
+func TestRejectedSessionsGoSooner(t *testing.T) {
+	ns := newNamespace(t, "ttl-rejected-")
+	dumpOnFailure(t, ns)
+	create(t, newCallee(ns, "gate", func(c *hcpv1alpha1.Callee) { c.Spec.Sessions.TTLAfterRejected = "PT2S" }))
+	var rejected []*hcpv1alpha1.HCPSession
+	for range 20 {
+		s := newSession(ns, "gate", hcpv1alpha1.SessionRejected, new(metav1.Now()))
+		createSession(t, s)
+		rejected = append(rejected, s)
+	}
+	completed := newSession(ns, "gate", hcpv1alpha1.SessionCompleted, new(metav1.Now()))
+	createSession(t, completed)
+	for _, s := range rejected {
+		eventually(t, "a rejected session goes after its 2s TTL", gone(s))
+	}
+	if err := exists(completed, nil)(t.Context()); err != nil {
+		t.Errorf("a completed session went with the rejected ones: %v", err)
+	}
+}
+
 // TestSessionTTL: finished sessions go ttlAfterFinished after they ended;
 // others stay.
 func TestSessionTTL(t *testing.T) {

@@ -24,8 +24,12 @@ import (
 // ttlAfterFinished (the CRD's default).
 const DefaultSessionTTL = 24 * time.Hour
 
+// DefaultRejectedTTL applies to REJECTED sessions when their Callee is gone
+// or sets no ttlAfterRejected (the CRD's default).
+const DefaultRejectedTTL = 10 * time.Minute
+
 // HCPSessionReconciler deletes finished HCPSessions ttlAfterFinished after
-// they ended (the Callee's spec.sessions.ttlAfterFinished). Sessions are the
+// they ended (rejected ones ttlAfterRejected after) (the Callee's spec.sessions.ttlAfterFinished). Sessions are the
 // sidecars' read model; housekeeping is the operator's.
 type HCPSessionReconciler struct {
 	client.Client
@@ -78,28 +82,36 @@ func finishedAt(s *hcpv1alpha1.HCPSession) time.Time {
 	return s.CreationTimestamp.Time
 }
 
-// ttl is the session's Callee's ttlAfterFinished.
+// ttl is the session's Callee's ttlAfterRejected for a rejected task, else
+// its ttlAfterFinished.
 func (r *HCPSessionReconciler) ttl(ctx context.Context, s *hcpv1alpha1.HCPSession) (time.Duration, error) {
+	field, def := "ttlAfterFinished", DefaultSessionTTL
+	if s.Status.State == hcpv1alpha1.SessionRejected {
+		field, def = "ttlAfterRejected", DefaultRejectedTTL
+	}
 	reqs := calleeOfSession(ctx, r.Client, s)
 	if len(reqs) == 0 {
-		return DefaultSessionTTL, nil
+		return def, nil
 	}
 	callee := &hcpv1alpha1.Callee{}
 	if err := r.Get(ctx, reqs[0].NamespacedName, callee); err != nil {
 		if apierrors.IsNotFound(err) {
-			return DefaultSessionTTL, nil
+			return def, nil
 		}
 		return 0, err
 	}
 	v := callee.Spec.Sessions.TTLAfterFinished
+	if s.Status.State == hcpv1alpha1.SessionRejected {
+		v = callee.Spec.Sessions.TTLAfterRejected
+	}
 	if v == "" {
-		return DefaultSessionTTL, nil
+		return def, nil
 	}
 	d, err := task.ParseDuration(string(v))
 	if err != nil {
 		// The CRD pattern admits only valid durations; be safe anyway.
-		ctrl.LoggerFrom(ctx).Error(err, "Invalid ttlAfterFinished; using the default", "callee", callee.Name)
-		return DefaultSessionTTL, nil
+		ctrl.LoggerFrom(ctx).Error(err, "Invalid "+field+"; using the default", "callee", callee.Name)
+		return def, nil
 	}
 	return d, nil
 }
