@@ -147,6 +147,16 @@ type SessionsSpec struct {
 	// +kubebuilder:default="P1D"
 	TTLAfterFinished ISO8601Duration `json:"ttlAfterFinished,omitempty"`
 
+	// ownerLeaseDuration is how long a replica's sessions wait, after its
+	// last sign of life (the renewal of its pod's Lease), before another
+	// replica takes them over; a session with no checkpoint to resume from
+	// then fails with reason harness_lost. The owner stops publishing a
+	// sixth of it before it expires. Read when a sidecar starts; at least
+	// PT15S.
+	// +optional
+	// +kubebuilder:default="PT60S"
+	OwnerLeaseDuration ISO8601Duration `json:"ownerLeaseDuration,omitempty"`
+
 	// ttlAfterRejected deletes HCPSessions of rejected tasks this long after
 	// the rejection, so that a flood of refused submits does not fill etcd.
 	// The record only has to outlive redeliveries of the task_submit (a

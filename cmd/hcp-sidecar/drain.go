@@ -6,13 +6,11 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
-	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
-	"github.com/hcp-io/hcp-operator/internal/sidecar/lease"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 )
 
@@ -72,24 +70,4 @@ func drainHandler(cfg *config.Config, r client.Reader, d *drainTarget, log logr.
 		}
 		server.WriteJSON(w, http.StatusOK, map[string]string{"status": "drained"})
 	})
-}
-
-// podLease acquires the Lease of this sidecar's pod, owned by the pod. c
-// must be uncached: the sidecar's Role lets it get, create and update
-// Leases, not list or watch them.
-func podLease(ctx context.Context, cfg *config.Config, c client.Client, log logr.Logger) (*lease.Keeper, error) {
-	var pod metav1.PartialObjectMetadata
-	pod.SetGroupVersionKind(schema.GroupVersionKind{Version: "v1", Kind: "Pod"})
-	uid := ""
-	if err := c.Get(ctx, client.ObjectKey{Namespace: cfg.Namespace, Name: cfg.PodName}, &pod); err == nil {
-		uid = string(pod.UID)
-	}
-	k := lease.New(lease.Options{
-		Client: c, Namespace: cfg.Namespace, Pod: cfg.PodName, PodUID: uid,
-		Holder: cfg.PodName + "/" + uuid.NewString(), Log: log.WithName("lease"),
-	})
-	if err := k.Acquire(ctx); err != nil {
-		return nil, err
-	}
-	return k, nil
 }
