@@ -68,6 +68,9 @@ type fault struct {
 	// callerMoves: the fault replaces the caller pod, and with it the sample
 	// app's record; what the old app received is joined to the new one's.
 	callerMoves bool
+	// minRecovery: no session may go on sooner (fencing: a lost owner must
+	// have stopped itself before another replica resumes its sessions).
+	minRecovery time.Duration
 	inject      func(t *testing.T, r *samplesRun, owner *corev1.Pod)
 }
 
@@ -83,7 +86,7 @@ var faults = []fault{
 			t.Fatal(err)
 		}
 	}},
-	{name: "callee pod lost: frozen, then force-deleted (2 replicas)", replicas: 2, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
+	{name: "callee pod lost: frozen, then force-deleted (2 replicas)", replicas: 2, localOnly: true, minRecovery: 50 * time.Second, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
 		// As a node that vanished: the pod's processes stop at once (no
 		// drain, no last status write), then the pod object goes.
 		ref := owner.Namespace + "/" + owner.Name
@@ -245,6 +248,10 @@ func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
 			t.Errorf("session %s: the app saw %q", id, p)
 		}
 		r.chaosSessionMatches(t, s, m.renumbered == 0)
+	}
+	if f.minRecovery > 0 && res.recovery < f.minRecovery {
+		t.Errorf("%s: sessions went on after %s; a lost owner fences itself only %s after its last renewal, so no replica may resume its sessions sooner",
+			f.name, res.recovery.Round(100*time.Millisecond), f.minRecovery)
 	}
 	if res.lost+res.dups+res.twice+res.failed != 0 {
 		t.Errorf("%s cost lost %d, duplicates %d, executed twice %d, failed %d; want 0", f.name, res.lost, res.dups, res.twice, res.failed)

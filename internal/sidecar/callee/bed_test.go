@@ -306,6 +306,9 @@ func (b *bed) startReplica(pod string) *replica {
 	if to.ShutdownDrain == 0 {
 		to.ShutdownDrain = 2 * time.Second
 	}
+	if to.LostOwnerGrace == 0 {
+		to.LostOwnerGrace = 300 * time.Millisecond
+	}
 	if to.PendingWait == 0 {
 		to.PendingWait = 5 * time.Second
 	}

@@ -1,53 +1,3 @@
-// Package callee is the hcp-sidecar's callee mode: it consumes the callee's
-// command queue, runs the L3 gate on every task_submit, creates and drives
-// the HCPSession of each admitted task, hands the task to the harness over
-// the local HTTP API, relays the harness's events to the caller with
-// strictly increasing sequence numbers, and enforces the L2 state machine,
-// timeouts and aborts. See docs/harness-api.md for the harness side.
-//
-// # Exactly-once over at-least-once
-//
-// The HCPSession named after topology.SessionID(calleeID, message_id) is the
-// dedup record, shared by every replica and surviving restarts: creating it
-// is the first side effect of a task_submit, and AlreadyExists means
-// "duplicate". A duplicate is answered with the original reply rebuilt from
-// the stored object: the same envelope message_id and timestamp, the same
-// reason for a rejection, and for an acceptance the same session token
-// (Ed25519 signatures are deterministic, and every claim comes from the
-// object's immutable part: iat is its creationTimestamp, exp adds
-// spec.maxDuration; see sessionClaims).
-// A command is acknowledged only once its reply is confirmed by the broker.
-//
-// The decision is recorded with an optimistic-lock write PENDING → RUNNING
-// or REJECTED, so exactly one processor of a task_submit (the original, a
-// redelivery on another replica, or the recovery of a crashed replica)
-// decides it. The task reaches the harness only after RUNNING is stored, so
-// no crash can make two harnesses run one task.
-//
-// # Where things are
-//
-// One type owns a session's lifecycle: sess (session.go), with its L2
-// machine. Every state change goes through its lifecycle methods; the
-// other files are the ways into it.
-//
-//	callee.go       Options, New, the Sidecar
-//	run.go          Run: consume, then drain and shut down
-//	submit.go       a command from the queue: decode, route, the task_submit entry
-//	decide.go       the L3 decision and the HCPSession it is recorded in
-//	duplicate.go    a task_submit seen before (redelivery, another replica)
-//	reply.go        task_accepted/task_rejected: build, publish, settle the delivery
-//	gate.go         the L3 gate's pure checks
-//	session.go      sess: the owner of one session, its registry and lock
-//	lifecycle.go    sess: start, transitions, terminal outcomes, abort, timeouts
-//	publish.go      sess: sequencing, the write-ahead log, publishing, confirms
-//	session_api.go  sess: what the harness API asks of a session
-//	api.go          the harness API's HTTP handlers
-//	harness.go      calls to the harness: hand-over, resume, the watchdog
-//	own.go          ownership and fencing (the pod's Lease)
-//	adopt.go        re-adopting sessions from the log, taking over lost ones
-//	drain.go        handing sessions over when the pod goes away
-//	abort.go        aborts from the HCPSession (spec.abortRequested)
-//	recovery.go     sessions of vanished pods
 package callee
 
 import (
@@ -132,6 +82,10 @@ type Timeouts struct {
 	// HarnessCheck is how often the harness is checked while sessions run
 	// (see harnessWatchdog).
 	HarnessCheck time.Duration
+	// LostOwnerGrace is how long a replica whose pod and Lease are both gone
+	// is still taken for alive (see ownerAlive). Defaults to the Lease
+	// duration.
+	LostOwnerGrace time.Duration
 }
 
 func (t *Timeouts) defaults() {
@@ -247,6 +201,9 @@ type Sidecar struct {
 	deciding    map[string]chan struct{} // task_submits being decided here, by session id
 	shuttingDn  bool
 	podGoneWarn sync.Once
+	// goneSince is when a replica was first seen with neither a pod nor a
+	// Lease (ownerAlive); under mu.
+	goneSince map[string]time.Time
 }
 
 type flag struct {
@@ -315,6 +272,12 @@ func New(o Options) (*Sidecar, error) {
 		}}
 	}
 	o.Timeouts.defaults()
+	if o.Timeouts.LostOwnerGrace <= 0 {
+		o.Timeouts.LostOwnerGrace = lease.DefaultDuration
+		if o.Lease != nil {
+			o.Timeouts.LostOwnerGrace = o.Lease.Duration()
+		}
+	}
 	wl, walSessions, err := wal.Open(o.Config.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("callee: the sessions' write-ahead log in %s: %w", o.Config.StateDir, err)
@@ -325,28 +288,29 @@ func New(o Options) (*Sidecar, error) {
 	}
 	username := o.Config.Username
 	s := &Sidecar{
-		cfg:      o.Config,
-		id:       o.Config.ID,
-		ns:       o.Config.Namespace,
-		pod:      pod,
-		username: username,
-		harness:  hu,
-		c:        o.Client,
-		reader:   o.Reader,
-		infs:     o.Cache,
-		conn:     o.Conn,
-		pub:      o.Publisher,
-		cons:     o.Consumer,
-		st:       o.Status,
-		m:        o.Metrics,
-		log:      o.Log,
-		clk:      o.Clock,
-		key:      key,
-		pubKey:   key.Public().(ed25519.PublicKey),
-		http:     o.HTTPClient,
-		t:        o.Timeouts,
-		sessions: map[string]*sess{},
-		deciding: map[string]chan struct{}{},
+		cfg:       o.Config,
+		id:        o.Config.ID,
+		ns:        o.Config.Namespace,
+		pod:       pod,
+		username:  username,
+		harness:   hu,
+		c:         o.Client,
+		reader:    o.Reader,
+		infs:      o.Cache,
+		conn:      o.Conn,
+		pub:       o.Publisher,
+		cons:      o.Consumer,
+		st:        o.Status,
+		m:         o.Metrics,
+		log:       o.Log,
+		clk:       o.Clock,
+		key:       key,
+		pubKey:    key.Public().(ed25519.PublicKey),
+		http:      o.HTTPClient,
+		t:         o.Timeouts,
+		sessions:  map[string]*sess{},
+		goneSince: map[string]time.Time{},
+		deciding:  map[string]chan struct{}{},
 
 		wal:         wl,
 		walSessions: walSessions,

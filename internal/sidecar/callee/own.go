@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/lease"
@@ -44,18 +45,41 @@ func fencedError(err error) *apiError {
 	return unavailable(err)
 }
 
-// ownerAlive reports whether the replica of pod still runs its sessions:
-// its Lease is current, or, for a sidecar without a Lease (an older
-// version), its pod exists.
+// ownerAlive reports whether the replica of pod may still run its
+// sessions: its Lease is current; or, without a Lease (a sidecar of an
+// older version, or a pod deleted with its Lease), its pod exists, or it
+// vanished less than Timeouts.LostOwnerGrace ago. The Lease is owned by
+// the pod, so garbage collection deletes it with a force-deleted pod whose
+// processes may still run on an unreachable node; waiting a Lease duration
+// from the moment the loss is seen gives such an owner the time to fence
+// itself (it stops publishing before its own Lease would have expired).
 func (s *Sidecar) ownerAlive(ctx context.Context, pod string) bool {
 	if pod == s.pod {
 		return true
 	}
 	alive, known, err := lease.Alive(ctx, s.reader, s.ns, pod, s.clk.Now())
-	if err != nil || !known {
-		return s.podAlive(ctx, pod)
+	if err == nil && known {
+		return alive
 	}
-	return alive
+	if s.podAlive(ctx, pod) {
+		return true
+	}
+	now := s.clk.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	since, seen := s.goneSince[pod]
+	if !seen {
+		s.goneSince[pod] = now
+		s.log.Info("A replica is gone with its Lease; its sessions move once the grace period has passed", "pod", pod, "grace", s.t.LostOwnerGrace.String())
+		// Look again right after the grace period, not a sweep interval later.
+		s.clk.AfterFunc(s.t.LostOwnerGrace+time.Millisecond, func() {
+			if s.life.Err() == nil {
+				s.sweep(s.life, false)
+			}
+		})
+		return true
+	}
+	return now.Sub(since) < s.t.LostOwnerGrace
 }
 
 // movedAway handles an HCPSession update showing that a session this

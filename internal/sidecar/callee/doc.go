@@ -1,0 +1,52 @@
+// Package callee is the hcp-sidecar's callee mode: it consumes the callee's
+// command queue, runs the L3 gate on every task_submit, creates and drives
+// the HCPSession of each admitted task, hands the task to the harness over
+// the local HTTP API, relays the harness's events to the caller with
+// strictly increasing sequence numbers, and enforces the L2 state machine,
+// timeouts and aborts. See docs/harness-api.md for the harness side.
+//
+// # Exactly-once over at-least-once
+//
+// The HCPSession named after topology.SessionID(calleeID, message_id) is the
+// dedup record, shared by every replica and surviving restarts: creating it
+// is the first side effect of a task_submit, and AlreadyExists means
+// "duplicate". A duplicate is answered with the original reply rebuilt from
+// the stored object: the same envelope message_id and timestamp, the same
+// reason for a rejection, and for an acceptance the same session token
+// (Ed25519 signatures are deterministic, and every claim comes from the
+// object's immutable part: iat is its creationTimestamp, exp adds
+// spec.maxDuration; see sessionClaims).
+// A command is acknowledged only once its reply is confirmed by the broker.
+//
+// The decision is recorded with an optimistic-lock write PENDING → RUNNING
+// or REJECTED, so exactly one processor of a task_submit (the original, a
+// redelivery on another replica, or the recovery of a crashed replica)
+// decides it. The task reaches the harness only after RUNNING is stored, so
+// no crash can make two harnesses run one task.
+//
+// # Where things are
+//
+// One type owns a session's lifecycle: sess (session.go), with its L2
+// machine. Every state change goes through its lifecycle methods; the
+// other files are the ways into it.
+//
+//	doc.go          this map
+//	callee.go       Options, New, the Sidecar
+//	run.go          Run: consume, then drain and shut down
+//	submit.go       a command from the queue: decode, route, the task_submit entry
+//	decide.go       the L3 decision and the HCPSession it is recorded in
+//	duplicate.go    a task_submit seen before (redelivery, another replica)
+//	reply.go        task_accepted/task_rejected: build, publish, settle the delivery
+//	gate.go         the L3 gate's pure checks
+//	session.go      sess: the owner of one session, its registry and lock
+//	lifecycle.go    sess: start, transitions, terminal outcomes, abort, timeouts
+//	publish.go      sess: sequencing, the write-ahead log, publishing, confirms
+//	session_api.go  sess: what the harness API asks of a session
+//	api.go          the harness API's HTTP handlers
+//	harness.go      calls to the harness: hand-over, resume, the watchdog
+//	own.go          ownership and fencing (the pod's Lease)
+//	adopt.go        re-adopting sessions from the log, taking over lost ones
+//	drain.go        handing sessions over when the pod goes away
+//	abort.go        aborts from the HCPSession (spec.abortRequested)
+//	recovery.go     sessions of vanished pods
+package callee
