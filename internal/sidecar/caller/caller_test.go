@@ -716,3 +716,34 @@ func TestAcceptedArrivingAfterEvents(t *testing.T) {
 		t.Errorf("first message %+v", l.Messages[0])
 	}
 }
+
+// TestAbortedSessionsArePruned: an aborted session ends with session_closed
+// and no task_completed or task_failed; past the retention it is forgotten
+// like any other finished session, not kept for ever.
+func TestAbortedSessionsArePruned(t *testing.T) {
+	b := newBed(t, "lab")
+	r := b.start(func(o *Options) { o.Retention = time.Millisecond })
+	v := r.submit(t, taskReq("lab"))
+	s := newScript(t, "lab", v.MessageID, 3)
+	c := b.callee("lab")
+	c.publish(s.msgs[0]) // task_accepted
+	c.publish(s.msgs[1]) // session_created
+	closed, err := envelope.New(envelope.TypeEvent, s.sessionID, mustEvent(t, 2, &session.SessionClosedData{FinalState: session.StateAborted, Reason: "aborted"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.publish(closed)
+	eventually(t, 10*time.Second, "the aborted session closed", func() error {
+		if rec, ok := r.sc.store.Session(s.sessionID); !ok || !rec.Closed || rec.State != string(session.StateAborted) {
+			return fmt.Errorf("record %+v (%v)", rec, ok)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, "the aborted session forgotten", func() error {
+		r.sc.prune()
+		if rec, ok := r.sc.store.Session(s.sessionID); ok {
+			return fmt.Errorf("still kept: %+v", rec)
+		}
+		return nil
+	})
+}

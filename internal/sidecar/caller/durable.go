@@ -435,7 +435,7 @@ const refreshTimeout = 2 * time.Second
 // the API server does not answer at once.
 func (w *stream) refresh(rec SessionRecord) {
 	s := w.s
-	if rec.finished() || s.o.Client == nil && s.o.Reader == nil {
+	if rec.over() || s.o.Client == nil && s.o.Reader == nil {
 		return
 	}
 	s.mu.Lock()

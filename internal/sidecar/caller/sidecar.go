@@ -461,7 +461,7 @@ func (s *Sidecar) prune() {
 		}
 	}
 	for _, r := range s.store.Sessions() {
-		if r.finished() && r.UpdatedAt.Before(cutoff) {
+		if r.over() && r.UpdatedAt.Before(cutoff) {
 			s.mu.Lock()
 			_, active := s.streams[r.SessionID]
 			delete(s.lookups, r.SessionID)

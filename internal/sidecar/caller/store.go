@@ -101,6 +101,10 @@ type SessionRecord struct {
 // finished reports whether the app has received the session's end.
 func (r *SessionRecord) finished() bool { return r.Terminal != "" }
 
+// over reports whether the session has ended: a terminal answer or result,
+// or session_closed (an aborted session has no result).
+func (r *SessionRecord) over() bool { return r.finished() || r.Closed }
+
 // journalLine is one line of the journal: a full record (last one wins) or
 // a deletion.
 type journalLine struct {

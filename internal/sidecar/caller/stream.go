@@ -16,6 +16,9 @@ import (
 // before it exits; its state is in the store and a new worker resumes it.
 const idleTimeout = time.Minute
 
+// endedLinger is how long the worker of an ended session lingers.
+const endedLinger = 2 * time.Second
+
 // trackerStore gives a Tracker its starting point. The worker persists
 // last_processed_sequence itself, in the same write as the rest of the
 // session record and outside the tracker's lock, so Save does nothing.
@@ -822,8 +825,18 @@ func (w *stream) onTick() {
 }
 
 func (w *stream) idle() bool {
-	return len(w.inbox) == 0 && len(w.ready) == 0 && len(w.barriers) == 0 && w.tracker.Buffered() == 0 &&
-		w.tracker.InFlight() == 0 && (w.lastTicket == nil || w.lastTicket.Done()) && w.s.clk.Since(w.lastActive) >= idleTimeout
+	if len(w.inbox) != 0 || len(w.ready) != 0 || len(w.barriers) != 0 || w.tracker.Buffered() != 0 ||
+		w.tracker.InFlight() != 0 || (w.lastTicket != nil && !w.lastTicket.Done()) {
+		return false
+	}
+	quiet := w.s.clk.Since(w.lastActive)
+	if quiet >= idleTimeout {
+		return true
+	}
+	// A session that has ended expects nothing more: its worker goes soon
+	// (a late copy starts a new one, which finds the record over).
+	rec, ok := w.s.store.Session(w.id)
+	return quiet >= endedLinger && ok && rec.over()
 }
 
 // tryExit removes the worker unless a message arrived meanwhile.

@@ -274,7 +274,7 @@ func (s *Sidecar) abort(ctx context.Context, sid, reason string) (string, *apiEr
 	switch {
 	case !ok:
 		return "", &apiError{status: 404, code: "not_found", msg: "no session " + sid + " is known to this sidecar"}
-	case rec.finished() || rec.State == string(v1alpha1.SessionAborted):
+	case rec.over() || rec.State == string(v1alpha1.SessionAborted):
 		return "", &apiError{status: 409, code: "session_finished", msg: "the session has already ended (" + rec.State + ")"}
 	case rec.Token == "":
 		return "", &apiError{status: 409, code: "no_token", msg: "the session's task_accepted (and its token) has not been received yet"}
