@@ -173,14 +173,20 @@ fi
 
 # ---------------------------------------------------------------- 3. API server
 step "throw-away etcd + kube-apiserver from $assets"
+# Ports below the kernel's ephemeral range (32768 and up by default): a port
+# an outgoing connection holds answers no probe, yet cannot be bound.
 free_port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 20000))
+    p=$((20000 + RANDOM % 12000))
+    case " ${taken:-} " in *" $p "*) continue ;; esac
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
   done
 }
-etcd_port=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
+taken=""
+etcd_port=$(free_port); taken="$taken $etcd_port"
+etcd_peer=$(free_port); taken="$taken $etcd_peer"
+api_port=$(free_port)
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 echo "$token,check-install,check-install,system:masters" >"$work/tokens.csv"
 openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
@@ -190,6 +196,12 @@ openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
   --initial-cluster "check-install=http://127.0.0.1:$etcd_peer" --unsafe-no-fsync \
   >"$work/etcd.log" 2>&1 &
 pids+=($!)
+# etcd first: the API server gives up on a storage it cannot reach.
+for _ in $(seq 60); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$etcd_port") 2>/dev/null; then break; fi
+  kill -0 "${pids[0]}" 2>/dev/null || { tail -20 "$work/etcd.log"; die "etcd exited"; }
+  sleep 0.5
+done
 "$assets/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
   --bind-address 127.0.0.1 --secure-port "$api_port" --cert-dir "$work/certs" \
   --token-auth-file "$work/tokens.csv" --authorization-mode RBAC \
