@@ -109,6 +109,19 @@ func (c *Conn) Ready() bool {
 	return c.conn != nil
 }
 
+// Subscribed reports whether a consumer of queue is subscribed now
+// (basic.consume accepted on a live channel), not merely running.
+func (c *Conn) Subscribed(queue string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.consumers {
+		if k.queue == queue && k.subscribed.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // LastError is the most recent dial failure or connection loss (nil when the
 // connection has been up since).
 func (c *Conn) LastError() error {

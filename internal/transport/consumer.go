@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -72,6 +73,7 @@ type consumer struct {
 	h        Handler
 	tag      string
 
+	subscribed  atomic.Bool   // basic.consume succeeded on the current channel
 	stopCh      chan struct{} // Conn.Close asks for a drain
 	stopOnce    sync.Once
 	abandon     chan struct{} // Conn.Close's ctx ended: stop draining
@@ -127,7 +129,9 @@ func (k *consumer) run(ctx context.Context) error {
 			k.log.Info("Subscribed after failures", "failures", failures)
 		}
 		failures = 0
+		k.subscribed.Store(true)
 		lost := k.serve(ctx, ch, deliveries)
+		k.subscribed.Store(false)
 		if lost == nil {
 			return k.stopErr(ctx)
 		}

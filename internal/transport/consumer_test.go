@@ -340,6 +340,11 @@ func TestConsumeWaitsForQueue(t *testing.T) {
 		_ = d.Ack(false)
 		got <- d
 	})
+	// Readiness needs the subscription, not just a running Consume.
+	time.Sleep(500 * time.Millisecond)
+	if c.Subscribed("hcp.cmd.late") {
+		t.Error("Subscribed before the queue exists")
+	}
 	e.declare("hcp.commands", amqp.ExchangeDirect, "hcp.cmd.late", "late", nil)
 	e.publishRaw("hcp.commands", "late", "l", 1)
 	if d := recv(t, got, 20*time.Second, "a delivery from the late queue"); d.MessageId != "l0" {
@@ -347,5 +352,8 @@ func TestConsumeWaitsForQueue(t *testing.T) {
 	}
 	if !c.Ready() {
 		t.Error("failed subscriptions took the connection down")
+	}
+	if !c.Subscribed("hcp.cmd.late") || c.Subscribed("hcp.cmd.other") {
+		t.Errorf("Subscribed = %v for the consumed queue, %v for another", c.Subscribed("hcp.cmd.late"), c.Subscribed("hcp.cmd.other"))
 	}
 }

@@ -65,4 +65,6 @@ type Consumer interface {
 	// Consume runs until ctx ends, (re)subscribing after every reconnect.
 	// exclusive is always false so a restarted consumer can resume.
 	Consume(ctx context.Context, queue string, prefetch int, h Handler) error
+	// Subscribed reports whether a consumer of queue is subscribed now.
+	Subscribed(queue string) bool
 }

@@ -344,6 +344,11 @@ func (s *Sidecar) Ready() error {
 		}
 		return fmt.Errorf("not consuming %s yet", topology.CommandQueue(s.id))
 	}
+	// Ready only once the broker accepted the subscription: a pod that
+	// cannot subscribe (no queue, no permission) takes no traffic.
+	if !s.cons.Subscribed(topology.CommandQueue(s.id)) {
+		return fmt.Errorf("not subscribed to %s yet", topology.CommandQueue(s.id))
+	}
 	return nil
 }
 

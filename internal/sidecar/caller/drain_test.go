@@ -24,6 +24,16 @@ func (c *idleConsumer) Consume(ctx context.Context, _ string, _ int, _ transport
 	return ctx.Err()
 }
 
+// Subscribed: an idle consumer counts as subscribed while it runs.
+func (c *idleConsumer) Subscribed(string) bool {
+	select {
+	case <-c.stopped:
+		return false
+	default:
+		return true
+	}
+}
+
 type nopPublisher struct{}
 
 func (nopPublisher) Publish(context.Context, string, string, amqp.Publishing) error { return nil }

@@ -339,6 +339,9 @@ func (s *Sidecar) Ready() error {
 	if !s.consuming.Load() {
 		return errors.New("not consuming the event queue")
 	}
+	if !s.o.Consumer.Subscribed(s.queue) {
+		return errors.New("not subscribed to the event queue yet")
+	}
 	if err := s.store.err(); err != nil {
 		return err
 	}
