@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/policy"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
@@ -286,7 +287,7 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 	}
 	abortTimeout := DefaultAbortTimeout
 	if cl, err := s.callee(s.life); err == nil {
-		abortTimeout = calleeDuration(cl.Spec.Sessions.AbortTimeout, DefaultAbortTimeout)
+		abortTimeout = policy.CalleeDuration(cl.Spec.Sessions.AbortTimeout, DefaultAbortTimeout)
 	}
 	tok, _ := token.Issue(s.key, claims)
 	ss := &sess{

@@ -34,6 +34,7 @@ import (
 const (
 	DefaultHarnessTimeout  = 10 * time.Second
 	DefaultPendingWait     = 30 * time.Second
+	DefaultRecountWait     = 5 * time.Second
 	DefaultSweepInterval   = 30 * time.Second
 	DefaultShutdownDrain   = 20 * time.Second
 	DefaultRetention       = 5 * time.Minute
@@ -67,6 +68,10 @@ var _ Topology = (*transport.Conn)(nil)
 type Timeouts struct {
 	// HarnessTimeout bounds one call to the harness (task hand-over, abort).
 	HarnessTimeout time.Duration
+	// RecountWait bounds how long an admission under a concurrency limit
+	// waits for the undecided claims ranked after it (see recount) before
+	// it counts them as admitted.
+	RecountWait time.Duration
 	// PendingWait is how long a duplicate waits for another live replica to
 	// decide a task it is still deciding.
 	PendingWait time.Duration
@@ -91,6 +96,9 @@ type Timeouts struct {
 func (t *Timeouts) defaults() {
 	if t.HarnessTimeout <= 0 {
 		t.HarnessTimeout = DefaultHarnessTimeout
+	}
+	if t.RecountWait <= 0 {
+		t.RecountWait = DefaultRecountWait
 	}
 	if t.PendingWait <= 0 {
 		t.PendingWait = DefaultPendingWait

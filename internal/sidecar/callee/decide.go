@@ -22,21 +22,21 @@ import (
 
 // gateInput reads the Callee, the policies, the caller's labels and the
 // active session counts from the cache.
-func (s *Sidecar) gateInput(ctx context.Context, callerID string, ts *task.TaskSubmit, now time.Time) (gateInput, *v1alpha1.Callee, error) {
+func (s *Sidecar) gateInput(ctx context.Context, callerID string, ts *task.TaskSubmit, now time.Time) (policy.GateInput, *v1alpha1.Callee, error) {
 	cl, err := s.callee(ctx)
 	if err != nil {
-		return gateInput{}, nil, err
+		return policy.GateInput{}, nil, err
 	}
 	var pols v1alpha1.CapabilityPolicyList
 	if err := s.c.List(ctx, &pols, client.InNamespace(s.ns)); err != nil {
-		return gateInput{}, cl, fmt.Errorf("listing CapabilityPolicies: %w", err)
+		return policy.GateInput{}, cl, fmt.Errorf("listing CapabilityPolicies: %w", err)
 	}
 	// Callers in other namespaces (sharing the vhost) or external programs
 	// have no Caller object here: they match rules by id only.
 	caller := policy.UnknownCaller(callerID)
 	var callers v1alpha1.CallerList
 	if err := s.c.List(ctx, &callers, client.InNamespace(s.ns)); err != nil {
-		return gateInput{}, cl, fmt.Errorf("listing Callers: %w", err)
+		return policy.GateInput{}, cl, fmt.Errorf("listing Callers: %w", err)
 	}
 	for i := range callers.Items {
 		if callers.Items[i].ID() == callerID {
@@ -44,53 +44,118 @@ func (s *Sidecar) gateInput(ctx context.Context, callerID string, ts *task.TaskS
 			break
 		}
 	}
-	active, err := s.activeSessions(ctx, callerID)
+	active, _, err := s.activeSessions(ctx, s.c, callerID, nil)
 	if err != nil {
-		return gateInput{}, cl, err
+		return policy.GateInput{}, cl, err
 	}
-	return gateInput{Now: now, Callee: cl, CallerID: callerID, Caller: caller, Policies: pols.Items, Active: active, Task: ts}, cl, nil
+	return policy.GateInput{Now: now, Callee: cl, Caller: caller, Policies: pols.Items, Active: active, Task: ts}, cl, nil
 }
 
 // activeSessions counts the non-terminal sessions of this callee (all
-// replicas, from the cache) and of the caller on it. Sessions this replica
-// started that the cache has not seen yet are added, so a burst on one
-// replica is counted; across replicas the count is as fresh as the cache.
-func (s *Sidecar) activeSessions(ctx context.Context, callerID string) (policy.Active, error) {
+// replicas) and of the caller on it, as r sees them. Sessions this replica
+// started that r has not seen yet are added, so a burst on one replica is
+// counted.
+//
+// With me nil (the gate's first pass, from the cache) every session counts,
+// undecided claims (PENDING) included. With me set (recount, from the API
+// server) me itself is left out, and so are the undecided claims ranked
+// after it, which are counted in waiting instead.
+func (s *Sidecar) activeSessions(ctx context.Context, r client.Reader, callerID string, me *v1alpha1.HCPSession) (a, waiting policy.Active, err error) {
 	var list v1alpha1.HCPSessionList
-	if err := s.c.List(ctx, &list, client.InNamespace(s.ns), client.MatchingLabels{v1alpha1.LabelCalleeID: s.id}); err != nil {
-		return policy.Active{}, fmt.Errorf("listing HCPSessions: %w", err)
+	if err := r.List(ctx, &list, client.InNamespace(s.ns), client.MatchingLabels{v1alpha1.LabelCalleeID: s.id}); err != nil {
+		return a, waiting, fmt.Errorf("listing HCPSessions: %w", err)
 	}
-	var a policy.Active
 	seen := map[string]bool{}
+	add := func(to *policy.Active, caller string) {
+		to.Callee++
+		if caller == callerID {
+			to.CallerOnCallee++
+		}
+	}
+	count := func(caller string) { add(&a, caller) }
 	for i := range list.Items {
 		hs := &list.Items[i]
 		seen[hs.Name] = true
-		if hs.Status.State.IsTerminal() {
-			continue
-		}
-		if ss := s.session(hs.Name); ss != nil && ss.ended() {
-			continue
-		}
-		a.Callee++
-		if hs.Spec.CallerID == callerID {
-			a.CallerOnCallee++
+		switch {
+		case hs.Status.State.IsTerminal():
+		case me != nil && hs.Name == me.Name:
+		case s.session(hs.Name) != nil && s.session(hs.Name).ended():
+		case me != nil && undecided(hs) && rankedBefore(me, hs):
+			add(&waiting, hs.Spec.CallerID)
+		default:
+			count(hs.Spec.CallerID)
 		}
 	}
 	for _, ss := range s.active() {
-		if !seen[ss.id] {
-			a.Callee++
-			if ss.callerID == callerID {
-				a.CallerOnCallee++
-			}
+		if !seen[ss.id] && (me == nil || ss.id != me.Name) {
+			count(ss.callerID)
 		}
 	}
-	return a, nil
+	return a, waiting, nil
+}
+
+// recountPoll is how often recount looks again at undecided claims.
+const recountPoll = 50 * time.Millisecond
+
+func undecided(hs *v1alpha1.HCPSession) bool {
+	return hs.Status.State == "" || hs.Status.State == v1alpha1.SessionPending
+}
+
+// rankedBefore orders the claims of one callee the same way on every
+// replica: by creation, then by name.
+func rankedBefore(a, b *v1alpha1.HCPSession) bool {
+	if ta, tb := a.CreationTimestamp.Time, b.CreationTimestamp.Time; !ta.Equal(tb) {
+		return ta.Before(tb)
+	}
+	return a.Name < b.Name
+}
+
+// recount makes a concurrency limit hold across replicas. The gate counted
+// from the cache, which misses what other replicas admitted a moment ago.
+// Once this task's HCPSession exists (a claim every replica sees, undecided
+// until RUNNING or REJECTED is written), the sessions are counted again
+// from the API server and the gate runs again. Claims are ranked (creation
+// time, then name); a processor counts every other claim ranked before its
+// own, decided or not, and waits for the undecided ones ranked after it,
+// counting those that end up admitted.
+//
+// Why no limit is ever exceeded: every processor creates its claim before
+// it lists, and the API server's lists are linearizable. Of any set of
+// sessions admitted together, take the one that listed last: it saw every
+// other one's claim, and counted each (ranked before it: at once; ranked
+// after it: once decided), so it admitted only under the limit. Why a burst
+// is still admitted up to the limit: waits only go from a claim to claims
+// ranked after it, so they never form a cycle, and the last-ranked claim
+// never waits. A claim whose processor vanished is waited for at most
+// RecountWait, then counted.
+func (s *Sidecar) recount(ctx context.Context, c *command, v policy.Verdict, me *v1alpha1.HCPSession) (policy.Verdict, error) {
+	if !v.Admitted || !v.Counted || c.gate == nil {
+		return v, nil
+	}
+	deadline := s.clk.Now().Add(s.t.RecountWait)
+	for {
+		active, waiting, err := s.activeSessions(ctx, s.reader, c.callerID, me)
+		if err != nil {
+			return v, err
+		}
+		if waiting.Callee > 0 && s.clk.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return v, ctx.Err()
+			case <-s.clk.After(recountPoll):
+			}
+			continue
+		}
+		in := *c.gate
+		in.Active = policy.Active{Callee: active.Callee + waiting.Callee, CallerOnCallee: active.CallerOnCallee + waiting.CallerOnCallee}
+		return policy.Gate(in), nil
+	}
 }
 
 // decideAndReply records the verdict (HCPSession PENDING, then REJECTED or
 // RUNNING), replies, and acknowledges the command once the reply is
 // confirmed.
-func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.Callee, v verdict, depth int) {
+func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.Callee, v policy.Verdict, depth int) {
 	d, log, callerID, sid, msgID, ts := c.d, c.log, c.callerID, c.sid, c.msgID, c.ts
 	now := s.clk.Now().UTC().Truncate(time.Second)
 	hs := s.newHCPSession(cl, sid, callerID, msgID, ts, v)
@@ -122,6 +187,15 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 	}); err != nil {
 		s.afterCASFailure(ctx, c, err, depth)
 		return
+	}
+
+	if rv, err := s.recount(ctx, c, v, hs); err != nil {
+		log.Error(err, "Failed to count the sessions for the concurrency limit; the command will be retried")
+		s.retryLater(ctx, d)
+		return
+	} else if !rv.Admitted {
+		log.V(1).Info("Another replica admitted a session first; the concurrency limit is reached", "message", rv.Message)
+		v = rv
 	}
 
 	if !v.Admitted {
@@ -245,7 +319,7 @@ func (s *Sidecar) afterCASFailure(ctx context.Context, c *command, err error, de
 }
 
 // newHCPSession builds the HCPSession recording a decision.
-func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string, ts *task.TaskSubmit, v verdict) *v1alpha1.HCPSession {
+func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string, ts *task.TaskSubmit, v policy.Verdict) *v1alpha1.HCPSession {
 	hs := &v1alpha1.HCPSession{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      sid,

@@ -34,10 +34,10 @@
 //	callee.go       Options, New, the Sidecar
 //	run.go          Run: consume, then drain and shut down
 //	submit.go       a command from the queue: decode, route, the task_submit entry
-//	decide.go       the L3 decision and the HCPSession it is recorded in
+//	decide.go       the L3 decision, the exact concurrency count, the HCPSession it is recorded in
 //	duplicate.go    a task_submit seen before (redelivery, another replica)
 //	reply.go        task_accepted/task_rejected: build, publish, settle the delivery
-//	gate.go         the L3 gate's pure checks
+//	gate.go         who sent a task_submit, and decoding it (the L3 gate itself is policy.Gate)
 //	session.go      sess: the owner of one session, its registry and lock
 //	lifecycle.go    sess: start, transitions, terminal outcomes, abort, timeouts
 //	publish.go      sess: sequencing, the write-ahead log, publishing, confirms

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/hcp-io/hcp-operator/internal/policy"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
@@ -29,7 +30,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return err
 	}
 	if cl, err := s.callee(ctx); err == nil {
-		s.st.SetInterval(calleeDuration(cl.Spec.Sessions.StatusUpdateInterval, status.DefaultInterval))
+		s.st.SetInterval(policy.CalleeDuration(cl.Spec.Sessions.StatusUpdateInterval, status.DefaultInterval))
 	} else {
 		log.Error(err, "Failed to read the Callee; using default session settings for now")
 	}

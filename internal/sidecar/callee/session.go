@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/policy"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/internal/transport"
@@ -109,7 +110,7 @@ type sess struct {
 func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok string, claims token.Claims, body []byte) *sess {
 	abortTimeout := DefaultAbortTimeout
 	if cl != nil {
-		abortTimeout = calleeDuration(cl.Spec.Sessions.AbortTimeout, DefaultAbortTimeout)
+		abortTimeout = policy.CalleeDuration(cl.Spec.Sessions.AbortTimeout, DefaultAbortTimeout)
 	}
 	ss := &sess{
 		sc:           s,

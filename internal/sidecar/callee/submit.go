@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/policy"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
@@ -103,7 +104,9 @@ type command struct {
 	callerID string // authenticated (user_id)
 	sid      string
 	msgID    string // lowercase
-	log      logr.Logger
+	// gate is what the gate decided on, once it ran.
+	gate *policy.GateInput
+	log  logr.Logger
 }
 
 // submit runs the gate for one task_submit.
@@ -175,7 +178,7 @@ func (s *Sidecar) decideTask(ctx context.Context, c *command, depth int) {
 		if ts.ExpiresAt == nil || (ts.Constraints.Deadline != nil && !now.Before(ts.Constraints.Deadline.Time)) {
 			at = "constraints.deadline " + fmtTime(ts.Constraints.Deadline)
 		}
-		s.decideAndReply(ctx, c, nil, verdict{Reason: task.ReasonExpired,
+		s.decideAndReply(ctx, c, nil, policy.Verdict{Reason: task.ReasonExpired,
 			Message: fmt.Sprintf("the task expired (%s) before it could start (now %s)", at, now.UTC().Format(time.RFC3339))}, depth)
 		return
 	}
@@ -187,10 +190,11 @@ func (s *Sidecar) decideTask(ctx context.Context, c *command, depth int) {
 	in, cl, err := s.gateInput(ctx, c.callerID, ts, now)
 	if err != nil {
 		log.Error(err, "Failed to read what the gate needs")
-		s.decideAndReply(ctx, c, cl, verdict{Reason: task.ReasonInternal, Message: "the callee could not evaluate the task: " + oneLine(err.Error(), 300)}, depth)
+		s.decideAndReply(ctx, c, cl, policy.Verdict{Reason: task.ReasonInternal, Message: "the callee could not evaluate the task: " + oneLine(err.Error(), 300)}, depth)
 		return
 	}
-	v := decide(in)
+	c.gate = &in
+	v := policy.Gate(in)
 	if ts.Constraints.DataClassification == "" {
 		// The class the gate judged by is the session's (HCPSession spec,
 		// the harness's task).
@@ -198,7 +202,7 @@ func (s *Sidecar) decideTask(ctx context.Context, c *command, depth int) {
 	}
 	if v.Admitted {
 		if err := s.harnessReachable(ctx); err != nil {
-			v = verdict{Reason: task.ReasonHarnessUnavailable, Risk: v.Risk, Message: "the callee harness is not reachable: " + oneLine(err.Error(), 300)}
+			v = policy.Verdict{Reason: task.ReasonHarnessUnavailable, Risk: v.Risk, Message: "the callee harness is not reachable: " + oneLine(err.Error(), 300)}
 		}
 	}
 	s.decideAndReply(ctx, c, cl, v, depth)
