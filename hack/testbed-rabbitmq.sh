@@ -71,10 +71,24 @@ wait_for() {
   log "$what after $((SECONDS - start))s"
 }
 
+# HCP envelopes are at most 1 MiB; RabbitMQ's default max_message_size is
+# 128 MiB. The lower limit makes the broker refuse an oversized publish
+# (channel error 406 PRECONDITION_FAILED) before any consumer buffers it.
+# Set at run time (new channels use it); a broker restart forgets it, which
+# only loosens the limit (docs/install.md shows the permanent setting).
+max_size=${RABBITMQ_MAX_MESSAGE_SIZE:-8388608}
+limit_message_size() {
+  if [ "$(id -u)" != 0 ] && [ "$(id -un)" != rabbitmq ]; then return 0; fi
+  command -v rabbitmqctl >/dev/null || return 0
+  timeout 30 rabbitmqctl -q eval "application:set_env(rabbit, max_message_size, $max_size)." </dev/null >/dev/null 2>&1 9>&- ||
+    log "could not set max_message_size to $max_size (rabbitmqctl eval); the broker keeps its own limit"
+}
+
 command -v curl >/dev/null || die "curl is required (apt-get install -y curl)"
 start=$SECONDS
 
 if ready && quorum_declarable; then
+  limit_message_size
   log "RabbitMQ management API answers at $url; quorum queues work"
   echo "$url"
   exit 0
@@ -91,6 +105,7 @@ if command -v flock >/dev/null && ! flock -w "$wait_s" 9; then
   log "another testbed-rabbitmq.sh still holds $lock_dir/rabbitmq-setup.lock after ${wait_s}s; going ahead"
 fi
 if ready && quorum_declarable; then
+  limit_message_size
   log "RabbitMQ management API answers at $url; quorum queues work"
   echo "$url"
   exit 0
@@ -159,5 +174,6 @@ if ! quorum_enabled; then
 fi
 
 quorum_declarable || die "quorum queues cannot be declared on this broker"
+limit_message_size
 log "RabbitMQ management API answers at $url; quorum queues work ($((SECONDS - start))s)"
 echo "$url"

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/user"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -209,6 +210,28 @@ func (b *Broker) CloseConnectionsOf(username string) error {
 }
 
 const closeReason = "closed by the hcp-operator test bed"
+
+// MaxMessageSize reads the broker's max_message_size, when this process may
+// use rabbitmqctl (see CloseAllConnections).
+func (b *Broker) MaxMessageSize() (int64, bool) {
+	ctl, ok := rabbitmqctl()
+	if !ok {
+		return 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, ctl, "-q", "eval", "application:get_env(rabbit, max_message_size).")
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, false
+	}
+	var n int64
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "{ok,%d}", &n); err != nil {
+		return 0, false
+	}
+	return n, true
+}
 
 func (b *Broker) closeConnections(match func(rabbithole.ConnectionInfo) bool) error {
 	conns, err := b.API.ListConnections()

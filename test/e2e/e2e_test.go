@@ -463,7 +463,7 @@ func (r *samplesRun) submit(t *testing.T, capability, intent, inputs string, c s
 	if err != nil {
 		t.Fatalf("POST /hcp/v1/tasks (%s): %v", capability, err)
 	}
-	if want := topology.SessionID(calleeID, tk.MessageID); tk.SessionID != want || tk.Status != "pending" {
+	if want := topology.SessionID(calleeID, callerID, tk.MessageID); tk.SessionID != want || tk.Status != "pending" {
 		t.Fatalf("submit answered %+v, want status pending and session_id %s", tk, want)
 	}
 	return tk

@@ -90,7 +90,7 @@ func TestRelayFullFlow(t *testing.T) {
 		t.FailNow()
 	}
 	for _, v := range append(slices.Clone(accepted), rejected) {
-		if want := topology.SessionID(calleeID, v.MessageID); v.SessionID != want || v.Status != caller.TaskPending {
+		if want := topology.SessionID(calleeID, callerID, v.MessageID); v.SessionID != want || v.Status != caller.TaskPending {
 			t.Fatalf("submit answered %+v, want status pending and session_id %s", v, want)
 		}
 	}

@@ -409,7 +409,7 @@ func (b *bed) submit(ts *task.TaskSubmit) (msgID, sid string, pub amqp.Publishin
 	pub, err = envelope.EncodePublishing(env, b.callerU)
 	must(b.t, err)
 	b.publish(pub)
-	return env.MessageID, topology.SessionID(calleeID, env.MessageID), pub
+	return env.MessageID, topology.SessionID(calleeID, callerID, env.MessageID), pub
 }
 
 func (b *bed) publish(pub amqp.Publishing) {
@@ -562,4 +562,4 @@ func resp(r *http.Response, err error) error {
 
 type ed25519PublicKey = ed25519.PublicKey
 
-func deriveSID(msgID string) string { return topology.SessionID(calleeID, msgID) }
+func deriveSID(msgID string) string { return topology.SessionID(calleeID, callerID, msgID) }

@@ -7,7 +7,7 @@
 //
 // # Exactly-once over at-least-once
 //
-// The HCPSession named after topology.SessionID(calleeID, message_id) is the
+// The HCPSession named after topology.SessionID(calleeID, callerID, message_id) is the
 // dedup record, shared by every replica and surviving restarts: creating it
 // is the first side effect of a task_submit, and AlreadyExists means
 // "duplicate". A duplicate is answered with the original reply rebuilt from

@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -16,6 +20,7 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // TestDuplicateCannotExtendToken: whoever can write hcpsessions/status (the
@@ -129,5 +134,156 @@ func TestStateLabel(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(b.metrics.LabelWrites.WithLabelValues("error")); n != 0 {
 		t.Fatalf("%v failed label writes", n)
+	}
+}
+
+// Two callers may pick the same message id: each gets a task of its own.
+// The dedup key is (callee, caller, message id), so the second is neither
+// answered with the first's reply (its token) nor refused.
+func TestSameMessageIDFromTwoCallers(t *testing.T) {
+	b := newBed(t, bedOptions{policies: []v1alpha1.PolicyRule{{
+		Name: "both", Callers: v1alpha1.CallerMatch{IDs: []string{callerID, "beta"}},
+		Capabilities: []string{"analyze"}, MaxRiskLevel: v1alpha1.RiskR4,
+	}}})
+	beta := topology.Username(topology.RoleCaller, b.vhost, "beta")
+	p := topology.CallerPermissions("beta")
+	must(t, resp(b.broker.API.PutUser(beta, rabbithole.UserSettings{Password: password, Tags: rabbithole.UserTags{}})))
+	must(t, resp(b.broker.API.UpdatePermissionsIn(b.vhost, beta, rabbithole.Permissions{Configure: p.Configure, Write: p.Write, Read: p.Read})))
+	t.Cleanup(func() { _ = b.broker.DeleteUsers(beta) })
+	admin, err := amqp.Dial(b.broker.AMQPURI(b.broker.Username, b.broker.Password, b.vhost))
+	must(t, err)
+	defer func() { _ = admin.Close() }()
+	ach, err := admin.Channel()
+	must(t, err)
+	_, err = ach.QueueDeclare(topology.EventQueue("beta"), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	must(t, err)
+	must(t, ach.QueueBind(topology.EventQueue("beta"), topology.EventBindingKey("beta"), topology.EventsExchange, false, nil))
+
+	msgID, sidA, _ := b.submit(newSubmit(nil))
+	accA := acceptedOf(t, b.waitMessage(sidA, 20*time.Second, "task_accepted", isType(envelope.TypeTaskAccepted)))
+
+	// beta publishes its own task under the same message id.
+	conn, err := amqp.Dial(b.broker.AMQPURI(beta, password, b.vhost))
+	must(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	must(t, err)
+	env, err := envelope.New(envelope.TypeTaskSubmit, "", newSubmit(func(ts *task.TaskSubmit) { ts.CallerID = "beta" }))
+	must(t, err)
+	env.MessageID = msgID
+	pub, err := envelope.EncodePublishing(env, beta)
+	must(t, err)
+	must(t, ch.PublishWithContext(t.Context(), topology.CommandsExchange, calleeID, false, false, pub))
+	ds, err := ch.Consume(topology.EventQueue("beta"), "", false, false, false, false, nil)
+	must(t, err)
+	var reply *envelope.Envelope
+	for reply == nil {
+		select {
+		case d := <-ds:
+			e, err := envelope.FromDelivery(d, 0)
+			must(t, err)
+			_ = d.Ack(false)
+			if e.Type == envelope.TypeTaskAccepted || e.Type == envelope.TypeTaskRejected {
+				reply = e
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("beta got no answer")
+		}
+	}
+	if reply.Type != envelope.TypeTaskAccepted {
+		t.Fatalf("beta's task was answered %s: %s", reply.Type, reply.Payload)
+	}
+	var accB task.TaskAccepted
+	must(t, json.Unmarshal(reply.Payload, &accB))
+	sidB := topology.SessionID(calleeID, "beta", msgID)
+	if accB.SessionID != sidB || accB.SessionID == accA.SessionID || accB.SessionToken == accA.SessionToken {
+		t.Fatalf("beta's session %s (token shared: %v), alpha's %s; want %s, a token of its own", accB.SessionID, accB.SessionToken == accA.SessionToken, accA.SessionID, sidB)
+	}
+	if hs := b.hcpSession(sidB); hs.Spec.CallerID != "beta" {
+		t.Fatalf("beta's HCPSession names caller %q", hs.Spec.CallerID)
+	}
+}
+
+// A task decided by a sidecar of an earlier release (its HCPSession named
+// by the legacy id, without the caller) and redelivered to this one is
+// answered as a duplicate, never run a second time.
+func TestRedeliveryOfALegacyDecision(t *testing.T) {
+	b := newBed(t, bedOptions{})
+	ts := newSubmit(nil)
+	env, err := envelope.New(envelope.TypeTaskSubmit, "", ts)
+	must(t, err)
+	legacy := topology.LegacySessionID(calleeID, env.MessageID)
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	hs := &v1alpha1.HCPSession{
+		ObjectMeta: metav1.ObjectMeta{Name: legacy, Namespace: b.ns,
+			Labels: map[string]string{v1alpha1.LabelCalleeID: calleeID, v1alpha1.LabelCallerID: callerID}},
+		Spec: v1alpha1.HCPSessionSpec{SessionID: legacy, CalleeID: calleeID, CallerID: callerID, Capability: "analyze",
+			TaskMessageID: env.MessageID, RiskLevel: v1alpha1.RiskR1, DataClassification: v1alpha1.DataT1},
+	}
+	must(t, b.env.Client.Create(t.Context(), hs))
+	hs.Status = v1alpha1.HCPSessionStatus{State: v1alpha1.SessionRejected, Reason: string(task.ReasonNotAuthorized),
+		Message: "decided before the upgrade", CompletedAt: &now,
+		Error: &v1alpha1.SessionError{Code: string(task.ReasonNotAuthorized), Message: "decided before the upgrade"}}
+	must(t, b.env.Client.Status().Update(t.Context(), hs))
+
+	pub, err := envelope.EncodePublishing(env, b.callerU)
+	must(t, err)
+	b.publish(pub)
+	rej := rejectedOf(t, b.waitMessage(legacy, 20*time.Second, "task_rejected", isType(envelope.TypeTaskRejected)))
+	if rej.ReasonCode != task.ReasonNotAuthorized || rej.Message != "decided before the upgrade" {
+		t.Fatalf("answered %+v, want the original rejection", rej)
+	}
+	var list v1alpha1.HCPSessionList
+	must(t, b.env.Client.List(t.Context(), &list, client.InNamespace(b.ns)))
+	if len(list.Items) != 1 || b.harness.Started() != 0 {
+		t.Fatalf("%d HCPSessions, %d tasks started; want the legacy one only, none started", len(list.Items), b.harness.Started())
+	}
+}
+
+// Oversized messages get a clear answer and cost the sidecar nothing: a
+// task_submit above the 1 MiB envelope limit is refused with
+// malformed (and the size) before it is parsed; a hostile 100 MiB publish
+// is refused by the broker (max_message_size, set by the test bed as
+// docs/install.md recommends) before any consumer buffers it. Either way
+// the sidecar keeps serving.
+func TestOversizedMessages(t *testing.T) {
+	b := newBed(t, bedOptions{})
+	big := newSubmit(func(ts *task.TaskSubmit) {
+		ts.Inputs = json.RawMessage(`{"pad":"` + strings.Repeat("x", envelope.MaxEnvelopeBytes+512<<10) + `"}`)
+	})
+	_, sid, _ := b.submit(big)
+	rej := rejectedOf(t, b.waitMessage(sid, 20*time.Second, "task_rejected", isType(envelope.TypeTaskRejected)))
+	if rej.ReasonCode != task.ReasonMalformed || !strings.Contains(rej.Message, "bytes") {
+		t.Fatalf("a 1.5 MiB task_submit was answered %+v, want malformed naming the size", rej)
+	}
+
+	if limit, ok := b.broker.MaxMessageSize(); !ok || limit > 100<<20 {
+		t.Logf("the broker's max_message_size is %d (known: %v): the 100 MiB publish is not tried", limit, ok)
+	} else {
+		conn, err := amqp.Dial(b.broker.AMQPURI(b.callerU, password, b.vhost))
+		must(t, err)
+		defer func() { _ = conn.Close() }()
+		ch, err := conn.Channel()
+		must(t, err)
+		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+		hostile := make([]byte, 100<<20)
+		_ = ch.PublishWithContext(t.Context(), topology.CommandsExchange, calleeID, false, false,
+			amqp.Publishing{ContentType: envelope.ContentType, UserId: b.callerU, Body: hostile})
+		select {
+		case e := <-closed:
+			if e == nil || e.Code != amqp.PreconditionFailed || !strings.Contains(e.Reason, "max size") {
+				t.Fatalf("the broker closed the channel with %v, want PRECONDITION_FAILED naming the max size", e)
+			}
+			t.Logf("100 MiB publish refused by the broker: %s", e.Reason)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the broker accepted a 100 MiB message")
+		}
+	}
+
+	// The sidecar still serves.
+	_, sid2, _ := b.submit(newSubmit(nil))
+	b.waitMessage(sid2, 20*time.Second, "task_accepted", isType(envelope.TypeTaskAccepted))
+	if n := b.queueDepth(topology.CommandQueue(calleeID)); n != 0 {
+		t.Fatalf("%d messages left on the command queue", n)
 	}
 }

@@ -92,7 +92,7 @@ func (s *Sidecar) malformed(ctx context.Context, d amqp.Delivery, cause error) {
 		msgID = "unknown"
 	}
 	msgID = truncate(strings.ToLower(msgID), 120)
-	sid := topology.SessionID(s.id, msgID)
+	sid := topology.SessionID(s.id, callerID, msgID)
 	log.Info("Rejected a malformed command", "caller", callerID)
 	s.replyRejected(ctx, d, callerID, sid, msgID, s.clk.Now(), task.ReasonMalformed, "malformed message: "+oneLine(cause.Error(), 900))
 }
@@ -120,7 +120,7 @@ func (s *Sidecar) submit(ctx context.Context, d amqp.Delivery, env *envelope.Env
 		s.settle(d, true, false)
 		return
 	}
-	sid := topology.SessionID(s.id, msgID)
+	sid := topology.SessionID(s.id, callerID, msgID)
 	log = log.WithValues("caller", callerID, "session", sid)
 
 	ts, err := decodeSubmit(env.Payload)
@@ -169,6 +169,15 @@ func (s *Sidecar) decideTask(ctx context.Context, c *command, depth int) {
 	}
 	var existing v1alpha1.HCPSession
 	exists := reader.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: c.sid}, &existing) == nil
+	if !exists {
+		// Decided by a sidecar of an earlier release, under the id that
+		// left the caller out: a duplicate all the same.
+		legacy := topology.LegacySessionID(s.id, c.msgID)
+		if reader.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: legacy}, &existing) == nil && existing.Spec.CallerID == c.callerID {
+			c.sid, exists = legacy, true
+			c.log = c.log.WithValues("session", legacy)
+		}
+	}
 
 	// Expiry comes before any side effect. An expired duplicate of a task
 	// already answered still gets its original answer: a duplicate starts

@@ -456,7 +456,7 @@ const testToken = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJ0ZXN0In0.c2lnbmF0dXJl"
 
 func newScript(t *testing.T, calleeID, taskID string, n int) *script {
 	t.Helper()
-	sid := topology.SessionID(calleeID, taskID)
+	sid := topology.SessionID(calleeID, "alpha", taskID)
 	s := &script{sessionID: sid, taskID: taskID}
 	now := time.Now()
 	add := func(typ envelope.MessageType, payload any) {

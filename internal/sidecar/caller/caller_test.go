@@ -28,7 +28,7 @@ func TestSubmitThenStream(t *testing.T) {
 	b := newBed(t, "lab")
 	r := b.start()
 	v := r.submit(t, taskReq("lab"))
-	if v.Status != TaskPending || v.Warning != "" || v.SessionID != topology.SessionID("lab", v.MessageID) {
+	if v.Status != TaskPending || v.Warning != "" || v.SessionID != topology.SessionID("lab", "alpha", v.MessageID) {
 		t.Fatalf("POST /hcp/v1/tasks = %+v", v)
 	}
 
@@ -471,7 +471,7 @@ func TestRejectedAndAbort(t *testing.T) {
 	c := b.callee("lab")
 
 	rej := r.submit(t, taskReq("lab"))
-	sid := topology.SessionID("lab", rej.MessageID)
+	sid := topology.SessionID("lab", "alpha", rej.MessageID)
 	env, err := envelope.New(envelope.TypeTaskRejected, sid, task.TaskRejected{TaskMessageID: rej.MessageID, ReasonCode: task.ReasonNotAuthorized, Message: "no rule admits it"})
 	if err != nil {
 		t.Fatal(err)

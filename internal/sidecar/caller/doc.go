@@ -189,7 +189,7 @@
 //
 // Across a pod move the envelopes of pending submits are lost with the
 // state directory. A task the previous pod submitted is adopted from its
-// HCPSession (named topology.SessionID(callee, message_id); the callee
+// HCPSession (named topology.SessionID(callee, caller, message_id); the callee
 // creates it when it decides the task, before answering): when the first
 // message of its session arrives, when the app asks GET /hcp/v1/tasks/{id},
 // or when the app posts the same message_id again (answered with the known

@@ -569,11 +569,17 @@ func (s *Sidecar) adoptTaskByID(ctx context.Context, id, calleeID string) (TaskR
 		if s.o.Client == nil {
 			return TaskRecord{}, false
 		}
-		var hs v1alpha1.HCPSession
-		if err := s.o.Client.Get(ctx, types.NamespacedName{Namespace: s.cfg.Namespace, Name: topology.SessionID(calleeID, id)}, &hs); err != nil {
+		// Sessions decided by callees of earlier releases carry the legacy id.
+		for _, name := range []string{topology.SessionID(calleeID, s.cfg.ID, id), topology.LegacySessionID(calleeID, id)} {
+			var hs v1alpha1.HCPSession
+			if err := s.o.Client.Get(ctx, types.NamespacedName{Namespace: s.cfg.Namespace, Name: name}, &hs); err == nil && hs.Spec.CallerID == s.cfg.ID {
+				found = &hs
+				break
+			}
+		}
+		if found == nil {
 			return TaskRecord{}, false
 		}
-		found = &hs
 	} else {
 		for _, r := range []client.Reader{s.o.Client, s.o.Reader} {
 			if r == nil {

@@ -74,7 +74,7 @@ func withStateDir(dir string) sidecarOpt {
 // decides the task taskID of callerID.
 func (a *apiBed) hcpSession(calleeID, callerID, taskID string) *v1alpha1.HCPSession {
 	a.t.Helper()
-	sid := topology.SessionID(calleeID, taskID)
+	sid := topology.SessionID(calleeID, callerID, taskID)
 	hs := &v1alpha1.HCPSession{
 		ObjectMeta: metav1.ObjectMeta{Name: sid, Namespace: a.ns, Labels: map[string]string{
 			v1alpha1.LabelCalleeID: calleeID, v1alpha1.LabelCallerID: callerID,
@@ -169,7 +169,7 @@ func TestCallerPodMoved(t *testing.T) {
 	// Another caller's session, sent to this caller's queue.
 	foreignTask := envelope.NewMessageID()
 	a.hcpSession("lab", "beta", foreignTask)
-	foreign := topology.SessionID("lab", foreignTask)
+	foreign := topology.SessionID("lab", "beta", foreignTask)
 	fe, err := envelope.New(envelope.TypeEvent, foreign, mustEvent(t, 1, &session.LogData{Level: session.LogInfo, Message: "not yours"}))
 	if err != nil {
 		t.Fatal(err)

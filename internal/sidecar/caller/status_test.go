@@ -44,7 +44,7 @@ func TestHCPSessionStatusAndBinding(t *testing.T) {
 	})
 	ctx := context.Background()
 	newSession := func(taskID string) *v1alpha1.HCPSession {
-		sid := topology.SessionID("lab", taskID)
+		sid := topology.SessionID("lab", "alpha", taskID)
 		hs := &v1alpha1.HCPSession{
 			ObjectMeta: metav1.ObjectMeta{Name: sid, Namespace: ns},
 			Spec: v1alpha1.HCPSessionSpec{SessionID: sid, CalleeID: "lab", CallerID: b.callerID, Capability: "analyze",

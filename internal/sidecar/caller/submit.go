@@ -131,7 +131,7 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 			CalleeID:      p.CalleeID,
 			Capability:    p.Capability,
 			State:         TaskPending,
-			SessionID:     topology.SessionID(p.CalleeID, env.MessageID),
+			SessionID:     topology.SessionID(p.CalleeID, s.cfg.ID, env.MessageID),
 			Envelope:      body,
 			Attempts:      1,
 			SubmittedAt:   now,
@@ -260,7 +260,7 @@ func (s *Sidecar) isAnswered(id string) bool {
 // taskForSession finds the task whose expected (or accepted) session is sid.
 func (s *Sidecar) taskForSession(sid string) (TaskRecord, bool) {
 	for _, t := range s.store.Tasks() {
-		if t.SessionID == sid {
+		if t.SessionID == sid || topology.LegacySessionID(t.CalleeID, t.MessageID) == sid {
 			return t, true
 		}
 	}

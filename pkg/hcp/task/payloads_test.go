@@ -448,7 +448,7 @@ func TestUUIDRuleMatchesEnvelope(t *testing.T) {
 	}
 	// A session id derived by topology passes.
 	e := &ValidationError{}
-	e.uuid("session_id", topology.SessionID("lab-cvd", testUUID))
+	e.uuid("session_id", topology.SessionID("lab-cvd", "alpha", testUUID))
 	if err := e.Err(); err != nil {
 		t.Error(err)
 	}

@@ -55,28 +55,48 @@ func ParseUsername(u string) (role Role, vhost, id string, err error) {
 	return role, vhost, id, nil
 }
 
-// sessionIDDomain separates this hash from any other SHA-256 use.
-const sessionIDDomain = "hcp.io/session-id/v1"
+// Domains separate these hashes from any other SHA-256 use.
+const (
+	sessionIDDomain       = "hcp.io/session-id/v2"
+	legacySessionIDDomain = "hcp.io/session-id/v1"
+)
 
 // SessionID derives the session id for the task_submit with message id
-// taskMessageID received by callee calleeID: the first 16 bytes of
+// taskMessageID that caller callerID (the broker-validated user_id) sent
+// to callee calleeID: the first 16 bytes of
 //
-//	SHA-256("hcp.io/session-id/v1" 0x00 calleeID 0x00 lowercase(taskMessageID))
+//	SHA-256("hcp.io/session-id/v2" 0x00 calleeID 0x00 callerID 0x00 lowercase(taskMessageID))
 //
 // with the version nibble set to 4 and the variant bits to RFC 4122, in
 // canonical lowercase form. It is a UUID v4 in form, not random: every
 // duplicate of a task_submit (republished by the caller, or delivered to
 // another replica of the callee) yields the same id, so the HCPSession named
-// after it is the deduplication record. The message id is lowercased
+// after it is the deduplication record. The caller is part of the key: two
+// callers may pick the same message id, and one must neither be taken for a
+// duplicate of the other nor be refused. The message id is lowercased
 // because UUIDs are case-insensitive; ids never contain 0x00, so the
 // encoding is unambiguous.
-func SessionID(calleeID, taskMessageID string) string {
+func SessionID(calleeID, callerID, taskMessageID string) string {
+	return hashID(sessionIDDomain, calleeID, callerID, strings.ToLower(taskMessageID))
+}
+
+// LegacySessionID is the session id releases before the caller joined the
+// key derived (SHA-256 of "hcp.io/session-id/v1", calleeID and the message
+// id). A callee still looks it up for a task_submit it has no session for,
+// so a task decided by an older sidecar and redelivered to a newer one is
+// answered as the duplicate it is, never run twice; a caller recognises its
+// sessions under either id while callees are upgraded.
+func LegacySessionID(calleeID, taskMessageID string) string {
+	return hashID(legacySessionIDDomain, calleeID, strings.ToLower(taskMessageID))
+}
+
+func hashID(domain string, parts ...string) string {
 	h := sha256.New()
-	h.Write([]byte(sessionIDDomain))
-	h.Write([]byte{0})
-	h.Write([]byte(calleeID))
-	h.Write([]byte{0})
-	h.Write([]byte(strings.ToLower(taskMessageID)))
+	h.Write([]byte(domain))
+	for _, p := range parts {
+		h.Write([]byte{0})
+		h.Write([]byte(p))
+	}
 	var u uuid.UUID
 	copy(u[:], h.Sum(nil))
 	u[6] = (u[6] & 0x0f) | 0x40 // version 4

@@ -230,35 +230,42 @@ func TestPermissions(t *testing.T) {
 
 func TestSessionID(t *testing.T) {
 	const mid = "550e8400-e29b-41d4-a716-446655440000"
-	a := topology.SessionID("lab-cvd", mid)
+	a := topology.SessionID("lab-cvd", "alpha", mid)
 	if !envelope.IsUUIDv4(a) || a != strings.ToLower(a) {
 		t.Fatalf("SessionID = %q, not a lowercase UUID v4", a)
 	}
 	// Pinned (computed independently with Python's hashlib): the
 	// derivation names stored objects (HCPSessions), so it must never
 	// change silently.
-	if want := "115fd224-78d5-4721-8612-ab4467c4a51c"; a != want {
-		t.Errorf("SessionID(lab-cvd, %s) = %s, want %s", mid, a, want)
+	if want := "9edda22a-ab3f-4e16-abb0-f7dc8c5bd281"; a != want {
+		t.Errorf("SessionID(lab-cvd, alpha, %s) = %s, want %s", mid, a, want)
 	}
-	if b := topology.SessionID("lab-cvd", mid); a != b {
+	if want, got := "115fd224-78d5-4721-8612-ab4467c4a51c", topology.LegacySessionID("lab-cvd", mid); got != want {
+		t.Errorf("LegacySessionID(lab-cvd, %s) = %s, want %s", mid, got, want)
+	}
+	if b := topology.SessionID("lab-cvd", "alpha", mid); a != b {
 		t.Errorf("not deterministic: %s vs %s", a, b)
 	}
-	if b := topology.SessionID("lab-cvd", strings.ToUpper(mid)); a != b {
+	if b := topology.SessionID("lab-cvd", "alpha", strings.ToUpper(mid)); a != b {
 		t.Errorf("message id case changes the session: %s vs %s", a, b)
 	}
-	if b := topology.SessionID("lab-cvd2", mid); a == b {
+	if b := topology.SessionID("lab-cvd2", "alpha", mid); a == b {
 		t.Error("different callees share a session id")
 	}
-	if b := topology.SessionID("lab-cvd", "650e8400-e29b-41d4-a716-446655440000"); a == b {
+	// Two callers may pick the same message id: their tasks are distinct.
+	if b := topology.SessionID("lab-cvd", "beta", mid); a == b {
+		t.Error("different callers share a session id")
+	}
+	if b := topology.SessionID("lab-cvd", "alpha", "650e8400-e29b-41d4-a716-446655440000"); a == b {
 		t.Error("different messages share a session id")
 	}
-	// The separator keeps (id, message) pairs from running together.
-	if topology.SessionID("ab", "c") == topology.SessionID("a", "bc") {
+	// The separators keep the parts from running together.
+	if topology.SessionID("ab", "c", "d") == topology.SessionID("a", "bc", "d") || topology.SessionID("a", "bc", "d") == topology.SessionID("a", "b", "cd") {
 		t.Error("ambiguous encoding")
 	}
 	seen := map[string]bool{}
-	for i := 0; i < 10000; i++ {
-		s := topology.SessionID("callee", envelope.NewMessageID())
+	for range 10000 {
+		s := topology.SessionID("callee", "caller", envelope.NewMessageID())
 		if !envelope.IsUUIDv4(s) {
 			t.Fatalf("%q is not a UUID v4", s)
 		}
