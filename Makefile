@@ -103,7 +103,7 @@ chaos: ## Run the end-to-end suite with every chaos fault (sidecar, app and pod 
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
-	@for t in $$(go test -list '^Fuzz' ./pkg/... | grep -E '^(Fuzz|ok)' | awk '/^Fuzz/{f=f" "$$1} /^ok/{print $$2":"f; f=""}'); do \
+	@for t in $$(go test -list '^Fuzz' ./pkg/... ./internal/sidecar/... | grep -E '^(Fuzz|ok)' | awk '/^Fuzz/{f=f" "$$1} /^ok/{print $$2":"f; f=""}'); do \
 		pkg=$${t%%:*}; for fz in $${t#*:}; do \
 			echo "== $$pkg $$fz"; go test $$pkg -run='^$$' -fuzz="^$$fz$$" -fuzztime=$${FUZZTIME:-60s}; \
 		done; done

@@ -61,10 +61,11 @@ type Session struct {
 	Closed         bool   `json:"closed"`
 }
 
-// APIError is an error answer of the sidecar.
+// APIError is an error answer of the sidecar, whose body is
+// {"error": {"code": ..., "message": ..., "fields": [...]}}.
 type APIError struct {
 	Status  int    `json:"-"`
-	Code    string `json:"error"`
+	Code    string `json:"code"`
 	Message string `json:"message"`
 	Fields  []struct {
 		Field   string `json:"field"`
@@ -118,11 +119,14 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return err
 	}
 	if resp.StatusCode/100 != 2 {
-		e := &APIError{Status: resp.StatusCode}
-		if json.Unmarshal(data, e) != nil || e.Code == "" {
-			e.Code, e.Message = "http_error", strings.TrimSpace(string(data))
+		var body struct {
+			Error *APIError `json:"error"`
 		}
-		return e
+		if json.Unmarshal(data, &body) != nil || body.Error == nil || body.Error.Code == "" {
+			return &APIError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
+		}
+		body.Error.Status = resp.StatusCode
+		return body.Error
 	}
 	if out != nil {
 		return json.Unmarshal(data, out)

@@ -89,11 +89,14 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	// stops it. Values (loggers, tracing) are kept.
 	c.stopCtx, c.stop = context.WithCancel(context.WithoutCancel(ctx))
 	if c.m != nil {
-		c.m.Connected.Set(0)
+		c.m.Connected.WithLabelValues(c.opts.Role).Set(0)
 	}
 	go c.supervise()
 	return c, nil
 }
+
+// Role is the connection's role (Options.Role).
+func (c *Conn) Role() string { return c.opts.Role }
 
 // Username is the user in the URL: the value every publish must carry as
 // user_id.
@@ -255,7 +258,7 @@ func (c *Conn) supervise() {
 		c.setConnected(conn)
 		if everConnected {
 			if c.m != nil {
-				c.m.Reconnects.Inc()
+				c.m.Reconnects.WithLabelValues(c.opts.Role).Inc()
 			}
 			c.log.Info("Reconnected to the AMQP broker", "failedAttempts", failures)
 		} else {
@@ -315,7 +318,7 @@ func (c *Conn) setConnected(conn *amqp.Connection) {
 	c.lastErr = nil
 	close(c.ready)
 	if c.m != nil {
-		c.m.Connected.Set(1)
+		c.m.Connected.WithLabelValues(c.opts.Role).Set(1)
 	}
 }
 
@@ -336,7 +339,7 @@ func (c *Conn) setDisconnected(err error) {
 		close(c.unblocked) // a new connection starts unblocked
 	}
 	if c.m != nil {
-		c.m.Connected.Set(0)
+		c.m.Connected.WithLabelValues(c.opts.Role).Set(0)
 	}
 }
 

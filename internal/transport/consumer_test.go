@@ -178,7 +178,7 @@ func TestStaleAckAfterReconnect(t *testing.T) {
 		t.Fatalf("ack of the redelivery: %v", err)
 	}
 	eventually(t, 5*time.Second, "the queue to empty", func() bool { return e.ready("hcp.evt.alpha") == 0 })
-	if got := testutil.ToFloat64(m.Reconnects); got != 1 {
+	if got := testutil.ToFloat64(m.Reconnects.WithLabelValues("amqp")); got != 1 {
 		t.Errorf("reconnects = %v, want 1", got)
 	}
 	if got := testutil.ToFloat64(m.Redeliveries); got != 1 {
@@ -300,14 +300,14 @@ func TestReconnectNoLoss(t *testing.T) {
 	// reconnected once more.
 	for round := 1; round <= 2; round++ {
 		eventually(t, 60*time.Second, "more messages consumed", func() bool { return distinct() >= round*1000 })
-		for testutil.ToFloat64(pm.Reconnects) < float64(round) || testutil.ToFloat64(cm.Reconnects) < float64(round) {
+		for testutil.ToFloat64(pm.Reconnects.WithLabelValues("amqp")) < float64(round) || testutil.ToFloat64(cm.Reconnects.WithLabelValues("amqp")) < float64(round) {
 			n, err := e.broker.CloseConnections(ctx, e.vhost, "")
 			if err != nil {
 				t.Fatalf("closing connections: %v", err)
 			}
 			t.Logf("round %d: closed %d connections after %d messages consumed", round, n, distinct())
 			deadline := time.Now().Add(3 * time.Second)
-			for time.Now().Before(deadline) && (testutil.ToFloat64(pm.Reconnects) < float64(round) || testutil.ToFloat64(cm.Reconnects) < float64(round)) {
+			for time.Now().Before(deadline) && (testutil.ToFloat64(pm.Reconnects.WithLabelValues("amqp")) < float64(round) || testutil.ToFloat64(cm.Reconnects.WithLabelValues("amqp")) < float64(round)) {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}
@@ -326,7 +326,7 @@ func TestReconnectNoLoss(t *testing.T) {
 	nLost := 0
 	lost.Range(func(any, any) bool { nLost++; return true })
 	t.Logf("sent %d, received %d distinct, %d duplicate deliveries, %d publishes retried after ErrConnectionLost; reconnects: publisher %v, consumer %v",
-		total, distinct(), dups, nLost, testutil.ToFloat64(pm.Reconnects), testutil.ToFloat64(cm.Reconnects))
+		total, distinct(), dups, nLost, testutil.ToFloat64(pm.Reconnects.WithLabelValues("amqp")), testutil.ToFloat64(cm.Reconnects.WithLabelValues("amqp")))
 	eventually(t, 10*time.Second, "the queue to empty", func() bool { return e.ready("hcp.evt.alpha") == 0 })
 }
 

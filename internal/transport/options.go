@@ -48,6 +48,9 @@ type Options struct {
 	// by the management UI and rabbitmqctl list_connections. It also
 	// prefixes consumer tags.
 	ConnectionName string
+	// Role names the connection in the metrics' connection label
+	// ("publish", "consume"); default "amqp".
+	Role string
 	// Logger receives structured logs; the zero value discards them.
 	Logger logr.Logger
 	// Metrics, when set, receives Reconnects, Connected, Confirms and
@@ -114,6 +117,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Rand == nil {
 		o.Rand = rand.Float64
+	}
+	if o.Role == "" {
+		o.Role = "amqp"
 	}
 	if o.ConnectionName == "" {
 		o.ConnectionName = "hcp"

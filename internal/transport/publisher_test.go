@@ -253,7 +253,7 @@ func TestPublishAcrossConnectionLoss(t *testing.T) {
 	if err := pub.Publish(ctx, "hcp.commands", "lab", persistent("before", "{}")); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.Connected); got != 1 {
+	if got := testutil.ToFloat64(m.Connected.WithLabelValues("amqp")); got != 1 {
 		t.Errorf("connected gauge = %v, want 1", got)
 	}
 
@@ -278,7 +278,7 @@ func TestPublishAcrossConnectionLoss(t *testing.T) {
 		t.Errorf("confirms{lost} = %v, want 5", got)
 	}
 	eventually(t, 5*time.Second, "Ready() to turn false", func() bool { return !c.Ready() })
-	if got := testutil.ToFloat64(m.Connected); got != 0 {
+	if got := testutil.ToFloat64(m.Connected.WithLabelValues("amqp")); got != 0 {
 		t.Errorf("connected gauge = %v while down, want 0", got)
 	}
 
@@ -304,7 +304,7 @@ func TestPublishAcrossConnectionLoss(t *testing.T) {
 	if !c.Ready() {
 		t.Error("Ready() is false after a successful publish")
 	}
-	if got := testutil.ToFloat64(m.Reconnects); got != 1 {
+	if got := testutil.ToFloat64(m.Reconnects.WithLabelValues("amqp")); got != 1 {
 		t.Errorf("reconnects = %v, want 1", got)
 	}
 	// before + after; the five lost ones may or may not have arrived.

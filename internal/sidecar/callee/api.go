@@ -122,34 +122,10 @@ func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 		err.(*server.RequestError).Write(w)
 		return
 	}
-	raw = bytes.TrimSpace(raw)
-	batch := len(raw) > 0 && raw[0] == '['
-	var evs []harnessEvent
-	if batch {
-		var items []json.RawMessage
-		if err := json.Unmarshal(raw, &items); err != nil {
-			writeAPIError(w, badRequest(fmt.Errorf("invalid batch: %w", err)))
-			return
-		}
-		if len(items) == 0 || len(items) > maxBatchSize {
-			writeAPIError(w, badRequest(fmt.Errorf("a batch holds 1 to %d events, got %d", maxBatchSize, len(items))))
-			return
-		}
-		for i, it := range items {
-			ev, err := parseEvent(it)
-			if err != nil {
-				writeAPIError(w, badRequest(fmt.Errorf("event [%d]: %w", i, err)))
-				return
-			}
-			evs = append(evs, ev)
-		}
-	} else {
-		ev, err := parseEvent(raw)
-		if err != nil {
-			writeAPIError(w, badRequest(err))
-			return
-		}
-		evs = []harnessEvent{ev}
+	evs, batch, err := parseEvents(raw)
+	if err != nil {
+		writeAPIError(w, badRequest(err))
+		return
 	}
 	ps, seqs, e := ss.publishEvents(r.Context(), evs)
 	if e != nil {
@@ -161,6 +137,35 @@ func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 	} else {
 		respond(w, r, ps, map[string]any{"sequence": seqs[0]})
 	}
+}
+
+// parseEvents parses the body of POST .../events: one event, or a batch (a
+// JSON array of 1 to maxBatchSize events).
+func parseEvents(raw json.RawMessage) (evs []harnessEvent, batch bool, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '[' {
+		ev, err := parseEvent(raw)
+		if err != nil {
+			return nil, false, err
+		}
+		return []harnessEvent{ev}, false, nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, true, fmt.Errorf("invalid batch: %w", err)
+	}
+	if len(items) == 0 || len(items) > maxBatchSize {
+		return nil, true, fmt.Errorf("a batch holds 1 to %d events, got %d", maxBatchSize, len(items))
+	}
+	evs = make([]harnessEvent, 0, len(items))
+	for i, it := range items {
+		ev, err := parseEvent(it)
+		if err != nil {
+			return nil, true, fmt.Errorf("event [%d]: %w", i, err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs, true, nil
 }
 
 // parseEvent validates one harness event: a type the harness may emit and

@@ -2,6 +2,7 @@ package callee
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // TestBinaries runs the real cmd/hcp-sidecar (callee mode) and
@@ -94,9 +97,48 @@ func TestBinaries(t *testing.T) {
 	b.waitState(sid, v1alpha1.SessionCompleted, 10*time.Second)
 	if code, body := httpGet(t.Context(), "http://"+probeAddr+"/metrics"); code != 200 ||
 		!strings.Contains(body, `hcp_sidecar_messages_in_total{type="task_submit"} 1`) ||
-		!strings.Contains(body, `hcp_sidecar_amqp_connected 1`) {
+		!strings.Contains(body, `hcp_sidecar_amqp_connected{connection="publish"} 1`) ||
+		!strings.Contains(body, `hcp_sidecar_amqp_connected{connection="consume"} 1`) {
 		t.Fatalf("/metrics: %d\n%s", code, body)
 	}
+	// Publishing and consuming on separate connections: flow control on the
+	// publishing one (connection.blocked) never stops the consumer.
+	testbed.Eventually(t, 30*time.Second, "one publish and one consume connection", func(context.Context) error {
+		conns, err := b.broker.API.ListConnections()
+		if err != nil {
+			return err
+		}
+		var names []string
+		byName := map[string]string{} // the broker's connection name → connection_name
+		for _, c := range conns {
+			if c.User == b.calleeU {
+				n, _ := c.ClientProperties["connection_name"].(string)
+				names = append(names, n)
+				byName[c.Name] = n
+			}
+		}
+		slices.Sort(names)
+		if len(names) != 2 || !strings.HasSuffix(names[0], " consume") || !strings.HasSuffix(names[1], " publish") {
+			return fmt.Errorf("the sidecar's connections: %q", names)
+		}
+		cons, err := b.broker.API.ListConsumersIn(b.vhost)
+		if err != nil {
+			return err
+		}
+		found := false
+		for _, c := range cons {
+			if c.Queue.Name == topology.CommandQueue(calleeID) {
+				if on := byName[c.ChannelDetails.ConnectionName]; !strings.HasSuffix(on, " consume") {
+					return fmt.Errorf("the command queue is consumed on connection %q", on)
+				}
+				found = true
+			}
+		}
+		if !found {
+			return errors.New("no consumer on the command queue yet")
+		}
+		return nil
+	})
 	if code, _ := httpGet(t.Context(), "http://"+probeAddr+"/healthz"); code != 200 {
 		t.Fatalf("/healthz: %d", code)
 	}

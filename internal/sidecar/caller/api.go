@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -81,17 +82,10 @@ type AbortResponse struct {
 	MessageID string `json:"message_id"`
 }
 
-// ErrorResponse is the body of every error answer.
+// ErrorResponse is the body of every error answer, the same on both
+// sidecars' local APIs: {"error": {"code": ..., "message": ..., "fields": [...]}}.
 type ErrorResponse struct {
-	Error   string        `json:"error"`
-	Message string        `json:"message"`
-	Fields  []FieldDetail `json:"fields,omitempty"`
-}
-
-// FieldDetail names one invalid request field.
-type FieldDetail struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
+	Error server.Error `json:"error"`
 }
 
 // Handler serves the local app API (see docs/openapi/caller-sidecar.yaml).
@@ -276,12 +270,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
-	resp := ErrorResponse{Error: e.code, Message: e.msg}
+	body := &server.Error{Code: e.code, Message: e.msg}
 	for _, f := range e.fields {
-		resp.Fields = append(resp.Fields, FieldDetail{Field: f.Field, Message: f.Message})
+		body.Fields = append(body.Fields, server.FieldError{Field: f.Field, Message: f.Message})
 	}
-	if resp.Message == "" {
-		resp.Message = http.StatusText(e.status)
+	if body.Message == "" {
+		body.Message = http.StatusText(e.status)
 	}
-	writeJSON(w, e.status, resp)
+	server.WriteError(w, e.status, body)
 }

@@ -544,7 +544,7 @@ func TestRejectedAndAbort(t *testing.T) {
 		c.publish(m)
 	}
 	eventually(t, 10*time.Second, "the end", func() error { return b.complete(s.sessionID, 5) })
-	if st := r.call(t, http.MethodPost, "/hcp/v1/sessions/"+s.sessionID+"/abort", nil, &e); st != 409 || e.Error != "session_finished" {
+	if st := r.call(t, http.MethodPost, "/hcp/v1/sessions/"+s.sessionID+"/abort", nil, &e); st != 409 || e.Error.Code != "session_finished" {
 		t.Errorf("abort after the end: HTTP %d %+v", st, e)
 	}
 }
@@ -628,13 +628,13 @@ func TestSubmitValidation(t *testing.T) {
 	bad := taskReq("lab")
 	bad.Constraints.DataClassification = "T9"
 	bad.Capability = "bad capability"
-	if st := r.call(t, http.MethodPost, "/hcp/v1/tasks", bad, &e); st != 400 || len(e.Fields) != 2 {
+	if st := r.call(t, http.MethodPost, "/hcp/v1/tasks", bad, &e); st != 400 || len(e.Error.Fields) != 2 {
 		t.Errorf("invalid task: HTTP %d %+v", st, e)
 	}
 	if st := r.call(t, http.MethodPost, "/hcp/v1/tasks", map[string]any{"callee_id": "lab", "capabilty": "typo"}, &e); st != 400 {
 		t.Errorf("unknown field: HTTP %d %+v", st, e)
 	}
-	if st := r.call(t, http.MethodPost, "/hcp/v1/tasks", taskReq("nobody"), &e); st != 404 || e.Error != "unknown_callee" {
+	if st := r.call(t, http.MethodPost, "/hcp/v1/tasks", taskReq("nobody"), &e); st != 404 || e.Error.Code != "unknown_callee" {
 		t.Errorf("unknown callee: HTTP %d %+v", st, e)
 	}
 	req := taskReq("lab")

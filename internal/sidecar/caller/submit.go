@@ -56,11 +56,11 @@ type submitResult struct {
 	publishErr error
 }
 
-// submit validates req, records the task durably and publishes it.
-func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, *apiError) {
-	now := s.clk.Now()
+// task is the task_submit payload a request asks callerID to send,
+// validated.
+func (req *SubmitRequest) task(callerID string) (task.TaskSubmit, *apiError) {
 	p := task.TaskSubmit{
-		CallerID:     s.cfg.ID,
+		CallerID:     callerID,
 		CalleeID:     req.CalleeID,
 		Capability:   req.Capability,
 		Intent:       req.Intent,
@@ -76,9 +76,19 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 	if err := p.Validate(); err != nil {
 		var ve *task.ValidationError
 		if errors.As(err, &ve) {
-			return submitResult{}, badRequest("invalid task", ve.Fields...)
+			return p, badRequest("invalid task", ve.Fields...)
 		}
-		return submitResult{}, badRequest(err.Error())
+		return p, badRequest(err.Error())
+	}
+	return p, nil
+}
+
+// submit validates req, records the task durably and publishes it.
+func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, *apiError) {
+	now := s.clk.Now()
+	p, aerr := req.task(s.cfg.ID)
+	if aerr != nil {
+		return submitResult{}, aerr
 	}
 	if p.Expired(now) {
 		return submitResult{}, badRequest("the task's expires_at or deadline has already passed")

@@ -30,10 +30,12 @@ type Metrics struct {
 	// hcp.io/state label in step with status.state (callee mode; at most
 	// one per state change), by result (ok, error).
 	LabelWrites *prometheus.CounterVec
-	// Reconnects counts AMQP connection recoveries.
-	Reconnects prometheus.Counter
-	// Connected is 1 while the AMQP connection is up.
-	Connected prometheus.Gauge
+	// Reconnects counts AMQP connection recoveries, by connection
+	// (publish, consume: the sidecar keeps one of each, so that flow
+	// control on publishing never holds up consuming).
+	Reconnects *prometheus.CounterVec
+	// Connected is 1 while the AMQP connection is up, by connection.
+	Connected *prometheus.GaugeVec
 	// AppDeliveries counts events handed to the local app/harness over HTTP,
 	// by result (ok, error).
 	AppDeliveries *prometheus.CounterVec
@@ -41,6 +43,10 @@ type Metrics struct {
 	// delivery to the app (caller mode), in seconds.
 	Latency prometheus.Histogram
 }
+
+// ConnectionLabel names the AMQP connection (publish, consume) of
+// Reconnects and Connected.
+const ConnectionLabel = "connection"
 
 // resultLabel is the label of the counters that count outcomes.
 const resultLabel = "result"
@@ -57,8 +63,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		Sessions:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_sessions", Help: "Sessions tracked by this sidecar, by L2 state."}, []string{"state"}),
 		StatusWrites:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_status_writes_total", Help: "HCPSession writes, by result."}, []string{resultLabel}),
 		LabelWrites:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_state_label_writes_total", Help: "HCPSession hcp.io/state label updates, by result."}, []string{resultLabel}),
-		Reconnects:    prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries."}),
-		Connected:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up."}),
+		Reconnects:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries, by connection."}, []string{ConnectionLabel}),
+		Connected:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up, by connection."}, []string{ConnectionLabel}),
 		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{resultLabel}),
 		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
