@@ -195,15 +195,22 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 			return err
 		}
 	}
-	conn, err := transport.Dial(ctx, topts)
+	// Two connections: RabbitMQ's flow control (connection.blocked on a
+	// resource alarm, credit flow) throttles connections that publish, and
+	// a consumer sharing one would stop receiving and acknowledging too.
+	// The consume connection also carries the passive topology checks.
+	conns, err := dialBoth(ctx, topts)
 	if err != nil {
 		return err
 	}
+	pubConn, conn := conns[0], conns[1]
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
-		if err := conn.Close(cctx); err != nil {
-			log.Error(err, "Failed to close the AMQP connection cleanly")
+		for _, c := range []*transport.Conn{conn, pubConn} { // stop consuming first
+			if err := c.Close(cctx); err != nil {
+				log.Error(err, "Failed to close an AMQP connection cleanly")
+			}
 		}
 	}()
 	if conn.Username() != cfg.Username {
@@ -211,20 +218,24 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 			config.EnvAMQPURL, conn.Username(), config.EnvUsername, cfg.Username, cfg.Username)
 	}
 	ready.Add("amqp", func() error {
-		if !conn.Ready() {
-			if err := conn.LastError(); err != nil {
-				return fmt.Errorf("not connected: %w", err)
+		for _, c := range conns {
+			if !c.Ready() {
+				if err := c.LastError(); err != nil {
+					return fmt.Errorf("%s connection not connected: %w", c.Role(), err)
+				}
+				return fmt.Errorf("%s connection not connected", c.Role())
 			}
-			return errors.New("not connected")
 		}
 		return nil
 	})
-	pub, err := transport.NewPublisher(conn, transport.PublisherOptions{})
+	pub, err := transport.NewPublisher(pubConn, transport.PublisherOptions{})
 	if err != nil {
 		return err
 	}
-	if err := conn.WaitReady(ctx); err != nil {
-		return err
+	for _, c := range conns {
+		if err := c.WaitReady(ctx); err != nil {
+			return err
+		}
 	}
 
 	clk := clock.RealClock{}
@@ -306,4 +317,23 @@ func cacheScope(cfg *config.Config) (map[client.Object]cache.ByObject, []client.
 		}, []client.Object{
 			&hcpv1alpha1.Caller{}, &hcpv1alpha1.HCPSession{},
 		}
+}
+
+// dialBoth dials the publish and the consume connection (named and
+// labelled apart in the metrics).
+func dialBoth(ctx context.Context, o transport.Options) ([]*transport.Conn, error) {
+	conns := make([]*transport.Conn, 0, 2)
+	for _, role := range []string{"publish", "consume"} {
+		ro := o
+		ro.Role, ro.ConnectionName = role, o.ConnectionName+" "+role
+		c, err := transport.Dial(ctx, ro)
+		if err != nil {
+			for _, d := range conns {
+				_ = d.Close(ctx)
+			}
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
 }
