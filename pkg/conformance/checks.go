@@ -82,7 +82,7 @@ var checks = []Check{
 	{MsgUserID, "D§3", "AMQP user_id is set to the callee's broker user (the authenticated sender)"},
 	{MsgRoutingKey, "L1:120", "events are routed with {caller_id}.{session_id}.{message_type}"},
 	{MsgUniqueID, "L1:154", "each message carries a unique message_id (a redelivery repeats it with the same body)"},
-	{MsgPayload, "L2:80", "every payload is valid for its type (task_accepted/rejected/completed/failed, event data of the nine event types)"},
+	{MsgPayload, "L2:92", "every payload is valid for its type (task_accepted/rejected/completed/failed, event data of the nine event types)"},
 
 	{SesAccepted, "L1:68", "a valid task_submit is answered task_accepted with a session id and token on the caller's queue"},
 	{SesSequence, "L2:112", "event sequence numbers increase strictly from 1 in every session, without gaps (L2:126)"},
