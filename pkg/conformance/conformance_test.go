@@ -405,3 +405,60 @@ func equalBools(a, b []bool) bool {
 	}
 	return true
 }
+
+// The aggregate checks over all messages: a message_id reused for another
+// body fails MSG-10 (a redelivery with the same body does not), a returned
+// publish fails TOP-5, one bad message fails its check for the run.
+func TestAggregateMessageChecks(t *testing.T) {
+	cfg, err := Config{AMQPURL: "amqp://caller.kit@%2Fhcp:p@h/%2Fhcp", CalleeID: testCallee, CallerID: testCaller, Capability: "c"}.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := envelope.NewMessageID()
+	exp := Expect{CallerID: testCaller, CalleeUser: cfg.CalleeUser}
+	msg := func(d amqp.Delivery) *Message {
+		env, v := CheckMessage(d, exp)
+		return &Message{D: d, Env: env, V: v, Gen: 1, Acked: true}
+	}
+	one := delivery(t, progressEvent(t, sid, 1))
+	two := delivery(t, progressEvent(t, sid, 2))
+
+	evaluate := func(msgs []*Message, returned bool) Report {
+		k := newKit(cfg)
+		k.msgs, k.nPublish = msgs, 3
+		if returned {
+			k.nReturns, k.returned["x"] = 1, "312 NO_ROUTE"
+		}
+		r := newRecorder()
+		(&run{k: k, r: r}).messages()
+		return r.report()
+	}
+	result := func(rep Report, id string) Result {
+		row, _ := rep.Row(id)
+		return row.Result
+	}
+
+	redelivered := one
+	redelivered.Redelivered = true
+	rep := evaluate([]*Message{msg(one), msg(two), msg(redelivered)}, false)
+	for _, id := range []string{MsgUniqueID, MsgContentType, TopCommandRouting} {
+		if result(rep, id) != Pass {
+			t.Errorf("conforming messages: %s %s", id, result(rep, id))
+		}
+	}
+
+	reused := two
+	reused.Body = []byte(strings.Replace(string(two.Body), two.MessageId, one.MessageId, 1))
+	reused.MessageId = one.MessageId
+	plain := two
+	plain.ContentType = "text/plain"
+	rep = evaluate([]*Message{msg(one), msg(reused), msg(plain)}, true)
+	for _, id := range []string{MsgUniqueID, MsgContentType, TopCommandRouting} {
+		if result(rep, id) != Fail {
+			t.Errorf("bad messages: %s %s", id, result(rep, id))
+		}
+	}
+	if rep := evaluate(nil, false); result(rep, MsgEnvelope) != Fail {
+		t.Error("no message at all must fail")
+	}
+}
