@@ -78,4 +78,11 @@ const (
 	ManagedByValue = "hcp-operator"
 	// AnnotationConfigHash on the pod template rolls pods on config changes.
 	AnnotationConfigHash = "hcp.io/config-hash"
+	// AnnotationRotateTokenKey on a Callee asks for a new session-token
+	// signing key: each new value rotates once (use a timestamp). The
+	// retired key keeps verifying tokens of running sessions.
+	AnnotationRotateTokenKey = "hcp.io/rotate-token-key"
+	// AnnotationTokenKeyRotation on the token Secret is the value of
+	// AnnotationRotateTokenKey last carried out.
+	AnnotationTokenKeyRotation = "hcp.io/token-key-rotation"
 )

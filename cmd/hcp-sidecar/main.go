@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/secretfile"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
 	"github.com/hcp-io/hcp-operator/internal/transport"
@@ -178,8 +180,13 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	cacheSynced.Set(nil)
 
 	// AMQP.
+	amqpURL, err := amqpURLSource(cfg, log)
+	if err != nil {
+		return err
+	}
 	topts := transport.Options{
-		URL:            cfg.AMQPURL,
+		URL:            amqpURL(),
+		URLSource:      amqpURL,
 		Heartbeat:      cfg.Heartbeat,
 		ConnectionName: fmt.Sprintf("hcp-sidecar %s %s %s", cfg.Mode, cfg.ID, cfg.PodName),
 		Logger:         log.WithName("amqp"),
@@ -317,6 +324,28 @@ func cacheScope(cfg *config.Config) (map[client.Object]cache.ByObject, []client.
 		}, []client.Object{
 			&hcpv1alpha1.Caller{}, &hcpv1alpha1.HCPSession{},
 		}
+}
+
+// amqpURLSource gives the broker URL: as set in the environment, or from
+// the mounted credentials Secret (pods), reread at each dial so that a
+// rotated password needs no restart and no secret sits in the environment.
+func amqpURLSource(cfg *config.Config, log logr.Logger) (func() string, error) {
+	if cfg.AMQPURLFile == "" {
+		return func() string { return cfg.AMQPURL }, nil
+	}
+	f, err := secretfile.Load(cfg.AMQPURLFile, func(b []byte) (string, error) {
+		u := strings.TrimSpace(string(b))
+		return u, config.CheckAMQPURL(u)
+	}, secretfile.Options[string]{
+		OnChange: func(string) { log.Info("The broker credentials changed; the next connection uses them") },
+		OnError: func(err error) {
+			log.Error(err, "The rotated broker URL is unusable; keeping the previous one")
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", config.EnvAMQPURLFile, err)
+	}
+	return f.Get, nil
 }
 
 // dialBoth dials the publish and the consume connection (named and

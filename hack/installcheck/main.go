@@ -90,7 +90,7 @@ func children(namespace string) ([]client.Object, error) {
 		objs = append(objs, creds, resource.ServiceAccount(v.s), resource.Role(v.s), resource.RoleBinding(v.s),
 			resource.Binding(v.s, v.b), resource.User(v.s, v.b), resource.Permission(v.s, v.b))
 		if v.s.Role == topology.RoleCallee {
-			objs = append(objs, resource.TokenSecret(v.s, []byte("dry-run"), []byte("dry-run")), resource.CalleeQueue(callee, v.b))
+			objs = append(objs, resource.TokenSecret(v.s, resource.TokenKeys{PrivatePEM: []byte("dry-run"), PublicPEM: []byte("dry-run"), VerifyPEM: []byte("dry-run")}), resource.CalleeQueue(callee, v.b))
 		} else {
 			q, err := resource.CallerQueue(caller, v.b)
 			if err != nil {

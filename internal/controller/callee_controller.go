@@ -193,7 +193,8 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 		Vhost:       b.Vhost,
 		Image:       r.Options.SidecarImage,
 		Prefetch:    prefetch,
-		SecretsHash: resource.HashSecretData(creds.Data) + resource.HashSecretData(tok.Data),
+		// No hash of the credentials and token Secrets: the sidecar reads
+		// them as files and follows a rotation without a restart.
 	})
 	if err != nil {
 		return ctrl.Result{}, err

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -213,18 +215,9 @@ func TestCalleeLifecycle(t *testing.T) {
 	})
 	hash = dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]
 
-	// A changed credential rolls the pods too (the password lives in the
-	// Secret, and the sidecar reads it at start).
+	// A changed credential does not roll the pods: the sidecar reads the
+	// uri from the mounted Secret and uses the new one at its next dial.
 	update(t, creds, func(s *corev1.Secret) { s.Data["password"] = []byte("rotated-by-hand-0123456789") })
-	eventually(t, "a Secret change rolls the pods", func(ctx context.Context) error {
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
-			return err
-		}
-		if got := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; got == hash {
-			return fmt.Errorf("config hash unchanged (%s)", got)
-		}
-		return nil
-	})
 	// The kept password is used in the uri.
 	eventually(t, "the uri follows the password", func(ctx context.Context) error {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(creds), creds); err != nil {
@@ -235,12 +228,63 @@ func TestCalleeLifecycle(t *testing.T) {
 		}
 		return nil
 	})
+	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(dep), dep); err != nil {
+		t.Fatal(err)
+	}
+	if got := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; got != hash {
+		t.Errorf("a password rotation rolled the pods: config hash %s → %s", hash, got)
+	}
 	// The token key is never regenerated.
 	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(tok), tok); err != nil {
 		t.Fatal(err)
 	}
 	if string(tok.Data["private.pem"]) != privateKey {
 		t.Error("the token signing key changed")
+	}
+	// ... unless asked for: a rotation makes a new key, keeps the retired
+	// one verifiable, and rolls no pod (the sidecar follows the file).
+	dep = &appsv1.Deployment{}
+	if err := k8sClient.Get(t.Context(), key(ns, base), dep); err != nil {
+		t.Fatal(err)
+	}
+	hashBefore := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]
+	update(t, callee, func(c *hcpv1alpha1.Callee) {
+		metav1.SetMetaDataAnnotation(&c.ObjectMeta, hcpv1alpha1.AnnotationRotateTokenKey, "2026-11-25T12:00:00Z")
+	})
+	eventually(t, "the token key rotated", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(tok), tok); err != nil {
+			return err
+		}
+		if string(tok.Data["private.pem"]) == privateKey {
+			return errors.New("still the first key")
+		}
+		set, err := token.ParseKeySetPEM(tok.Data["verification-keys.pem"])
+		if err != nil {
+			return err
+		}
+		oldPub, _ := token.ParsePrivateKeyPEM([]byte(privateKey))
+		newPub, _ := token.ParsePublicKeyPEM(tok.Data["public.pem"])
+		ids := set.IDs()
+		if len(ids) != 2 || ids[0] != token.KeyID(newPub) || ids[1] != token.KeyID(oldPub.Public().(ed25519.PublicKey)) {
+			return fmt.Errorf("verification keys %v", ids)
+		}
+		if tok.Annotations[hcpv1alpha1.AnnotationTokenKeyRotation] != "2026-11-25T12:00:00Z" {
+			return fmt.Errorf("rotation annotation %v", tok.Annotations)
+		}
+		c := &hcpv1alpha1.Callee{}
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(callee), c); err != nil {
+			return err
+		}
+		if c.Status.TokenPublicKey != string(tok.Data["public.pem"]) {
+			return errors.New("status.tokenPublicKey is not the new key yet")
+		}
+		return nil
+	})
+	if err := k8sClient.Get(t.Context(), key(ns, base), dep); err != nil {
+		t.Fatal(err)
+	}
+	if h := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; h != hashBefore {
+		t.Errorf("the rotation rolled the pods: config hash %s → %s", hashBefore, h)
 	}
 
 	// Active sessions.

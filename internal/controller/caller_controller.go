@@ -159,7 +159,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		Vhost:       b.Vhost,
 		Image:       r.Options.SidecarImage,
 		Prefetch:    prefetch,
-		SecretsHash: resource.HashSecretData(creds.Data),
+		// The credentials Secret is read as a file, followed on rotation.
 	})
 	if err != nil {
 		return ctrl.Result{}, err

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 )
@@ -54,48 +55,40 @@ func (c *core) ensureCredentials(ctx context.Context, v view, b resource.Broker)
 	return live.(*corev1.Secret), nil
 }
 
-// ensureTokenKey applies a callee's token Secret. The key is generated only
-// when the Secret has none: an existing key is never replaced (sessions in
-// flight carry tokens signed with it).
+// ensureTokenKey applies a callee's token Secret (resource.NextTokenKeys:
+// a key is generated only when there is none or the Callee asks for a
+// rotation with resource.AnnotationRotateTokenKey).
 func (c *core) ensureTokenKey(ctx context.Context, v view) (*corev1.Secret, error) {
 	name := v.sub.TokenSecretName()
 	existing := &corev1.Secret{}
-	var priv, pub []byte
+	var have resource.TokenKeys
 	switch err := c.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); {
 	case err == nil:
-		priv, pub = existing.Data[resource.TokenPrivateKeyKey], existing.Data[resource.TokenPublicKeyKey]
 	case !apierrors.IsNotFound(err):
 		return nil, err
 	default:
 		// Not in the cache. The cache sees only labelled Secrets: make
 		// sure an unlabelled one (labels removed by hand) is not replaced.
-		if err := c.apiReader.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); err == nil {
-			priv, pub = existing.Data[resource.TokenPrivateKeyKey], existing.Data[resource.TokenPublicKeyKey]
-		} else if !apierrors.IsNotFound(err) {
+		if err := c.apiReader.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); err != nil && !apierrors.IsNotFound(err) {
 			return nil, err
 		}
 	}
-	if len(priv) == 0 {
-		pk, sk, err := token.GenerateKey()
-		if err != nil {
-			return nil, err
-		}
-		if priv, err = token.MarshalPrivateKeyPEM(sk); err != nil {
-			return nil, err
-		}
-		if pub, err = token.MarshalPublicKeyPEM(pk); err != nil {
-			return nil, err
-		}
-	} else if len(pub) == 0 {
-		sk, err := token.ParsePrivateKeyPEM(priv)
-		if err != nil {
-			return nil, fmt.Errorf("token Secret %s: %w", name, err)
-		}
-		if pub, err = token.MarshalPublicKeyPEM(sk.Public().(ed25519.PublicKey)); err != nil {
-			return nil, err
+	if existing.Data != nil {
+		have = resource.TokenKeys{
+			PrivatePEM: existing.Data[resource.TokenPrivateKeyKey],
+			PublicPEM:  existing.Data[resource.TokenPublicKeyKey],
+			VerifyPEM:  existing.Data[resource.TokenVerifyKeysKey],
+			Rotation:   existing.Annotations[hcpv1alpha1.AnnotationTokenKeyRotation],
 		}
 	}
-	live, err := c.apply(ctx, v.obj, resource.TokenSecret(v.sub, priv, pub))
+	keys, err := resource.NextTokenKeys(have, v.obj.GetAnnotations()[hcpv1alpha1.AnnotationRotateTokenKey], func() (ed25519.PrivateKey, error) {
+		_, sk, err := token.GenerateKey()
+		return sk, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("token Secret %s: %w", name, err)
+	}
+	live, err := c.apply(ctx, v.obj, resource.TokenSecret(v.sub, keys))
 	if err != nil {
 		return nil, err
 	}

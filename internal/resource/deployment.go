@@ -28,8 +28,12 @@ const (
 	// Secrets, mounted in the sidecar only.
 	TLSCAVolumeName     = "hcp-tls-ca"
 	TLSClientVolumeName = "hcp-tls-client"
-	APIPortName         = "hcp-api"
-	ProbePortName       = "probes"
+	// CredentialsVolumeName and TokenVolumeName hold the broker URL and the
+	// callee's token keys, as files rather than environment variables.
+	CredentialsVolumeName = "hcp-credentials"
+	TokenVolumeName       = "hcp-token"
+	APIPortName           = "hcp-api"
+	ProbePortName         = "probes"
 	// sidecarUID is the non-root user the sidecar runs as (the distroless
 	// "nonroot" user of the image).
 	sidecarUID int64 = 65532
@@ -42,6 +46,8 @@ const (
 	ServiceAccountMountPath = "/var/run/secrets/kubernetes.io/serviceaccount"
 	TLSCAMountPath          = "/etc/hcp/tls/ca"
 	TLSClientMountPath      = "/etc/hcp/tls/client"
+	CredentialsMountPath    = "/etc/hcp/credentials"
+	TokenMountPath          = "/etc/hcp/token"
 	// serviceAccountTokenSeconds is the lifetime of the projected token;
 	// the kubelet renews it at 80% and client-go re-reads the file.
 	serviceAccountTokenSeconds int64 = 3600
@@ -53,7 +59,7 @@ const (
 
 // reservedVolumes are the volumes the operator injects; a user volume with
 // one of these names is replaced.
-var reservedVolumes = []string{StateVolumeName, APIAccessVolumeName, TLSCAVolumeName, TLSClientVolumeName}
+var reservedVolumes = []string{StateVolumeName, APIAccessVolumeName, TLSCAVolumeName, TLSClientVolumeName, CredentialsVolumeName, TokenVolumeName}
 
 // DefaultSidecarImage is the sidecar image when neither the Callee/Caller
 // nor the manager sets one. Set at build time with
@@ -84,9 +90,10 @@ type HarnessParams struct {
 	Image string
 	// Prefetch is the consumer prefetch in effect.
 	Prefetch int32
-	// SecretsHash changes when the content of a Secret the pods read
-	// changes (HashSecretData of each, and TLSSecretsHash, combined by the
-	// caller).
+	// SecretsHash changes when the content of a Secret the sidecar loads
+	// only at start changes (TLSSecretsHash), so that a renewal rolls the
+	// pods. The credentials and token Secrets are not in it: the sidecar
+	// follows their files (internal/sidecar/secretfile).
 	SecretsHash string
 	// TLS is spec.broker.tls: its Secrets are mounted into the sidecar.
 	TLS *hcpv1alpha1.BrokerTLS
@@ -135,15 +142,24 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 		fieldEnv(config.EnvNamespace, "metadata.namespace"),
 		fieldEnv(config.EnvPodName, "metadata.name"),
 		{Name: config.EnvVhost, Value: p.Vhost},
-		secretEnv(config.EnvAMQPURL, s.CredentialsSecretName(), CredentialsURIKey),
+		// The username is not secret; the password and the token key are
+		// files (see injectedVolumes), never in the environment, which
+		// /proc/PID/environ and `kubectl describe pod` readers can see, and
+		// which cannot change without a restart.
 		secretEnv(config.EnvUsername, s.CredentialsSecretName(), CredentialsUsernameKey),
-	}
-	if s.Role == topology.RoleCallee {
-		env = append(env, secretEnv(config.EnvTokenKey, s.TokenSecretName(), TokenPrivateKeyKey))
+		{Name: config.EnvAMQPURLFile, Value: CredentialsMountPath + "/" + CredentialsURIKey},
 	}
 	mounts := []corev1.VolumeMount{
 		{Name: StateVolumeName, MountPath: config.DefaultStateDir},
 		{Name: APIAccessVolumeName, MountPath: ServiceAccountMountPath, ReadOnly: true},
+		{Name: CredentialsVolumeName, MountPath: CredentialsMountPath, ReadOnly: true},
+	}
+	if s.Role == topology.RoleCallee {
+		env = append(env,
+			corev1.EnvVar{Name: config.EnvTokenKeyFile, Value: TokenMountPath + "/" + TokenPrivateKeyKey},
+			corev1.EnvVar{Name: config.EnvTokenVerifyKeysFile, Value: TokenMountPath + "/" + TokenVerifyKeysKey},
+		)
+		mounts = append(mounts, corev1.VolumeMount{Name: TokenVolumeName, MountPath: TokenMountPath, ReadOnly: true})
 	}
 	if t := p.TLS; t != nil {
 		if t.CASecret != "" {
@@ -243,7 +259,7 @@ func Deployment(p HarnessParams) *appsv1.Deployment {
 	spec.InitContainers = slices.DeleteFunc(spec.InitContainers, isSidecar)
 	addDrainHooks(spec.Containers)
 	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool { return slices.Contains(reservedVolumes, v.Name) })
-	spec.Volumes = append(spec.Volumes, injectedVolumes(p.TLS)...)
+	spec.Volumes = append(spec.Volumes, injectedVolumes(s, p.TLS)...)
 	spec.ServiceAccountName = s.BaseName()
 	spec.DeprecatedServiceAccount = ""
 	// Only the sidecar talks to the API server, so only the sidecar gets
@@ -254,7 +270,7 @@ func Deployment(p HarnessParams) *appsv1.Deployment {
 	spec.AutomountServiceAccountToken = new(false)
 
 	// Two hashes: the config hash covers the rendered pod template but the
-	// sidecar container, and the Secrets' content; the sidecar hash the
+	// sidecar container, and SecretsHash; the sidecar hash the
 	// sidecar container. A change of either rolls the pods, but only a
 	// change of the sidecar hash alone may be held back
 	// (spec.sidecar.updatePolicy OnDrain; see the Callee controller).
@@ -288,7 +304,20 @@ func Deployment(p HarnessParams) *appsv1.Deployment {
 // injectedVolumes are the sidecar's volumes: its state directory, its API
 // credentials and, with spec.broker.tls, the TLS Secrets (only the keys
 // the sidecar reads).
-func injectedVolumes(t *hcpv1alpha1.BrokerTLS) []corev1.Volume {
+func injectedVolumes(s Subject, t *hcpv1alpha1.BrokerTLS) []corev1.Volume {
+	// Secret files for the sidecar alone (no other container mounts them),
+	// which runs as non-root without an fsGroup on the user's pod, hence
+	// readable by all in its mount namespace. The kubelet replaces them
+	// atomically on a change, and the sidecar follows (internal/sidecar/secretfile).
+	secretVolume := func(name, secret string, keys ...string) corev1.Volume {
+		items := make([]corev1.KeyToPath, len(keys))
+		for i, k := range keys {
+			items[i] = corev1.KeyToPath{Key: k, Path: k}
+		}
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: secret, Items: items, DefaultMode: new(int32(0o444)),
+		}}}
+	}
 	vols := []corev1.Volume{
 		{Name: StateVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		{Name: APIAccessVolumeName, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
@@ -308,26 +337,19 @@ func injectedVolumes(t *hcpv1alpha1.BrokerTLS) []corev1.Volume {
 			// when the pod has an fsGroup or a single runAsUser).
 			DefaultMode: new(int32(0o644)),
 		}}},
+		secretVolume(CredentialsVolumeName, s.CredentialsSecretName(), CredentialsURIKey),
+	}
+	if s.Role == topology.RoleCallee {
+		vols = append(vols, secretVolume(TokenVolumeName, s.TokenSecretName(), TokenPrivateKeyKey, TokenVerifyKeysKey))
 	}
 	if t == nil {
 		return vols
 	}
 	if t.CASecret != "" {
-		vols = append(vols, corev1.Volume{Name: TLSCAVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName: t.CASecret,
-			Items:      []corev1.KeyToPath{{Key: TLSCAKey, Path: TLSCAKey}},
-			// The key is public; the sidecar runs as non-root.
-			DefaultMode: new(int32(0o444)),
-		}}})
+		vols = append(vols, secretVolume(TLSCAVolumeName, t.CASecret, TLSCAKey))
 	}
 	if t.ClientCertSecret != "" {
-		vols = append(vols, corev1.Volume{Name: TLSClientVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName: t.ClientCertSecret,
-			Items:      []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: corev1.TLSCertKey}, {Key: corev1.TLSPrivateKeyKey, Path: corev1.TLSPrivateKeyKey}},
-			// Only the sidecar container mounts it; it must read the key
-			// as its non-root user without an fsGroup on the user's pod.
-			DefaultMode: new(int32(0o444)),
-		}}})
+		vols = append(vols, secretVolume(TLSClientVolumeName, t.ClientCertSecret, corev1.TLSCertKey, corev1.TLSPrivateKeyKey))
 	}
 	return vols
 }

@@ -122,7 +122,7 @@ func TestOwnership(t *testing.T) {
 	s := ForCallee(c)
 	creds, _ := CredentialsSecret(s, b, "x")
 	owned := []metav1.Object{CalleeQueue(c, b), Binding(s, b), User(s, b), Permission(s, b), creds,
-		TokenSecret(s, nil, nil), ServiceAccount(s), Role(s), RoleBinding(s),
+		TokenSecret(s, TokenKeys{}), ServiceAccount(s), Role(s), RoleBinding(s),
 		Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness})}
 	for _, o := range owned {
 		refs := o.GetOwnerReferences()
@@ -292,7 +292,7 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	b := sampleBroker(t, c.Spec.Broker)
 	s := ForCallee(c)
 	creds, _ := CredentialsSecret(s, b, "pw")
-	tok := TokenSecret(s, []byte("-----BEGIN PRIVATE KEY-----"), []byte("pub"))
+	tok := TokenSecret(s, TokenKeys{PrivatePEM: []byte("-----BEGIN PRIVATE KEY-----"), PublicPEM: []byte("pub"), VerifyPEM: []byte("pub")})
 	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 7})
 	var side *corev1.Container
 	for i := range dep.Spec.Template.Spec.InitContainers {
@@ -311,8 +311,21 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	if cfg.Mode != config.ModeCallee || cfg.ID != "lab-cvd" || cfg.Vhost != "/hcp" || cfg.Username != "callee.lab-cvd@/hcp" ||
 		cfg.HarnessURL != "http://127.0.0.1:8080" || cfg.Prefetch != 7 || cfg.Namespace != "from:metadata.namespace" ||
 		cfg.PodName != "from:metadata.name" || cfg.APIAddr != "127.0.0.1:9090" || cfg.StateDir != "/var/lib/hcp" ||
-		cfg.TokenKeyPEM != "-----BEGIN PRIVATE KEY-----" || cfg.AMQPURL != string(creds.Data["uri"]) {
+		cfg.TokenKeyFile != "/etc/hcp/token/private.pem" || cfg.TokenVerifyKeysFile != "/etc/hcp/token/verification-keys.pem" ||
+		cfg.AMQPURLFile != "/etc/hcp/credentials/uri" || cfg.TokenKeyPEM != "" || cfg.AMQPURL != "" {
 		t.Errorf("config %+v", cfg)
+	}
+	// No secret in the environment (/proc/PID/environ): the only Secret
+	// reference left is the username.
+	for _, e := range side.Env {
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Key != CredentialsUsernameKey {
+			t.Errorf("env %s comes from Secret key %s", e.Name, e.ValueFrom.SecretKeyRef.Key)
+		}
+	}
+	for k, v := range env {
+		if strings.Contains(v, "pw") || strings.Contains(v, "PRIVATE KEY") {
+			t.Errorf("env %s holds a secret: %q", k, v)
+		}
 	}
 
 	// Caller mode: no token key.
@@ -325,7 +338,8 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	if err != nil {
 		t.Fatalf("caller env: %v", err)
 	}
-	if ccfg.Mode != config.ModeCaller || ccfg.HarnessURL != "http://127.0.0.1:3000" || ccfg.TokenKeyPEM != "" {
+	if ccfg.Mode != config.ModeCaller || ccfg.HarnessURL != "http://127.0.0.1:3000" || ccfg.TokenKeyPEM != "" || ccfg.TokenKeyFile != "" ||
+		ccfg.AMQPURLFile != "/etc/hcp/credentials/uri" {
 		t.Errorf("caller config %+v", ccfg)
 	}
 	if !reflect.DeepEqual(cside.Args, []string{"--mode=caller"}) {
@@ -366,7 +380,8 @@ func TestDeploymentInjection(t *testing.T) {
 	if !reflect.DeepEqual(names, []string{"hcp-sidecar=mine:1", "app=example.com/agent:1"}) {
 		t.Errorf("init containers, then containers: %v (a user container named hcp-sidecar must be replaced; spec.sidecar.image wins)", names)
 	}
-	if len(ps.Volumes) != 3 || ps.Volumes[0].Name != "data" || ps.Volumes[1].Name != StateVolumeName || ps.Volumes[1].EmptyDir == nil || ps.Volumes[2].Name != APIAccessVolumeName {
+	if len(ps.Volumes) != 4 || ps.Volumes[0].Name != "data" || ps.Volumes[1].Name != StateVolumeName || ps.Volumes[1].EmptyDir == nil || ps.Volumes[2].Name != APIAccessVolumeName ||
+		ps.Volumes[3].Name != CredentialsVolumeName || ps.Volumes[3].Secret == nil || ps.Volumes[3].Secret.SecretName != "hcp-caller-alpha-credentials" {
 		t.Errorf("volumes %+v", ps.Volumes)
 	}
 	if ps.ServiceAccountName != "hcp-caller-alpha" || *d.Spec.Replicas != 1 {

@@ -1,6 +1,7 @@
 package resource
 
 import (
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -8,6 +9,9 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 )
 
 // Keys of the credentials Secret.
@@ -21,9 +25,19 @@ const (
 
 // Keys of the token Secret.
 const (
+	// TokenPrivateKeyKey is the current signing key.
 	TokenPrivateKeyKey = "private.pem"
-	TokenPublicKeyKey  = "public.pem"
+	// TokenPublicKeyKey is its public key.
+	TokenPublicKeyKey = "public.pem"
+	// TokenVerifyKeysKey are the public keys accepted on tokens: the
+	// current one first, then up to TokenRetiredKeysKept retired ones.
+	TokenVerifyKeysKey = "verification-keys.pem"
 )
+
+// TokenRetiredKeysKept is how many retired signing keys keep verifying
+// after rotations: tokens of sessions accepted before the last two
+// rotations stay valid.
+const TokenRetiredKeysKept = 2
 
 // CredentialsSecret holds the subject's broker credentials. The topology
 // operator imports username and password into the User (hence its label);
@@ -49,20 +63,85 @@ func CredentialsSecret(s Subject, b Broker, password string) (*corev1.Secret, er
 	return sec, nil
 }
 
-// TokenSecret holds a callee's Ed25519 session-token signing key (PKCS#8
-// and PKIX PEM). It carries the topology-operator label only because the
-// manager's Secret cache is restricted to that label (caching every Secret
-// of a cluster would be costly); the topology operator never uses it.
-func TokenSecret(s Subject, privatePEM, publicPEM []byte) *corev1.Secret {
+// TokenKeys are the contents of a callee's token Secret.
+type TokenKeys struct {
+	// PrivatePEM (PKCS#8) signs new tokens; PublicPEM (PKIX) is its public
+	// key; VerifyPEM the accepted public keys, current first.
+	PrivatePEM, PublicPEM, VerifyPEM []byte
+	// Rotation is the AnnotationRotateTokenKey value last carried out.
+	Rotation string
+}
+
+// NextTokenKeys decides a callee's token keys from what the Secret holds
+// (have; zero when there is none) and the rotation the Callee asks for. A
+// key is generated (by generate) when there is none or a new rotation is
+// asked for; an existing key is otherwise never replaced, since sessions
+// in flight carry tokens signed with it. A rotation keeps the retired
+// key's public key in VerifyPEM. The result is complete: PublicPEM and
+// VerifyPEM derived from the private key when missing (Secrets written by
+// older versions).
+func NextTokenKeys(have TokenKeys, rotate string, generate func() (ed25519.PrivateKey, error)) (TokenKeys, error) {
+	next := have
+	retired, _ := token.ParseKeySetPEM(have.VerifyPEM) // absent or unusable: rebuilt below
+	var priv ed25519.PrivateKey
+	if len(have.PrivatePEM) > 0 {
+		k, err := token.ParsePrivateKeyPEM(have.PrivatePEM)
+		if err != nil {
+			return TokenKeys{}, err
+		}
+		priv = k
+		if retired.Len() == 0 {
+			retired, _ = token.NewKeySet(k.Public().(ed25519.PublicKey))
+		}
+	}
+	if priv == nil || (rotate != "" && rotate != have.Rotation) {
+		k, err := generate()
+		if err != nil {
+			return TokenKeys{}, err
+		}
+		if priv == nil {
+			retired = token.KeySet{} // a new Secret: nothing to keep
+		}
+		priv, next.Rotation = k, rotate
+	}
+	pub := priv.Public().(ed25519.PublicKey)
+	set, err := retired.Rotate(pub, TokenRetiredKeysKept)
+	if err != nil {
+		return TokenKeys{}, err
+	}
+	if next.PrivatePEM, err = token.MarshalPrivateKeyPEM(priv); err != nil {
+		return TokenKeys{}, err
+	}
+	if next.PublicPEM, err = token.MarshalPublicKeyPEM(pub); err != nil {
+		return TokenKeys{}, err
+	}
+	if next.VerifyPEM, err = token.MarshalKeySetPEM(set); err != nil {
+		return TokenKeys{}, err
+	}
+	return next, nil
+}
+
+// TokenSecret holds a callee's Ed25519 session-token keys (TokenKeys). It
+// carries the topology-operator label only because the manager's Secret
+// cache is restricted to that label (caching every Secret of a cluster
+// would be costly); the topology operator never uses it.
+func TokenSecret(s Subject, k TokenKeys) *corev1.Secret {
 	sec := &corev1.Secret{
 		ObjectMeta: s.meta(s.TokenSecretName()),
 		Type:       corev1.SecretTypeOpaque,
 		Data: map[string][]byte{
-			TokenPrivateKeyKey: privatePEM,
-			TokenPublicKeyKey:  publicPEM,
+			TokenPrivateKeyKey: k.PrivatePEM,
+			TokenPublicKeyKey:  k.PublicPEM,
+			TokenVerifyKeysKey: k.VerifyPEM,
 		},
 	}
 	sec.Labels[LabelTopologyOperator] = TopologyOperatorLabelValue
+	if k.Rotation != "" {
+		if sec.Annotations == nil {
+			sec.Annotations = map[string]string{}
+		}
+		sec.Annotations[hcpv1alpha1.AnnotationTokenKeyRotation] = k.Rotation
+	}
 	return sec
 }
 

@@ -197,10 +197,10 @@ func TestSidecarTLSMounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := TokenSecret(s, []byte("-----BEGIN PRIVATE KEY-----"), []byte("pub"))
+	tok := TokenSecret(s, TokenKeys{PrivatePEM: []byte("-----BEGIN PRIVATE KEY-----"), PublicPEM: []byte("pub"), VerifyPEM: []byte("pub")})
 	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 4, TLS: c.Spec.Broker.TLS})
 	ps := dep.Spec.Template.Spec
-	secrets := map[string]*corev1.Secret{ca.Name: ca, client.Name: client}
+	secrets := map[string]*corev1.Secret{ca.Name: ca, client.Name: client, creds.Name: creds, tok.Name: tok}
 
 	root := t.TempDir()
 	var side *corev1.Container
@@ -257,8 +257,12 @@ func TestSidecarTLSMounts(t *testing.T) {
 	if cfg.TLSCAFile != "/etc/hcp/tls/ca/ca.crt" || cfg.TLSCertFile != "/etc/hcp/tls/client/tls.crt" || cfg.TLSKeyFile != "/etc/hcp/tls/client/tls.key" {
 		t.Errorf("TLS files %q %q %q", cfg.TLSCAFile, cfg.TLSCertFile, cfg.TLSKeyFile)
 	}
-	if !strings.HasPrefix(cfg.AMQPURL, "amqps://") || !strings.Contains(cfg.AMQPURL, ":5671/") {
-		t.Errorf("AMQP URL %s, want amqps on 5671", cfg.AMQPURL)
+	amqpURL, err := os.ReadFile(filepath.Join(root, cfg.AMQPURLFile))
+	if err != nil {
+		t.Fatalf("the AMQP URL file: %v", err)
+	}
+	if !strings.HasPrefix(string(amqpURL), "amqps://") || !strings.Contains(string(amqpURL), ":5671/") {
+		t.Errorf("AMQP URL %s, want amqps on 5671", amqpURL)
 	}
 	tc, err := transport.TLSConfig(filepath.Join(root, cfg.TLSCAFile), filepath.Join(root, cfg.TLSCertFile), filepath.Join(root, cfg.TLSKeyFile))
 	if err != nil {
@@ -286,7 +290,7 @@ func TestSidecarTLSMounts(t *testing.T) {
 			t.Errorf("%s: TLS env %v, want %v", tc.name, got, tc.want)
 		}
 	}
-	if vols := injectedVolumes(nil); len(vols) != 2 {
+	if vols := injectedVolumes(ForCaller(sampleCaller()), nil); len(vols) != 3 {
 		t.Errorf("without TLS: volumes %+v", vols)
 	}
 }
@@ -307,7 +311,7 @@ func TestAPICredentialsOnlyInTheSidecar(t *testing.T) {
 	for _, v := range ps.Volumes {
 		names = append(names, v.Name)
 	}
-	if !slices.Equal(names, []string{"data", StateVolumeName, APIAccessVolumeName}) {
+	if !slices.Equal(names, []string{"data", StateVolumeName, APIAccessVolumeName, CredentialsVolumeName, TokenVolumeName}) {
 		t.Errorf("volumes %v (user volumes with reserved names are replaced; no TLS volumes without spec.broker.tls)", names)
 	}
 	api := ps.Volumes[2].Projected

@@ -36,6 +36,8 @@ type Conn struct {
 	uri  amqp.URI
 	log  logr.Logger
 	m    *metrics.Metrics
+	// lastURL is the URL of the last dial (the supervisor's alone).
+	lastURL string
 
 	// stop ends the supervisor (hard stop); stopped is closed when it has.
 	stopCtx context.Context
@@ -212,7 +214,31 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 	if c.opts.TLS != nil {
 		cfg.TLSClientConfig = c.opts.TLS.Clone()
 	}
-	return amqp.DialConfig(c.opts.URL, cfg)
+	return amqp.DialConfig(c.dialURL(), cfg)
+}
+
+// dialURL is the URL to dial now: the source's when it gives a usable one
+// for the same user and vhost, else the last usable one. Only the
+// supervisor calls it.
+func (c *Conn) dialURL() string {
+	if c.lastURL == "" {
+		c.lastURL = c.opts.URL
+	}
+	if c.opts.URLSource == nil {
+		return c.lastURL
+	}
+	u := c.opts.URLSource()
+	p, err := amqp.ParseURI(u)
+	switch {
+	case err != nil:
+		c.log.Error(nil, "The rotated AMQP URL does not parse; dialing the previous one")
+	case p.Username != c.uri.Username || p.Vhost != c.uri.Vhost:
+		c.log.Error(nil, "The rotated AMQP URL names another user or vhost; restart the sidecar to switch. Dialing the previous one",
+			"user", p.Username, "vhost", p.Vhost)
+	default:
+		c.lastURL = u
+	}
+	return c.lastURL
 }
 
 // supervise dials, waits for the connection to close, and redials, until

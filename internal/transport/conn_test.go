@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,4 +241,49 @@ func TestRedialBackoffSequence(t *testing.T) {
 	if err := c.LastError(); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Errorf("LastError = %v, want connection refused", err)
 	}
+}
+
+// A rotated password reaches the next dial through URLSource: the broker
+// closes the connection, the old password no longer works, and the Conn
+// logs in again with the new one. A source that switches user is ignored.
+func TestRedialUsesTheRotatedURL(t *testing.T) {
+	e := newEnv(t)
+	user := "rotating-" + e.vhost
+	e.broker.SetUser(t, e.vhost, user, "first")
+	var cur atomic.Value
+	cur.Store(e.broker.UserURL(e.vhost, user, "first"))
+	c := e.dialURL(cur.Load().(string), "rotating", newMetrics(), func(o *transport.Options) {
+		o.URLSource = func() string { return cur.Load().(string) }
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e.broker.SetUser(t, e.vhost, user, "second") // the rotation
+	cur.Store(e.broker.UserURL(e.vhost, user, "second"))
+	if _, err := e.broker.CloseConnections(ctx, e.vhost, "rotating"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "reconnected with the new password", func() bool {
+		cs, _ := e.broker.Connections(ctx, e.vhost)
+		for _, x := range cs {
+			if x.ConnectionName() == "rotating" && x.User == user {
+				return c.Ready()
+			}
+		}
+		return false
+	})
+	// Another user in the source is refused: the Conn keeps dialing with
+	// the second password, which still works.
+	cur.Store(e.broker.UserURL(e.vhost, "someone-else", "x"))
+	if _, err := e.broker.CloseConnections(ctx, e.vhost, "rotating"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "reconnected as the same user", func() bool {
+		cs, _ := e.broker.Connections(ctx, e.vhost)
+		for _, x := range cs {
+			if x.ConnectionName() == "rotating" {
+				return x.User == user && c.Ready()
+			}
+		}
+		return false
+	})
 }

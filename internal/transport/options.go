@@ -35,6 +35,10 @@ type Options struct {
 	// URL is amqp://user:pass@host:port/vhost or amqps://…; the vhost is one
 	// path segment, so "/hcp" is written %2Fhcp.
 	URL string
+	// URLSource, when set, is asked for the URL at every dial (a mounted
+	// credentials Secret that may have been rotated); URL is then the
+	// first value, which fixes the username and vhost the Conn reports.
+	URLSource func() string
 	// TLS is used for amqps:// URLs (build it with TLSConfig). It is cloned
 	// per dial: amqp091-go writes ServerName into the config it is given.
 	// Setting it with an amqp:// URL is an error rather than a silent

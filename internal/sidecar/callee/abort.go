@@ -70,7 +70,7 @@ func (s *Sidecar) abortCommand(ctx context.Context, d amqp.Delivery, env *envelo
 	}
 	// aud is the authenticated sender, so a token stolen from another
 	// caller fails here; sub pins the session.
-	if _, err := token.Verify(s.pubKey, a.SessionToken, token.Expectations{
+	if _, err := token.VerifySet(s.keys.verifiers(), a.SessionToken, token.Expectations{
 		Issuer: s.id, Audience: callerID, Subject: sid, Leeway: tokenLeeway,
 	}, s.clk.Now()); err != nil {
 		refuse("session token not valid", "reason", err.Error())

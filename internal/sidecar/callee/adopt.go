@@ -289,7 +289,7 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 	if cl, err := s.callee(s.life); err == nil {
 		abortTimeout = policy.CalleeDuration(cl.Spec.Sessions.AbortTimeout, DefaultAbortTimeout)
 	}
-	tok, _ := token.Issue(s.key, claims)
+	tok, _ := token.Issue(s.keys.signer(), claims)
 	ss := &sess{
 		sc:             s,
 		id:             hs.Name,

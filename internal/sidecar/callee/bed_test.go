@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/samplecallee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
@@ -90,6 +92,7 @@ type bed struct {
 	vhost   string
 	pod     string
 	key     ed25519.PrivateKey
+	keyDir  string
 	callee  *v1alpha1.Callee
 	calleeU string
 	callerU string
@@ -120,6 +123,9 @@ type bedOptions struct {
 	sessions     v1alpha1.SessionsSpec
 	timeouts     Timeouts
 	noStart      bool
+	// keyDir, when set, is a mounted token Secret (testbed.WriteSecretVolume):
+	// the sidecars read their keys from its files, as in a pod.
+	keyDir string
 }
 
 func defaultCapabilities() []v1alpha1.Capability {
@@ -193,6 +199,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 	}))
 
 	_, b.key, _ = token.GenerateKey()
+	b.keyDir = o.keyDir
 	b.startCaller()
 	testbed.DumpOnFailure(t, testbed.Dump{Client: e.Client, Namespace: b.ns, Lists: []client.ObjectList{&v1alpha1.HCPSessionList{}}, Broker: broker, Vhosts: []string{b.vhost}})
 	b.timeouts = o.timeouts
@@ -312,9 +319,15 @@ func (b *bed) startReplica(pod string) *replica {
 	if to.PendingWait == 0 {
 		to.PendingWait = 5 * time.Second
 	}
+	signingKey := b.key
+	if b.keyDir != "" {
+		signingKey = nil
+		cfg.TokenKeyFile = filepath.Join(b.keyDir, resource.TokenPrivateKeyKey)
+		cfg.TokenVerifyKeysFile = filepath.Join(b.keyDir, resource.TokenVerifyKeysKey)
+	}
 	sc, err := New(Options{
 		Config: cfg, Client: kc, Reader: b.env.Client, Cache: objCache, Conn: conn, Publisher: pub, Consumer: conn,
-		Status: sw, Metrics: r.metrics, Log: log.WithName("callee"), SigningKey: b.key, Timeouts: to,
+		Status: sw, Metrics: r.metrics, Log: log.WithName("callee"), SigningKey: signingKey, Timeouts: to,
 	})
 	must(t, err)
 	apiCtx, stopAPI := context.WithCancel(context.Background())

@@ -1,6 +1,7 @@
 package callee
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
+
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
@@ -49,6 +53,11 @@ func TestBinaries(t *testing.T) {
 	must(t, harness.Start())
 	t.Cleanup(func() { _ = harness.Process.Kill(); _ = harness.Wait() })
 
+	// The broker URL and the token key as a pod gets them: files of
+	// mounted Secrets, not environment variables.
+	credsDir, tokenDir := t.TempDir(), t.TempDir()
+	testbed.WriteSecretVolume(t, credsDir, map[string][]byte{resource.CredentialsURIKey: []byte(b.broker.AMQPURI(b.calleeU, password, b.vhost))})
+	testbed.WriteSecretVolume(t, tokenDir, map[string][]byte{resource.TokenPrivateKeyKey: keyPEM})
 	sc := exec.Command(filepath.Join(bin, "hcp-sidecar"), "--mode=callee")
 	sc.Env = append(os.Environ(),
 		"KUBECONFIG="+b.env.Kubeconfig,
@@ -57,9 +66,9 @@ func TestBinaries(t *testing.T) {
 		config.EnvNamespace+"="+b.ns,
 		config.EnvPodName+"="+b.pod,
 		config.EnvVhost+"="+b.vhost,
-		config.EnvAMQPURL+"="+b.broker.AMQPURI(b.calleeU, password, b.vhost),
+		config.EnvAMQPURLFile+"="+filepath.Join(credsDir, resource.CredentialsURIKey),
 		config.EnvUsername+"="+b.calleeU,
-		config.EnvTokenKey+"="+string(keyPEM),
+		config.EnvTokenKeyFile+"="+filepath.Join(tokenDir, resource.TokenPrivateKeyKey),
 		config.EnvHarnessURL+"=http://"+harnessAddr,
 		config.EnvAPIAddr+"="+apiAddr,
 		config.EnvProbeAddr+"="+probeAddr,
@@ -141,6 +150,27 @@ func TestBinaries(t *testing.T) {
 	})
 	if code, _ := httpGet(t.Context(), "http://"+probeAddr+"/healthz"); code != 200 {
 		t.Fatalf("/healthz: %d", code)
+	}
+	// Nothing secret in /proc/PID/environ.
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", sc.Process.Pid))
+	must(t, err)
+	if bytes.Contains(environ, []byte(password)) || bytes.Contains(environ, []byte("PRIVATE KEY")) {
+		t.Fatal("the password or the token key is in the sidecar's environment")
+	}
+	// A password rotation: the broker user gets a new password, the
+	// kubelet updates the file, the broker drops the connections; the
+	// sidecar logs in again with the new password, without a restart.
+	must(t, resp(b.broker.API.PutUser(b.calleeU, rabbithole.UserSettings{Password: "rotated-pw", Tags: rabbithole.UserTags{}})))
+	testbed.WriteSecretVolume(t, credsDir, map[string][]byte{resource.CredentialsURIKey: []byte(b.broker.AMQPURI(b.calleeU, "rotated-pw", b.vhost))})
+	time.Sleep(1100 * time.Millisecond) // the sidecar looks at the file at most once a second
+	must(t, b.broker.CloseConnectionsOf(b.calleeU))
+	_, sid2, _ := b.submit(newSubmit(nil))
+	if closed := closedOf(t, b, sid2); closed.FinalState != session.StateCompleted {
+		t.Fatalf("after the rotation: session_closed = %+v", closed)
+	}
+	if code, body := httpGet(t.Context(), "http://"+probeAddr+"/metrics"); code != 200 ||
+		!strings.Contains(body, `hcp_sidecar_amqp_reconnects_total{connection="consume"} 1`) {
+		t.Fatalf("/metrics after the rotation: %d\n%s", code, body)
 	}
 
 	must(t, sc.Process.Signal(syscall.SIGTERM))

@@ -26,7 +26,6 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/internal/transport"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
@@ -146,7 +145,7 @@ type Options struct {
 	Log logr.Logger
 	// Clock; nil means the real clock.
 	Clock clock.WithTickerAndDelayedExecution
-	// SigningKey overrides Config.TokenKeyPEM (tests).
+	// SigningKey overrides Config.TokenKeyPEM and TokenKeyFile (tests).
 	SigningKey ed25519.PrivateKey
 	// HTTPClient calls the harness; nil means a default client.
 	HTTPClient *http.Client
@@ -176,8 +175,7 @@ type Sidecar struct {
 	m       *metrics.Metrics
 	log     logr.Logger
 	clk     clock.WithTickerAndDelayedExecution
-	key     ed25519.PrivateKey
-	pubKey  ed25519.PublicKey
+	keys    tokenKeys
 	http    *http.Client
 	t       Timeouts
 	handler http.Handler
@@ -256,12 +254,9 @@ func New(o Options) (*Sidecar, error) {
 	if err != nil || (hu.Scheme != "http" && hu.Scheme != "https") || hu.Host == "" {
 		errs = append(errs, fmt.Errorf("callee: %s must be an http(s) URL, got %q", config.EnvHarnessURL, o.Config.HarnessURL))
 	}
-	key := o.SigningKey
-	if key == nil {
-		key, err = token.ParsePrivateKeyPEM([]byte(o.Config.TokenKeyPEM))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("callee: %s: %w", config.EnvTokenKey, err))
-		}
+	keys, err := loadTokenKeys(o, o.Log)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("callee: %w", err))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -312,8 +307,7 @@ func New(o Options) (*Sidecar, error) {
 		m:         o.Metrics,
 		log:       o.Log,
 		clk:       o.Clock,
-		key:       key,
-		pubKey:    key.Public().(ed25519.PublicKey),
+		keys:      keys,
 		http:      o.HTTPClient,
 		t:         o.Timeouts,
 		sessions:  map[string]*sess{},

@@ -228,7 +228,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 	claims, err := sessionClaims(s.id, hs)
 	var tok string
 	if err == nil {
-		tok, err = token.Issue(s.key, claims)
+		tok, err = token.Issue(s.keys.signer(), claims)
 	}
 	if err != nil {
 		log.Error(err, "Failed to issue the session token")

@@ -51,7 +51,7 @@ func (s *Sidecar) acceptedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error
 	if err != nil {
 		return amqp.Publishing{}, err
 	}
-	tok, err := token.Issue(s.key, claims)
+	tok, err := token.Issue(s.keys.signer(), claims)
 	if err != nil {
 		return amqp.Publishing{}, err
 	}

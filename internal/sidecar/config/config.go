@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -24,25 +25,28 @@ const (
 
 // Environment variables of the hcp-sidecar container.
 const (
-	EnvMode        = "HCP_MODE"          // callee or caller
-	EnvID          = "HCP_ID"            // callee or caller id
-	EnvObjectName  = "HCP_OBJECT_NAME"   // name of the Callee or Caller object
-	EnvNamespace   = "HCP_NAMESPACE"     // namespace (downward API)
-	EnvPodName     = "HCP_POD_NAME"      // pod name (downward API)
-	EnvVhost       = "HCP_VHOST"         // AMQP vhost
-	EnvAMQPURL     = "HCP_AMQP_URL"      // amqp(s)://user:pass@host:port/vhost, from the credentials Secret
-	EnvUsername    = "HCP_USERNAME"      // broker username (the user_id set on every publish)
-	EnvTokenKey    = "HCP_TOKEN_KEY"     // callee: PEM PKCS#8 Ed25519 private key, from the token Secret
-	EnvHarnessURL  = "HCP_HARNESS_URL"   // callee: base URL of the harness; caller: base URL of the app
-	EnvAPIAddr     = "HCP_API_ADDR"      // listen address of the local harness API
-	EnvProbeAddr   = "HCP_PROBE_ADDR"    // listen address of /healthz, /readyz, /metrics
-	EnvPrefetch    = "HCP_PREFETCH"      // basic.qos prefetch count
-	EnvHeartbeat   = "HCP_HEARTBEAT"     // AMQP heartbeat (Go duration)
-	EnvTLSCAFile   = "HCP_TLS_CA_FILE"   // CA bundle for amqps
-	EnvTLSCertFile = "HCP_TLS_CERT_FILE" // client certificate for amqps
-	EnvTLSKeyFile  = "HCP_TLS_KEY_FILE"  // client key for amqps
-	EnvLogLevel    = "HCP_LOG_LEVEL"     // debug, info or error
-	EnvStateDir    = "HCP_STATE_DIR"     // caller: where last_processed_sequence is persisted
+	EnvMode                = "HCP_MODE"                   // callee or caller
+	EnvID                  = "HCP_ID"                     // callee or caller id
+	EnvObjectName          = "HCP_OBJECT_NAME"            // name of the Callee or Caller object
+	EnvNamespace           = "HCP_NAMESPACE"              // namespace (downward API)
+	EnvPodName             = "HCP_POD_NAME"               // pod name (downward API)
+	EnvVhost               = "HCP_VHOST"                  // AMQP vhost
+	EnvAMQPURL             = "HCP_AMQP_URL"               // amqp(s)://user:pass@host:port/vhost (local runs; pods use EnvAMQPURLFile)
+	EnvAMQPURLFile         = "HCP_AMQP_URL_FILE"          // file holding the URL: the mounted credentials Secret's uri, reread on each dial
+	EnvUsername            = "HCP_USERNAME"               // broker username (the user_id set on every publish)
+	EnvTokenKey            = "HCP_TOKEN_KEY"              // callee: PEM PKCS#8 Ed25519 private key (local runs; pods use EnvTokenKeyFile)
+	EnvTokenKeyFile        = "HCP_TOKEN_KEY_FILE"         // callee: file holding it: the mounted token Secret's private.pem, followed on rotation
+	EnvTokenVerifyKeysFile = "HCP_TOKEN_VERIFY_KEYS_FILE" // callee: PEM public keys accepted on abort tokens (current and retired), followed on rotation
+	EnvHarnessURL          = "HCP_HARNESS_URL"            // callee: base URL of the harness; caller: base URL of the app
+	EnvAPIAddr             = "HCP_API_ADDR"               // listen address of the local harness API
+	EnvProbeAddr           = "HCP_PROBE_ADDR"             // listen address of /healthz, /readyz, /metrics
+	EnvPrefetch            = "HCP_PREFETCH"               // basic.qos prefetch count
+	EnvHeartbeat           = "HCP_HEARTBEAT"              // AMQP heartbeat (Go duration)
+	EnvTLSCAFile           = "HCP_TLS_CA_FILE"            // CA bundle for amqps
+	EnvTLSCertFile         = "HCP_TLS_CERT_FILE"          // client certificate for amqps
+	EnvTLSKeyFile          = "HCP_TLS_KEY_FILE"           // client key for amqps
+	EnvLogLevel            = "HCP_LOG_LEVEL"              // debug, info or error
+	EnvStateDir            = "HCP_STATE_DIR"              // caller: where last_processed_sequence is persisted
 )
 
 // Defaults.
@@ -60,25 +64,32 @@ const (
 
 // Config is the parsed sidecar configuration.
 type Config struct {
-	Mode        Mode
-	ID          string
-	ObjectName  string
-	Namespace   string
-	PodName     string
-	Vhost       string
-	AMQPURL     string
+	Mode       Mode
+	ID         string
+	ObjectName string
+	Namespace  string
+	PodName    string
+	Vhost      string
+	AMQPURL    string
+	// AMQPURLFile, when set, holds the URL instead of AMQPURL.
+	AMQPURLFile string
 	Username    string
 	TokenKeyPEM string
-	HarnessURL  string
-	APIAddr     string
-	ProbeAddr   string
-	Prefetch    int
-	Heartbeat   time.Duration
-	TLSCAFile   string
-	TLSCertFile string
-	TLSKeyFile  string
-	LogLevel    string
-	StateDir    string
+	// TokenKeyFile, when set, holds the key instead of TokenKeyPEM.
+	TokenKeyFile string
+	// TokenVerifyKeysFile optionally holds the public keys accepted when
+	// verifying tokens; the signing key's own is always accepted.
+	TokenVerifyKeysFile string
+	HarnessURL          string
+	APIAddr             string
+	ProbeAddr           string
+	Prefetch            int
+	Heartbeat           time.Duration
+	TLSCAFile           string
+	TLSCertFile         string
+	TLSKeyFile          string
+	LogLevel            string
+	StateDir            string
 }
 
 // FromEnv reads the configuration from the environment (lookup is os.LookupEnv
@@ -91,22 +102,25 @@ func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
 		return def
 	}
 	c := &Config{
-		Mode:        Mode(get(EnvMode, "")),
-		ID:          get(EnvID, ""),
-		Namespace:   get(EnvNamespace, ""),
-		PodName:     get(EnvPodName, ""),
-		Vhost:       get(EnvVhost, "/hcp"),
-		AMQPURL:     get(EnvAMQPURL, ""),
-		Username:    get(EnvUsername, ""),
-		TokenKeyPEM: get(EnvTokenKey, ""),
-		HarnessURL:  get(EnvHarnessURL, ""),
-		APIAddr:     get(EnvAPIAddr, DefaultAPIAddr),
-		ProbeAddr:   get(EnvProbeAddr, DefaultProbeAddr),
-		TLSCAFile:   get(EnvTLSCAFile, ""),
-		TLSCertFile: get(EnvTLSCertFile, ""),
-		TLSKeyFile:  get(EnvTLSKeyFile, ""),
-		LogLevel:    get(EnvLogLevel, DefaultLogLevel),
-		StateDir:    get(EnvStateDir, DefaultStateDir),
+		Mode:                Mode(get(EnvMode, "")),
+		ID:                  get(EnvID, ""),
+		Namespace:           get(EnvNamespace, ""),
+		PodName:             get(EnvPodName, ""),
+		Vhost:               get(EnvVhost, "/hcp"),
+		AMQPURL:             get(EnvAMQPURL, ""),
+		AMQPURLFile:         get(EnvAMQPURLFile, ""),
+		Username:            get(EnvUsername, ""),
+		TokenKeyPEM:         get(EnvTokenKey, ""),
+		TokenKeyFile:        get(EnvTokenKeyFile, ""),
+		TokenVerifyKeysFile: get(EnvTokenVerifyKeysFile, ""),
+		HarnessURL:          get(EnvHarnessURL, ""),
+		APIAddr:             get(EnvAPIAddr, DefaultAPIAddr),
+		ProbeAddr:           get(EnvProbeAddr, DefaultProbeAddr),
+		TLSCAFile:           get(EnvTLSCAFile, ""),
+		TLSCertFile:         get(EnvTLSCertFile, ""),
+		TLSKeyFile:          get(EnvTLSKeyFile, ""),
+		LogLevel:            get(EnvLogLevel, DefaultLogLevel),
+		StateDir:            get(EnvStateDir, DefaultStateDir),
 	}
 	c.ObjectName = get(EnvObjectName, c.ID)
 	var errs []error
@@ -115,17 +129,22 @@ func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
 	default:
 		errs = append(errs, fmt.Errorf("%s must be %q or %q, got %q", EnvMode, ModeCallee, ModeCaller, c.Mode))
 	}
-	for k, v := range map[string]string{EnvID: c.ID, EnvNamespace: c.Namespace, EnvAMQPURL: c.AMQPURL, EnvUsername: c.Username, EnvHarnessURL: c.HarnessURL} {
+	for k, v := range map[string]string{EnvID: c.ID, EnvNamespace: c.Namespace, EnvUsername: c.Username, EnvHarnessURL: c.HarnessURL} {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s is required", k))
 		}
 	}
-	if c.Mode == ModeCallee && c.TokenKeyPEM == "" {
-		errs = append(errs, fmt.Errorf("%s is required in callee mode", EnvTokenKey))
+	if err := oneOf(EnvAMQPURL, c.AMQPURL, EnvAMQPURLFile, c.AMQPURLFile); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Mode == ModeCallee {
+		if err := oneOf(EnvTokenKey, c.TokenKeyPEM, EnvTokenKeyFile, c.TokenKeyFile); err != nil {
+			errs = append(errs, fmt.Errorf("callee mode: %w", err))
+		}
 	}
 	if c.AMQPURL != "" {
-		if u, err := url.Parse(c.AMQPURL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
-			errs = append(errs, fmt.Errorf("%s must be an amqp:// or amqps:// URL", EnvAMQPURL))
+		if err := CheckAMQPURL(c.AMQPURL); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", EnvAMQPURL, err))
 		}
 	}
 	def := DefaultCalleePrefetch
@@ -146,6 +165,27 @@ func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
 		errs = append(errs, fmt.Errorf("%s and %s must be set together", EnvTLSCertFile, EnvTLSKeyFile))
 	}
 	return c, errors.Join(errs...)
+}
+
+// oneOf requires exactly one of a value and the file that holds it.
+func oneOf(env, v, fileEnv, file string) error {
+	switch {
+	case v == "" && file == "":
+		return fmt.Errorf("%s (or %s) is required", fileEnv, env)
+	case v != "" && file != "":
+		return fmt.Errorf("set %s or %s, not both", fileEnv, env)
+	}
+	return nil
+}
+
+// CheckAMQPURL checks that u is an amqp:// or amqps:// URL. The message
+// never quotes u, which holds a password.
+func CheckAMQPURL(u string) error {
+	p, err := url.Parse(strings.TrimSpace(u))
+	if err != nil || (p.Scheme != "amqp" && p.Scheme != "amqps") || p.Host == "" {
+		return errors.New("must be an amqp:// or amqps:// URL with a host")
+	}
+	return nil
 }
 
 // FromOSEnv is FromEnv over the process environment.

@@ -136,6 +136,28 @@ func (b *Broker) NewVhost(tb testing.TB) string {
 	return name
 }
 
+// SetUser creates or updates a broker user with password and full
+// permissions in vhost, and deletes it when tb ends. Existing connections
+// keep their login; a new password applies to the next one.
+func (b *Broker) SetUser(tb testing.TB, vhost, name, password string) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := b.api(ctx, http.MethodPut, "/api/users/"+url.PathEscape(name), map[string]string{"password": password, "tags": ""}, nil); err != nil {
+		tb.Fatalf("user %s: %v", name, err)
+	}
+	perm := map[string]string{"configure": ".*", "write": ".*", "read": ".*"}
+	if err := b.api(ctx, http.MethodPut, "/api/permissions/"+url.PathEscape(vhost)+"/"+url.PathEscape(name), perm, nil); err != nil {
+		tb.Fatalf("permissions of %s on %s: %v", name, vhost, err)
+	}
+	tb.Cleanup(func() { _ = b.api(context.Background(), http.MethodDelete, "/api/users/"+url.PathEscape(name), nil, nil) })
+}
+
+// UserURL is URL for another user.
+func (b *Broker) UserURL(vhost, user, password string) string {
+	u := url.URL{Scheme: "amqp", User: url.UserPassword(user, password), Host: b.AMQPAddr, Path: "/" + vhost, RawPath: "/" + url.PathEscape(vhost)}
+	return u.String()
+}
+
 func sanitize(s string) string {
 	s = strings.Map(func(r rune) rune {
 		switch {

@@ -119,8 +119,10 @@ func (w *wireClaims) GetAudience() (jwt.ClaimStrings, error) {
 	return jwt.ClaimStrings{w.Audience}, nil
 }
 
-// Issue signs the claims with the callee's private key. Identical claims
-// and key give an identical token.
+// Issue signs the claims with the callee's private key; the header names
+// the key by its KeyID ("kid"), so that verifiers holding several keys
+// (after a rotation) pick the right one. Identical claims and key give an
+// identical token.
 func Issue(priv ed25519.PrivateKey, c Claims) (string, error) {
 	if len(priv) != ed25519.PrivateKeySize {
 		return "", fmt.Errorf("issue session token: %w: private key is %d bytes, want %d", ErrKey, len(priv), ed25519.PrivateKeySize)
@@ -133,7 +135,9 @@ func Issue(priv ed25519.PrivateKey, c Claims) (string, error) {
 		Capability: c.Capability, Risk: string(c.Risk),
 		IssuedAt: c.IssuedAt.Unix(), ExpiresAt: c.ExpiresAt.Unix(), ID: c.ID,
 	}
-	s, err := jwt.NewWithClaims(jwt.SigningMethodEdDSA, w).SignedString(priv)
+	t := jwt.NewWithClaims(jwt.SigningMethodEdDSA, w)
+	t.Header["kid"] = KeyID(priv.Public().(ed25519.PublicKey))
+	s, err := t.SignedString(priv)
 	if err != nil {
 		return "", fmt.Errorf("issue session token: %w", err)
 	}
@@ -161,23 +165,48 @@ func Verify(pub ed25519.PublicKey, token string, expect Expectations, now time.T
 	if len(pub) != ed25519.PublicKeySize {
 		return nil, fmt.Errorf("%w: public key is %d bytes, want %d", ErrKey, len(pub), ed25519.PublicKeySize)
 	}
+	set, err := NewKeySet(pub)
+	if err != nil {
+		return nil, err
+	}
+	return VerifySet(set, token, expect, now)
+}
+
+// VerifySet is Verify with a key set: the token's kid selects the key (a
+// kid not in the set is ErrSignature); a token without kid, issued before
+// key ids, is checked against every key.
+func VerifySet(keys KeySet, token string, expect Expectations, now time.Time) (*Claims, error) {
+	if keys.Len() == 0 {
+		return nil, fmt.Errorf("%w: the key set is empty", ErrKey)
+	}
 	if expect.Issuer == "" || expect.Audience == "" || expect.Subject == "" {
 		return nil, errors.New("verify session token: expected issuer, audience and subject are all required")
 	}
-	if err := checkHeader(token); err != nil {
+	kid, err := checkHeader(token)
+	if err != nil {
+		return nil, err
+	}
+	candidates, err := keys.lookup(kid)
+	if err != nil {
 		return nil, err
 	}
 	var w wireClaims
-	_, err := jwt.NewParser(
-		jwt.WithValidMethods([]string{Algorithm}),
-		jwt.WithStrictDecoding(),
-		jwt.WithoutClaimsValidation(),
-	).ParseWithClaims(token, &w, func(t *jwt.Token) (any, error) {
-		if _, ok := t.Method.(*jwt.SigningMethodEd25519); !ok {
-			return nil, fmt.Errorf("%w: %v", ErrAlgorithm, t.Header["alg"])
+	for _, pub := range candidates {
+		w = wireClaims{}
+		_, err = jwt.NewParser(
+			jwt.WithValidMethods([]string{Algorithm}),
+			jwt.WithStrictDecoding(),
+			jwt.WithoutClaimsValidation(),
+		).ParseWithClaims(token, &w, func(t *jwt.Token) (any, error) {
+			if _, ok := t.Method.(*jwt.SigningMethodEd25519); !ok {
+				return nil, fmt.Errorf("%w: %v", ErrAlgorithm, t.Header["alg"])
+			}
+			return pub, nil
+		})
+		if !errors.Is(err, jwt.ErrTokenSignatureInvalid) {
+			break
 		}
-		return pub, nil
-	})
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrAlgorithm):
@@ -218,28 +247,32 @@ func Verify(pub ed25519.PublicKey, token string, expect Expectations, now time.T
 
 // checkHeader rejects anything but {"alg":"EdDSA"} (with optional typ JWT
 // and kid) before the jwt package sees the token, so that the error says
-// why.
-func checkHeader(token string) error {
+// why. It returns the kid ("" when absent).
+func checkHeader(token string) (string, error) {
 	seg, _, ok := strings.Cut(token, ".")
 	if !ok {
-		return fmt.Errorf("%w: not a compact JWS", ErrMalformed)
+		return "", fmt.Errorf("%w: not a compact JWS", ErrMalformed)
 	}
 	b, err := base64.RawURLEncoding.Strict().DecodeString(seg)
 	if err != nil {
-		return fmt.Errorf("%w: header: %w", ErrMalformed, err)
+		return "", fmt.Errorf("%w: header: %w", ErrMalformed, err)
 	}
 	var h map[string]any
 	if err := json.Unmarshal(b, &h); err != nil {
-		return fmt.Errorf("%w: header: %w", ErrMalformed, err)
+		return "", fmt.Errorf("%w: header: %w", ErrMalformed, err)
 	}
 	if alg, _ := h["alg"].(string); alg != Algorithm {
-		return fmt.Errorf("%w: alg %v", ErrAlgorithm, h["alg"])
+		return "", fmt.Errorf("%w: alg %v", ErrAlgorithm, h["alg"])
 	}
 	if typ, ok := h["typ"]; ok && typ != "JWT" {
-		return fmt.Errorf("%w: typ %v", ErrMalformed, typ)
+		return "", fmt.Errorf("%w: typ %v", ErrMalformed, typ)
 	}
 	if _, ok := h["crit"]; ok {
-		return fmt.Errorf("%w: crit header not supported", ErrMalformed)
+		return "", fmt.Errorf("%w: crit header not supported", ErrMalformed)
 	}
-	return nil
+	kid, isString := h["kid"].(string)
+	if _, present := h["kid"]; present && (!isString || kid == "") {
+		return "", fmt.Errorf("%w: kid %v is not a non-empty string", ErrMalformed, h["kid"])
+	}
+	return kid, nil
 }

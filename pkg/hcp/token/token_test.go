@@ -88,7 +88,7 @@ func TestIssueDeterministic(t *testing.T) {
 	}
 	// The wire form is fixed.
 	hdr, _ := base64.RawURLEncoding.DecodeString(strings.Split(a, ".")[0])
-	if string(hdr) != `{"alg":"EdDSA","typ":"JWT"}` {
+	if string(hdr) != `{"alg":"EdDSA","kid":"`+KeyID(priv.Public().(ed25519.PublicKey))+`","typ":"JWT"}` {
 		t.Errorf("header = %s", hdr)
 	}
 	body, _ := base64.RawURLEncoding.DecodeString(strings.Split(a, ".")[1])

@@ -1,0 +1,61 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func env(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+
+func common(mode string, extra ...string) func(string) (string, bool) {
+	return env(append([]string{EnvMode, mode, EnvID, "lab", EnvNamespace, "ns", EnvUsername, "u", EnvHarnessURL, "http://127.0.0.1:1"}, extra...)...)
+}
+
+// Secrets come as a value or as a file, exactly one of them; an error never
+// quotes the URL (it holds the password).
+func TestSecretsAsValueOrFile(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		lookup  func(string) (string, bool)
+		wantErr string
+	}{
+		{"caller with a URL file", common("caller", EnvAMQPURLFile, "/etc/hcp/credentials/uri"), ""},
+		{"caller with a URL", common("caller", EnvAMQPURL, "amqp://u:p@h/v"), ""},
+		{"caller with neither", common("caller"), EnvAMQPURLFile + " (or " + EnvAMQPURL + ") is required"},
+		{"caller with both", common("caller", EnvAMQPURL, "amqp://u:p@h/v", EnvAMQPURLFile, "/f"), "not both"},
+		{"bad URL", common("caller", EnvAMQPURL, "http://u:hunter2@h/v"), "must be an amqp:// or amqps:// URL"},
+		{"callee with key files", common("callee", EnvAMQPURLFile, "/f", EnvTokenKeyFile, "/k", EnvTokenVerifyKeysFile, "/v"), ""},
+		{"callee without a key", common("callee", EnvAMQPURLFile, "/f"), EnvTokenKeyFile + " (or " + EnvTokenKey + ") is required"},
+		{"callee with both keys", common("callee", EnvAMQPURLFile, "/f", EnvTokenKey, "pem", EnvTokenKeyFile, "/k"), "not both"},
+	} {
+		cfg, err := FromEnv(c.lookup)
+		switch {
+		case c.wantErr == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+			t.Errorf("%s: %v, want %q", c.name, err, c.wantErr)
+		case err != nil && strings.Contains(err.Error(), "hunter2"):
+			t.Errorf("%s: the error quotes the password: %v", c.name, err)
+		case c.name == "callee with key files" && (cfg.TokenKeyFile != "/k" || cfg.TokenVerifyKeysFile != "/v" || cfg.AMQPURLFile != "/f"):
+			t.Errorf("%s: %+v", c.name, cfg)
+		}
+	}
+}
+
+func TestCheckAMQPURL(t *testing.T) {
+	for u, ok := range map[string]bool{
+		"amqp://u:p@h:5672/%2Fhcp": true, "amqps://h": true, " amqp://h/v\n": true,
+		"http://h": false, "amqp://": false, "": false, "::": false,
+	} {
+		if err := CheckAMQPURL(u); (err == nil) != ok {
+			t.Errorf("CheckAMQPURL(%q) = %v", u, err)
+		}
+	}
+}
