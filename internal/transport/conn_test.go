@@ -287,3 +287,32 @@ func TestRedialUsesTheRotatedURL(t *testing.T) {
 		return false
 	})
 }
+
+// L1 "HCP implementations SHOULD configure heartbeats" (30–60 s): the
+// default is proposed and agreed with the broker, and so is a configured one.
+func TestHeartbeatNegotiated(t *testing.T) {
+	e := newEnv(t)
+	e.dial("hb-default", newMetrics())
+	e.dial("hb-7s", newMetrics(), func(o *transport.Options) { o.Heartbeat = 7 * time.Second })
+	want := map[string]int{"hb-default": int(transport.DefaultHeartbeat / time.Second), "hb-7s": 7}
+	eventually(t, 20*time.Second, "the broker lists both connections with their heartbeat", func() bool {
+		cs, err := e.broker.Connections(context.Background(), e.vhost)
+		if err != nil {
+			return false
+		}
+		got := map[string]int{}
+		for _, c := range cs {
+			got[c.ConnectionName()] = c.Timeout
+		}
+		for name, hb := range want {
+			if got[name] != hb {
+				t.Logf("heartbeats %v, want %v", got, want)
+				return false
+			}
+		}
+		return true
+	})
+	if transport.DefaultHeartbeat < 30*time.Second || transport.DefaultHeartbeat > 60*time.Second {
+		t.Errorf("DefaultHeartbeat %s is outside the spec's 30–60 s", transport.DefaultHeartbeat)
+	}
+}

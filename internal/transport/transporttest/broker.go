@@ -178,6 +178,8 @@ type Connection struct {
 	Vhost            string         `json:"vhost"`
 	User             string         `json:"user"`
 	ClientProperties map[string]any `json:"client_properties"`
+	// Timeout is the negotiated heartbeat interval in seconds.
+	Timeout int `json:"timeout"`
 }
 
 // ConnectionName is the client's connection_name property.
