@@ -173,6 +173,42 @@ func TestSidecarAuthorizationMatrix(t *testing.T) {
 		t.Errorf("%d of %d cells differ from the expectation:\n%s\n\nthe matrix as observed:\n%s", mismatches, total, strings.Join(details, "\n"), matrixMarkdown(gotRows))
 	}
 	checkDocsMatrix(t, rows)
+	if !withoutPolicy {
+		checkUnboundToken(t, f, ids[0], rows)
+	}
+}
+
+// checkUnboundToken: the own callee's ServiceAccount with a token not bound
+// to a pod (no authentication.kubernetes.io/pod-name) still writes its
+// sessions, but cannot change status.podName.
+func checkUnboundToken(t *testing.T, f *fixtures, own identity, rows []matrixRow) {
+	t.Helper()
+	own.pod = ""
+	cfg := rest.CopyConfig(testEnv.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + own.ns + ":" + own.sa,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + own.ns, "system:authenticated"},
+	}
+	c, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"patch (state)":                               allow,
+		"patch (sequence ceiling annotation)":         allow,
+		"patch (podName: take over from another pod)": byVAP,
+		"patch (podName: release own pod's session)":  byVAP,
+	}
+	for _, r := range rows {
+		w, ok := want[r.action]
+		if !ok {
+			continue
+		}
+		err := r.do(t.Context(), f, c, []string{metav1.DryRunAll})
+		if got, cerr := classify(err); cerr != nil || got != w {
+			t.Errorf("%s %s with a token not bound to a pod: got %s (%v), want %s", r.resource, r.action, got, err, w)
+		}
+	}
 }
 
 // classify turns a request's error into a cell: allow, RBAC or policy.
