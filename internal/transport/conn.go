@@ -458,19 +458,19 @@ func (c *Conn) Close(ctx context.Context) error {
 	for _, p := range pubs {
 		wg.Go(func() { addErr(p.Close(ctx)) })
 	}
-	wg.Wait()
-
-	// Everything registered is gone (or going); stop the supervisor, which
-	// closes the connection.
-	done := make(chan struct{})
-	go func() { c.users.Wait(); close(done) }()
+	settled := make(chan struct{})
+	go func() { wg.Wait(); c.users.Wait(); close(settled) }()
 	select {
-	case <-done:
+	case <-settled:
 	case <-ctx.Done():
+		// A broker that stopped answering never sends the channels'
+		// close-ok: closing the connection (CloseDeadline in watch) is
+		// what ends their waits, so it must not wait for them.
 		addErr(ctx.Err())
 	}
 	c.stop()
 	<-c.stopped
+	<-settled
 	if len(errs) > 0 {
 		return fmt.Errorf("transport: closed before all in-flight work settled: %w", errors.Join(errs...))
 	}

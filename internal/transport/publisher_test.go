@@ -349,3 +349,51 @@ func TestChannelErrorRecovers(t *testing.T) {
 		t.Error("a channel error took the connection down")
 	}
 }
+
+// Shutdown is bounded when the broker stops answering (a network
+// partition: the TCP connection stays up, nothing comes back): Close gives
+// up on the unconfirmed publish and the unacked delivery at its context's
+// deadline, and on the connection.close handshake after CloseDeadline.
+func TestCloseBoundedWhenBrokerUnreachable(t *testing.T) {
+	e := newEnv(t)
+	e.declare("hcp.commands", amqp.ExchangeDirect, "hcp.cmd.lab", "lab", amqp.Table{"x-queue-type": "quorum"})
+	e.publishRaw("hcp.commands", "lab", "held", 1)
+	proxy := transporttest.NewProxy(t, e.broker.AMQPAddr)
+	opts := transport.Options{URL: e.broker.URLVia(proxy.Addr(), e.vhost), ConnectionName: "partitioned", Logger: testLogger(t), Metrics: newMetrics()}
+	c, err := transport.Dial(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := transport.NewPublisher(c, transport.PublisherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan amqp.Delivery, 1)
+	go func() {
+		_ = c.Consume(ctx, "hcp.cmd.lab", 1, func(_ context.Context, d amqp.Delivery) { got <- d }) // never acked
+	}()
+	recv(t, got, 10*time.Second, "the delivery held unacked")
+
+	proxy.Pause()
+	if _, err := pub.PublishAsync(ctx, "hcp.commands", "lab", persistent("unconfirmed", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	closeCtx, cancelClose := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelClose()
+	start := time.Now()
+	err = c.Close(closeCtx)
+	took := time.Since(start)
+	if err == nil {
+		t.Error("Close reported success although work was left unsettled")
+	}
+	// 2 s of context plus the 5 s connection.close deadline, with slack.
+	if took > 10*time.Second {
+		t.Fatalf("Close took %s with the broker unreachable", took)
+	}
+	t.Logf("Close returned after %s: %v", took.Round(time.Millisecond), err)
+}
