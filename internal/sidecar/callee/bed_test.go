@@ -93,6 +93,7 @@ type bed struct {
 	pod     string
 	key     ed25519.PrivateKey
 	keyDir  string
+	wrap    func(client.Client) client.Client
 	callee  *v1alpha1.Callee
 	calleeU string
 	callerU string
@@ -123,6 +124,11 @@ type bedOptions struct {
 	sessions     v1alpha1.SessionsSpec
 	timeouts     Timeouts
 	noStart      bool
+	// commandQueue is the Callee's spec.commandQueue; its limits are the
+	// command queue's arguments.
+	commandQueue v1alpha1.CommandQueueSpec
+	// wrapClient, when set, wraps each replica's Kubernetes client (faults).
+	wrapClient func(client.Client) client.Client
 	// keyDir, when set, is a mounted token Secret (testbed.WriteSecretVolume):
 	// the sidecars read their keys from its files, as in a pod.
 	keyDir string
@@ -172,7 +178,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 		must(t, resp(broker.API.UpdatePermissionsIn(b.vhost, u.name, rabbithole.Permissions{Configure: u.p.Configure, Write: u.p.Write, Read: u.p.Read})))
 	}
 	t.Cleanup(func() { _ = broker.DeleteUsers(b.calleeU, b.callerU) })
-	b.declareTopology()
+	b.declareTopology(o.commandQueue)
 
 	// Kubernetes: Callee, Caller, CapabilityPolicy.
 	if o.capabilities == nil {
@@ -188,7 +194,8 @@ func newBed(t *testing.T, o bedOptions) *bed {
 			Harness: v1alpha1.HarnessSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 				Containers: []corev1.Container{{Name: "harness", Image: "example.com/harness:1"}},
 			}}},
-			Sessions: o.sessions,
+			Sessions:     o.sessions,
+			CommandQueue: o.commandQueue,
 		},
 	}
 	must(t, e.Client.Create(ctx, b.callee))
@@ -199,7 +206,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 	}))
 
 	_, b.key, _ = token.GenerateKey()
-	b.keyDir = o.keyDir
+	b.keyDir, b.wrap = o.keyDir, o.wrapClient
 	b.startCaller()
 	testbed.DumpOnFailure(t, testbed.Dump{Client: e.Client, Namespace: b.ns, Lists: []client.ObjectList{&v1alpha1.HCPSessionList{}}, Broker: broker, Vhosts: []string{b.vhost}})
 	b.timeouts = o.timeouts
@@ -209,7 +216,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 	return b
 }
 
-func (b *bed) declareTopology() {
+func (b *bed) declareTopology(q v1alpha1.CommandQueueSpec) {
 	t := b.t
 	conn, err := amqp.Dial(b.broker.AMQPURI(b.broker.Username, b.broker.Password, b.vhost))
 	must(t, err)
@@ -218,7 +225,11 @@ func (b *bed) declareTopology() {
 	must(t, err)
 	must(t, ch.ExchangeDeclare(topology.CommandsExchange, "direct", true, false, false, false, nil))
 	must(t, ch.ExchangeDeclare(topology.EventsExchange, "topic", true, false, false, false, nil))
-	_, err = ch.QueueDeclare(topology.CommandQueue(calleeID), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	args := amqp.Table{"x-queue-type": "quorum"}
+	for k, v := range resource.CalleeQueueArguments(q) {
+		args[k] = v
+	}
+	_, err = ch.QueueDeclare(topology.CommandQueue(calleeID), true, false, false, false, args)
 	must(t, err)
 	_, err = ch.QueueDeclare(topology.EventQueue(callerID), true, false, false, false, amqp.Table{
 		"x-queue-type": "quorum", "x-message-ttl": int64(86400000), "x-max-length": int64(100000), "x-overflow": "drop-head",
@@ -286,8 +297,12 @@ func (b *bed) startReplica(pod string) *replica {
 	if !objCache.WaitForCacheSync(ctx) {
 		t.Fatal("cache did not sync")
 	}
-	kc, err := client.New(b.env.Config, client.Options{Scheme: b.env.Scheme, Cache: &client.CacheOptions{Reader: objCache}})
+	var kc client.Client
+	kc, err = client.New(b.env.Config, client.Options{Scheme: b.env.Scheme, Cache: &client.CacheOptions{Reader: objCache}})
 	must(t, err)
+	if b.wrap != nil {
+		kc = b.wrap(kc)
+	}
 
 	r.metrics = metrics.New(prometheus.NewRegistry())
 	conn, err := transport.Dial(ctx, transport.Options{URL: b.broker.AMQPURI(b.calleeU, password, b.vhost), Logger: log.WithName("amqp"), Metrics: r.metrics, ConnectionName: "callee-test " + pod})

@@ -198,15 +198,81 @@ func (s *Sidecar) publishConfirmed(ctx context.Context, rk string, pub amqp.Publ
 }
 
 // retryLater returns the command to the queue after a pause, so a transient
-// failure neither loses it nor spins. (Quorum queues count redeliveries:
-// spec.commandQueue.deliveryLimit bounds a command that always fails.)
+// failure (API server, broker) is retried, unless returning it would exceed
+// the queue's delivery limit (spec.commandQueue.deliveryLimit), past which
+// the broker drops it silently: then giveUp answers instead.
 func (s *Sidecar) retryLater(ctx context.Context, d amqp.Delivery) {
+	if limit, last := s.lastDelivery(ctx, d); last {
+		s.giveUp(d, limit)
+		return
+	}
 	select {
 	case <-ctx.Done():
 		return // channel gone: the broker requeues it anyway
 	case <-s.clk.After(time.Second):
 	}
 	s.settle(d, false, true)
+}
+
+// lastDelivery reports whether d may not be returned to its queue again:
+// quorum queues count returns in x-delivery-count and drop a message
+// returned more than x-delivery-limit times.
+func (s *Sidecar) lastDelivery(ctx context.Context, d amqp.Delivery) (limit int64, last bool) {
+	c, err := s.callee(ctx)
+	if err != nil || c.Spec.CommandQueue.DeliveryLimit == nil {
+		return 0, false
+	}
+	limit = int64(*c.Spec.CommandQueue.DeliveryLimit)
+	return limit, deliveryCount(d)+1 > limit
+}
+
+// deliveryCount is how often d was returned to its queue before.
+func deliveryCount(d amqp.Delivery) int64 {
+	switch n := d.Headers["x-delivery-count"].(type) {
+	case int64:
+		return n
+	case int32:
+		return int64(n)
+	case int16:
+		return int64(n)
+	case int8:
+		return int64(n)
+	case int:
+		return int64(n)
+	}
+	return 0
+}
+
+// giveUp settles a command that cannot be retried without the broker
+// dropping it, so that nothing disappears without a word: a task_submit is
+// rejected to its authenticated caller (reason internal; it may submit
+// again), anything else is logged as an error and counted. The reply is
+// published once, without retrying through the queue.
+func (s *Sidecar) giveUp(d amqp.Delivery, limit int64) {
+	log := s.log.WithValues("messageId", truncate(d.MessageId, 64), "type", d.Type, "deliveries", deliveryCount(d)+1, "deliveryLimit", limit)
+	callerID, err := identify(d.UserId, s.cfg.Vhost)
+	if err != nil || d.Type != string(envelope.TypeTaskSubmit) {
+		log.Error(err, "Gave up on a command at its queue's delivery limit; discarded it")
+		s.countReject(rejectDeliveryLimit)
+		s.settle(d, true, false)
+		return
+	}
+	msgID := truncate(strings.ToLower(d.MessageId), 120)
+	sid := topology.SessionID(s.id, callerID, msgID)
+	msg := fmt.Sprintf("the callee could not process the task within its command queue's delivery limit (%d deliveries; "+
+		"its Kubernetes API or the broker was unavailable); submit it again with a new message_id", limit)
+	pub, err := s.rejectedPublishing(sid, msgID, s.clk.Now(), task.ReasonInternal, msg)
+	if err == nil {
+		err = s.publishConfirmed(s.life, topology.EventRoutingKey(callerID, sid, envelope.TypeTaskRejected), pub)
+		s.countOut(string(envelope.TypeTaskRejected))
+	}
+	s.countReject(string(task.ReasonInternal))
+	if err != nil {
+		log.Error(err, "Gave up on a task at its queue's delivery limit and could not tell its caller", "caller", callerID)
+	} else {
+		log.Error(nil, "Gave up on a task at its queue's delivery limit; rejected it to its caller", "caller", callerID, "session", sid)
+	}
+	s.settle(d, true, false)
 }
 
 // settle acks (ack=true) or nacks (requeue) a delivery, logging failures: a

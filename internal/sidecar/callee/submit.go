@@ -27,6 +27,7 @@ const (
 	rejectUnanswerable   = "unanswerable"    // no usable user_id: nobody to answer
 	rejectUnexpectedType = "unexpected_type" // an event type on the command queue
 	rejectAbortRefused   = "abort_refused"   // an abort that failed verification
+	rejectDeliveryLimit  = "delivery_limit"  // an abort given up at the queue's delivery limit
 )
 
 // handle is the consumer's Handler: it must return promptly, so each
