@@ -113,8 +113,10 @@ type CommandQueueSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	MaxLengthBytes *int64 `json:"maxLengthBytes,omitempty"`
 
-	// deliveryLimit is x-delivery-limit: after this many redeliveries a poison
-	// command is dropped by the broker.
+	// deliveryLimit is x-delivery-limit: a command returned to the queue
+	// this many times is dropped by the broker. The sidecar answers first: a
+	// task_submit it could not process by then is rejected to its caller
+	// (reason internal).
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
