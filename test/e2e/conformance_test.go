@@ -9,6 +9,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +37,9 @@ const kitCallerID = "hcp-conformance"
 // CapabilityPolicy applied, and a Caller of the kit's own whose
 // credentials Secret gives the kit its AMQP URI. Every check must pass,
 // the management ones included (the suite passes the broker's management
-// API). HCP_CONFORMANCE_REPORT=FILE writes the table to FILE.
+// API). Then the command itself (cmd/hcp-conformance) runs the same
+// checks and must exit 0; HCP_CONFORMANCE_REPORT=FILE writes its command
+// line and output to FILE.
 func TestConformanceKit(t *testing.T) {
 	s := newSuite(t)
 	t.Logf("run %s: namespace %s, vhost %s, broker %s", s.id, s.ns, s.vhost, s.cfg.managementURL)
@@ -124,17 +129,44 @@ func TestConformanceKit(t *testing.T) {
 	start := time.Now()
 	rep := conformance.Test(t, cfg)
 	t.Logf("the kit ran in %s", time.Since(start).Round(100*time.Millisecond))
-	if path := os.Getenv("HCP_CONFORMANCE_REPORT"); path != "" {
-		var b strings.Builder
-		fmt.Fprintf(&b, "HCP conformance: callee %q, caller %q, %s, %s\n\n", calleeID, kitCallerID, start.UTC().Format(time.RFC3339), time.Since(start).Round(100*time.Millisecond))
-		_ = rep.Print(&b)
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-			t.Error(err)
-		}
-	}
 	if n := rep.Count(conformance.Pass); n != len(rep.Rows) {
 		t.Errorf("%d of %d checks passed (%d failed, %d skipped); want all", n, len(rep.Rows), rep.Count(conformance.Fail), rep.Count(conformance.Skip))
 	}
+
+	// The command, as a user runs it: exit status 0 and the table.
+	t.Run("Command", func(t *testing.T) {
+		dir := t.TempDir()
+		bin := filepath.Join(dir, "hcp-conformance")
+		build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd/hcp-conformance")
+		build.Dir = s.cfg.root
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/hcp-conformance: %v\n%s", err, out)
+		}
+		uriFile := filepath.Join(dir, "uri")
+		if err := os.WriteFile(uriFile, []byte(amqpURL), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"--amqp-url-file", uriFile, "--callee", calleeID, "--caller", kitCallerID,
+			"--capability", synthesis, "--inputs", string(cfg.Inputs), "--abort-inputs", string(cfg.AbortInputs),
+			"--data-class", cfg.DataClassification, "--management-url", mgmt.String(), "--quiet"}
+		var stdout, stderr strings.Builder
+		cmd := exec.CommandContext(t.Context(), bin, args...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		shown := strings.ReplaceAll(strings.Join(args, " "), mgmt.String(), mgmt.Redacted())
+		t.Logf("hcp-conformance %s\n%s%s", shown, stdout.String(), stderr.String())
+		if err != nil {
+			t.Errorf("hcp-conformance: %v (want exit status 0)", err)
+		}
+		if path := os.Getenv("HCP_CONFORMANCE_REPORT"); path != "" {
+			host, _ := os.Hostname()
+			out := fmt.Sprintf("$ hcp-conformance %s\n# exit status %d; %s on %s (%s)\n\n%s", shown, cmd.ProcessState.ExitCode(),
+				time.Now().UTC().Format(time.RFC3339), host, runtime.GOOS+"/"+runtime.GOARCH, stdout.String())
+			if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+				t.Error(err)
+			}
+		}
+	})
 }
 
 // reachable returns the credentials Secret's AMQP URI if its host answers
