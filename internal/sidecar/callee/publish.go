@@ -3,7 +3,6 @@ package callee
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -171,34 +170,17 @@ type failedConfirmation struct{ err error }
 
 func (f failedConfirmation) Wait(context.Context) error { return f.err }
 
+// awaitConfirm waits for an event's confirm and republishes it until the
+// broker takes it (or the sidecar stops: the write-ahead log still holds
+// it unconfirmed, and the next owner republishes it). Events are never given
+// up for a count of attempts: a full event queue (reject-publish) holds the
+// session back rather than losing an event.
 func (ss *sess) awaitConfirm(p *pending) error {
-	ctx := ss.sc.life
-	err := p.conf.Wait(ctx)
-	backoff := 100 * time.Millisecond
-	for attempt := 0; err != nil && attempt < 30; attempt++ {
-		switch {
-		case ctx.Err() != nil, errors.Is(err, transport.ErrUnroutable), errors.Is(err, transport.ErrClosed):
-			return err
-		case errors.Is(err, transport.ErrConnectionLost):
-			ss.log.V(1).Info("Republishing after a lost connection", "type", p.kind, "sequence", p.seq)
-		case errors.Is(err, transport.ErrNacked):
-			select {
-			case <-ctx.Done():
-				return err
-			case <-ss.sc.clk.After(backoff):
-			}
-			backoff = min(backoff*2, 5*time.Second)
-		default:
-			return err
+	return transport.Retry{After: ss.sc.clk.After, OnRetry: func(attempt int, err error) {
+		if attempt == 1 || attempt%20 == 0 {
+			ss.log.Info("Republishing an unconfirmed event", "type", p.kind, "sequence", p.seq, "attempt", attempt, "reason", err.Error())
 		}
-		conf, perr := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, p.rk, p.pub)
-		if perr != nil {
-			err = perr
-			continue
-		}
-		err = conf.Wait(ctx)
-	}
-	return err
+	}}.Confirm(ss.sc.life, ss.sc.pub, topology.EventsExchange, p.rk, p.pub, p.conf)
 }
 
 // waitAll waits for the confirms of ps and returns the first error.

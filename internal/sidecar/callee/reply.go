@@ -176,25 +176,12 @@ func (s *Sidecar) settleAfter(ctx context.Context, d amqp.Delivery, log logr.Log
 	}
 }
 
-// publishConfirmed publishes and waits for the confirm, republishing (same
-// message) while the connection is lost and retrying nacks with backoff.
+// publishConfirmed publishes a reply and waits for the confirm,
+// republishing it (same message) after a lost connection or a nack, at most
+// 8 times: a reply that cannot be sent is retried through the command
+// queue (retryLater) instead.
 func (s *Sidecar) publishConfirmed(ctx context.Context, rk string, pub amqp.Publishing) error {
-	backoff := 100 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		err := s.pub.Publish(ctx, topology.EventsExchange, rk, pub)
-		if err == nil || errors.Is(err, transport.ErrUnroutable) || errors.Is(err, transport.ErrClosed) || ctx.Err() != nil || attempt >= 8 {
-			return err
-		}
-		if !errors.Is(err, transport.ErrConnectionLost) && !errors.Is(err, transport.ErrNacked) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.clk.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+	return transport.Retry{Max: 8, After: s.clk.After}.Publish(ctx, s.pub, topology.EventsExchange, rk, pub)
 }
 
 // retryLater returns the command to the queue after a pause, so a transient
