@@ -121,7 +121,25 @@ type entry struct {
 	// attempt after a failed label write.
 	label        v1alpha1.SessionState
 	labelRetryAt time.Time
-	waiters      []waiter
+	// failures counts status writes that failed in a row; the next one
+	// waits until retryAt (retryBackoff), terminal or not.
+	failures int
+	retryAt  time.Time
+	waiters  []waiter
+}
+
+// RetryBackoffMax caps the delay between attempts at a status write that
+// keeps failing (an API server down): retries go on until it lands.
+const RetryBackoffMax = 30 * time.Second
+
+// retryBackoff is the delay after the n-th failure in a row: 200 ms
+// doubling up to RetryBackoffMax.
+func retryBackoff(n int) time.Duration {
+	d := 200 * time.Millisecond
+	for i := 1; i < n && d < RetryBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, RetryBackoffMax)
 }
 
 type waiter struct {
@@ -381,6 +399,9 @@ func (w *Writer) delay(e *entry) time.Duration {
 		// Only the label is due: at once, unless the last attempt failed.
 		return e.labelRetryAt.Sub(w.clk.Now())
 	}
+	if e.failures > 0 {
+		return e.retryAt.Sub(w.clk.Now())
+	}
 	if e.force || e.lastWrite.IsZero() || terminalChange(e) {
 		return 0
 	}
@@ -445,6 +466,10 @@ func (w *Writer) processNext() bool {
 		if err == nil {
 			e.base = target
 			e.written = version
+			e.failures = 0
+		} else {
+			e.failures++
+			e.retryAt = e.lastWrite.Add(retryBackoff(e.failures))
 		}
 	}
 	if labelWritten {
@@ -463,7 +488,8 @@ func (w *Writer) processNext() bool {
 		w.notify(e, ErrNotFound)
 		return true
 	case err != nil:
-		w.log.Error(err, "Failed to write HCPSession status; will retry", "hcpsession", klog.KRef(w.ns, name))
+		w.log.Error(err, "Failed to write HCPSession status; will retry", "hcpsession", klog.KRef(w.ns, name),
+			"failures", e.failures, "retryIn", retryBackoff(e.failures).String())
 		w.failWaiters(e, err)
 	default:
 		w.failWaiters(e, labelErr)
