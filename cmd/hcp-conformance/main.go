@@ -53,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Disconnect, "disconnect", conformance.DefaultDisconnect, "how long the kit stays disconnected in the continuity check")
 	fs.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: hcp-conformance --amqp-url URI --callee ID --caller ID --capability NAME [flags]\n\n"+
+		_, _ = fmt.Fprintf(stderr, "Usage: hcp-conformance --amqp-url URI --callee ID --caller ID --capability NAME [flags]\n\n"+
 			"Checks an HCP callee against the specification and prints one row per spec sentence.\n"+
 			"Exit status: 0 pass, 1 a check failed, 2 usage error.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -65,13 +65,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "hcp-conformance: unexpected arguments %q\n", fs.Args())
+		_, _ = fmt.Fprintf(stderr, "hcp-conformance: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	if cfg.AMQPURL == "" && urlFile != "" {
 		b, err := os.ReadFile(urlFile)
 		if err != nil {
-			fmt.Fprintf(stderr, "hcp-conformance: --amqp-url-file: %v\n", err)
+			_, _ = fmt.Fprintf(stderr, "hcp-conformance: --amqp-url-file: %v\n", err)
 			return 2
 		}
 		cfg.AMQPURL = strings.TrimSpace(string(b))
@@ -85,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cfg.Log = stderr
 	}
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "hcp-conformance: %v\n\n", err)
+		_, _ = fmt.Fprintf(stderr, "hcp-conformance: %v\n\n", err)
 		fs.Usage()
 		return 2
 	}
@@ -93,10 +93,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	start := time.Now()
 	rep := conformance.Run(ctx, cfg)
-	fmt.Fprintf(stdout, "HCP conformance: callee %q, caller %q, %s, %s\n\n", cfg.CalleeID, cfg.CallerID,
+	_, _ = fmt.Fprintf(stdout, "HCP conformance: callee %q, caller %q, %s, %s\n\n", cfg.CalleeID, cfg.CallerID,
 		start.UTC().Format(time.RFC3339), time.Since(start).Round(100*time.Millisecond))
 	if err := rep.Print(stdout); err != nil {
-		fmt.Fprintf(stderr, "hcp-conformance: %v\n", err)
+		_, _ = fmt.Fprintf(stderr, "hcp-conformance: %v\n", err)
 		return 1
 	}
 	if rep.Failed() {

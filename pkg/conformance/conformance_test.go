@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -248,36 +249,36 @@ func TestManagementJudgements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check := func(name string, want Result, _ string, got Result, detail string) {
+	check := func(name string, want Result, got Result, detail string) {
 		t.Helper()
 		if got != want {
 			t.Errorf("%s: %s (%s), want %s", name, got, detail, want)
 		}
 	}
-	id, res, d := commandQueueResult(true, map[string]any{"x-queue-type": "quorum"}, true, cfg)
-	check("command queue", Pass, id, res, d)
-	id, res, d = commandQueueResult(true, map[string]any{"x-message-ttl": float64(1000)}, true, cfg)
-	check("command queue with TTL", Fail, id, res, d)
-	id, res, d = commandQueueResult(true, nil, false, cfg)
-	check("command queue unbound", Fail, id, res, d)
-	id, res, d = commandQueueResult(false, nil, true, cfg)
-	check("command queue transient", Fail, id, res, d)
+	res, d := commandQueueResult(true, map[string]any{"x-queue-type": "quorum"}, true, cfg)
+	check("command queue", Pass, res, d)
+	res, d = commandQueueResult(true, map[string]any{"x-message-ttl": float64(1000)}, true, cfg)
+	check("command queue with TTL", Fail, res, d)
+	res, d = commandQueueResult(true, nil, false, cfg)
+	check("command queue unbound", Fail, res, d)
+	res, d = commandQueueResult(false, nil, true, cfg)
+	check("command queue transient", Fail, res, d)
 
-	id, res, d = eventQueueTTLResult(map[string]any{"x-message-ttl": float64(86400000)})
-	check("TTL 24h", Pass, id, res, d)
-	id, res, d = eventQueueTTLResult(map[string]any{})
-	check("no TTL", Fail, id, res, d)
-	id, res, d = eventQueueTTLResult(map[string]any{"x-message-ttl": "1d"})
-	check("TTL not a number", Fail, id, res, d)
+	res, d = eventQueueTTLResult(map[string]any{"x-message-ttl": float64(86400000)})
+	check("TTL 24h", Pass, res, d)
+	res, d = eventQueueTTLResult(map[string]any{})
+	check("no TTL", Fail, res, d)
+	res, d = eventQueueTTLResult(map[string]any{"x-message-ttl": "1d"})
+	check("TTL not a number", Fail, res, d)
 
-	id, res, d = eventQueueMaxResult(map[string]any{"x-max-length": float64(100000), "x-overflow": "drop-head"})
-	check("max length drop-head", Pass, id, res, d)
-	id, res, d = eventQueueMaxResult(map[string]any{"x-max-length-bytes": float64(1 << 20)})
-	check("max bytes", Pass, id, res, d)
-	id, res, d = eventQueueMaxResult(map[string]any{"x-max-length": float64(10), "x-overflow": "reject-publish"})
-	check("reject-publish", Fail, id, res, d)
-	id, res, d = eventQueueMaxResult(nil)
-	check("no limit", Fail, id, res, d)
+	res, d = eventQueueMaxResult(map[string]any{"x-max-length": float64(100000), "x-overflow": "drop-head"})
+	check("max length drop-head", Pass, res, d)
+	res, d = eventQueueMaxResult(map[string]any{"x-max-length-bytes": float64(1 << 20)})
+	check("max bytes", Pass, res, d)
+	res, d = eventQueueMaxResult(map[string]any{"x-max-length": float64(10), "x-overflow": "reject-publish"})
+	check("reject-publish", Fail, res, d)
+	res, d = eventQueueMaxResult(nil)
+	check("no limit", Fail, res, d)
 }
 
 func TestReportPrint(t *testing.T) {
@@ -460,5 +461,55 @@ func TestAggregateMessageChecks(t *testing.T) {
 	}
 	if rep := evaluate(nil, false); result(rep, MsgEnvelope) != Fail {
 		t.Error("no message at all must fail")
+	}
+}
+
+// The continuity judgement from crafted deliveries: messages 1-3
+// acknowledged on the first connection, 4 held, then 4 redelivered and 5
+// new on the second.
+func TestJudgeContinuity(t *testing.T) {
+	sid := envelope.NewMessageID()
+	evs := completed(t)
+	envs := make([]*envelope.Envelope, 0, len(evs))
+	for _, e := range evs {
+		env, err := envelope.New(envelope.TypeEvent, sid, session.EventPayload{EventType: e.Type, Sequence: e.Sequence, Data: e.Data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs = append(envs, env)
+	}
+	m := func(i, gen int, acked, redelivered bool) *Message {
+		return &Message{Env: envs[i], Gen: gen, Acked: acked, D: amqp.Delivery{Redelivered: redelivered}}
+	}
+	judge := func(msgs []*Message, nFresh int) Report {
+		r := newRecorder()
+		judgeContinuity(r, time.Second, sid, 1, 4, nFresh, msgs)
+		return r.report()
+	}
+	results := func(rep Report) []Result {
+		out := make([]Result, 0, 3)
+		for _, id := range []string{ConRetained, ConRedelivery, ConNoGap} {
+			row, _ := rep.Row(id)
+			out = append(out, row.Result)
+		}
+		return out
+	}
+	gen1 := []*Message{m(0, 1, true, false), m(1, 1, true, false), m(2, 1, true, false), m(3, 1, false, false)}
+	for _, c := range []struct {
+		name   string
+		msgs   []*Message
+		nFresh int
+		want   []Result
+	}{
+		{"conforming", append(gen1[:4:4], m(3, 2, true, true), m(4, 2, true, false)), 1, []Result{Pass, Pass, Pass}},
+		{"held message not flagged redelivered", append(gen1[:4:4], m(3, 2, true, false), m(4, 2, true, false)), 1, []Result{Pass, Fail, Pass}},
+		{"acknowledged message delivered again", append(gen1[:4:4], m(1, 2, true, true), m(3, 2, true, true), m(4, 2, true, false)), 1, []Result{Pass, Fail, Pass}},
+		{"held message lost", append(gen1[:4:4], m(4, 2, true, false)), 1, []Result{Pass, Fail, Fail}},
+		{"nothing new after the reconnect", append(gen1[:4:4], m(3, 2, true, true)), 0, []Result{Fail, Pass, Fail}},
+		{"nothing held", append(gen1[:3:3], m(3, 1, true, false), m(4, 2, true, false)), 1, []Result{Fail, Fail, Pass}},
+	} {
+		if got := results(judge(c.msgs, c.nFresh)); !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -95,7 +95,7 @@ func newKit(cfg *resolved) *kit {
 
 func (k *kit) logf(format string, args ...any) {
 	if k.cfg.Log != nil {
-		fmt.Fprintf(k.cfg.Log, "hcp-conformance: "+format+"\n", args...)
+		_, _ = fmt.Fprintf(k.cfg.Log, "hcp-conformance: "+format+"\n", args...)
 	}
 }
 

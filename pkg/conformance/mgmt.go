@@ -93,7 +93,8 @@ func cmdQueueCheck(r *recorder, api *rabbithole.Client, cfg *resolved) {
 		r.fail(MgmtCommandQueue, "bindings of %s: %v", cfg.cmdQueue, err)
 		return
 	}
-	r.setResult(commandQueueResult(q.Durable, q.Arguments, hasBinding(bs, topology.CommandsExchange, cfg.commandKey), cfg))
+	res, d := commandQueueResult(q.Durable, q.Arguments, hasBinding(bs, topology.CommandsExchange, cfg.commandKey), cfg)
+	r.set(MgmtCommandQueue, res, "%s", d)
 }
 
 func evtQueueChecks(r *recorder, api *rabbithole.Client, cfg *resolved) {
@@ -116,8 +117,10 @@ func evtQueueChecks(r *recorder, api *rabbithole.Client, cfg *resolved) {
 	default:
 		r.pass(MgmtEventQueue, "%s durable (%s), bound to %s with %s", cfg.evtQueue, orClassic(q.Type), topology.EventsExchange, key)
 	}
-	r.setResult(eventQueueTTLResult(q.Arguments))
-	r.setResult(eventQueueMaxResult(q.Arguments))
+	res, d := eventQueueTTLResult(q.Arguments)
+	r.set(MgmtEventQueueTTL, res, "%s", d)
+	res, d = eventQueueMaxResult(q.Arguments)
+	r.set(MgmtEventQueueMax, res, "%s", d)
 }
 
 func orClassic(t string) string {
@@ -127,45 +130,42 @@ func orClassic(t string) string {
 	return t
 }
 
-// setResult records a (Result, detail) pair.
-func (r *recorder) setResult(id string, res Result, detail string) { r.set(id, res, "%s", detail) }
-
 // commandQueueResult judges the command queue (MGMT-2) from what the
 // management API says.
-func commandQueueResult(durable bool, args map[string]any, bound bool, cfg *resolved) (string, Result, string) {
+func commandQueueResult(durable bool, args map[string]any, bound bool, cfg *resolved) (Result, string) {
 	switch {
 	case !durable:
-		return MgmtCommandQueue, Fail, cfg.cmdQueue + " is not durable"
+		return Fail, cfg.cmdQueue + " is not durable"
 	case !bound:
-		return MgmtCommandQueue, Fail, fmt.Sprintf("%s is not bound to %s with %s", cfg.cmdQueue, topology.CommandsExchange, cfg.commandKey)
+		return Fail, fmt.Sprintf("%s is not bound to %s with %s", cfg.cmdQueue, topology.CommandsExchange, cfg.commandKey)
 	case args["x-message-ttl"] != nil:
-		return MgmtCommandQueue, Fail, fmt.Sprintf("%s has x-message-ttl %v: commands must not expire", cfg.cmdQueue, args["x-message-ttl"])
+		return Fail, fmt.Sprintf("%s has x-message-ttl %v: commands must not expire", cfg.cmdQueue, args["x-message-ttl"])
 	}
-	return MgmtCommandQueue, Pass, fmt.Sprintf("%s durable, bound with %s, no TTL; arguments %v", cfg.cmdQueue, cfg.commandKey, args)
+	return Pass, fmt.Sprintf("%s durable, bound with %s, no TTL; arguments %v", cfg.cmdQueue, cfg.commandKey, args)
 }
 
 // eventQueueTTLResult judges MGMT-4 from the event queue's arguments.
-func eventQueueTTLResult(args map[string]any) (string, Result, string) {
+func eventQueueTTLResult(args map[string]any) (Result, string) {
 	ttl, ok := number(args["x-message-ttl"])
 	switch {
 	case !ok:
-		return MgmtEventQueueTTL, Fail, fmt.Sprintf("no numeric x-message-ttl (arguments %v)", args)
+		return Fail, fmt.Sprintf("no numeric x-message-ttl (arguments %v)", args)
 	case ttl <= 0:
-		return MgmtEventQueueTTL, Fail, fmt.Sprintf("x-message-ttl %v", ttl)
+		return Fail, fmt.Sprintf("x-message-ttl %v", ttl)
 	}
-	return MgmtEventQueueTTL, Pass, fmt.Sprintf("x-message-ttl %s", time.Duration(ttl)*time.Millisecond)
+	return Pass, fmt.Sprintf("x-message-ttl %s", time.Duration(ttl)*time.Millisecond)
 }
 
 // eventQueueMaxResult judges MGMT-5 from the event queue's arguments.
-func eventQueueMaxResult(args map[string]any) (string, Result, string) {
+func eventQueueMaxResult(args map[string]any) (Result, string) {
 	n, okN := number(args["x-max-length"])
 	b, okB := number(args["x-max-length-bytes"])
 	ov, _ := args["x-overflow"].(string)
 	switch {
 	case !okN && !okB:
-		return MgmtEventQueueMax, Fail, fmt.Sprintf("neither x-max-length nor x-max-length-bytes (arguments %v)", args)
+		return Fail, fmt.Sprintf("neither x-max-length nor x-max-length-bytes (arguments %v)", args)
 	case ov != "drop-head" && ov != "":
-		return MgmtEventQueueMax, Fail, fmt.Sprintf("x-overflow %q, want drop-head", ov)
+		return Fail, fmt.Sprintf("x-overflow %q, want drop-head", ov)
 	}
 	d := "x-overflow drop-head"
 	if ov == "" {
@@ -177,7 +177,7 @@ func eventQueueMaxResult(args map[string]any) (string, Result, string) {
 	if okB {
 		d = fmt.Sprintf("x-max-length-bytes %d, %s", b, d)
 	}
-	return MgmtEventQueueMax, Pass, d
+	return Pass, d
 }
 
 // number reads a JSON number (float64) or an integer.

@@ -338,10 +338,10 @@ func (s *run) malformed(ctx context.Context) {
 	validPayload, _ := json.Marshal(task.TaskSubmit{CallerID: cfg.CallerID, CalleeID: cfg.CalleeID, Capability: cfg.Capability,
 		Intent: "hcp-conformance: must never run", Inputs: cfg.Inputs,
 		Constraints: task.Constraints{DataClassification: task.DataClass(cfg.DataClassification)}})
-	var cases []struct {
+	cases := make([]struct {
 		name string
 		p    amqp.Publishing
-	}
+	}, 0, 11)
 	cases = append(cases,
 		mk("binary garbage", "\x00\xff\xfe not json", nil),
 		mk("empty body", "", nil),
@@ -349,11 +349,12 @@ func (s *run) malformed(ctx context.Context) {
 		mk("JSON array", `[1,2,3]`, nil),
 		mk("text/plain content", "task_submit please", func(p *amqp.Publishing) { p.ContentType = "text/plain" }),
 	)
+	const null = "null"
 	for _, c := range []struct{ name, version, session, payload string }{
-		{"unsupported hcp_version 9.0", "9.0", "null", string(validPayload)},
-		{"task_submit with a session_id", "1.0", fmt.Sprintf("%q", sid), string(validPayload)},
-		{"payload not an object", "1.0", "null", `[]`},
-		{"task_submit payload missing its fields", "1.0", "null", `{"intent":"no capability"}`},
+		{"unsupported hcp_version 9.0", "9.0", null, string(validPayload)},
+		{"task_submit with a session_id", envelope.Version, fmt.Sprintf("%q", sid), string(validPayload)},
+		{"payload not an object", envelope.Version, null, `[]`},
+		{"task_submit payload missing its fields", envelope.Version, null, `{"intent":"no capability"}`},
 	} {
 		id := envelope.NewMessageID()
 		cases = append(cases, mk(c.name, submit(id, c.session, c.version, c.payload), func(p *amqp.Publishing) { p.MessageId = id }))
@@ -366,7 +367,7 @@ func (s *run) malformed(ctx context.Context) {
 				p.MessageId, p.Type, p.CorrelationId = abortID, string(envelope.TypeAbort), sid
 			}))
 	anonID := envelope.NewMessageID()
-	cases = append(cases, mk("a valid task_submit without user_id (unauthenticated)", submit(anonID, "null", "1.0", string(validPayload)),
+	cases = append(cases, mk("a valid task_submit without user_id (unauthenticated)", submit(anonID, null, envelope.Version, string(validPayload)),
 		func(p *amqp.Publishing) { p.MessageId, p.UserId = anonID, "" }))
 
 	var names []string
@@ -540,16 +541,9 @@ func (s *run) continuity(ctx context.Context) {
 	for _, m := range before {
 		seenBefore[m.Env.MessageID] = true
 	}
-	fresh := func(msgs []*Message) int {
-		n := 0
-		for _, m := range ofSession(msgs, sid) {
-			if m.Gen > gen1 && !seenBefore[m.Env.MessageID] {
-				n++
-			}
-		}
-		return n
-	}
-	if err := k.wait(ctx, "new events after the reconnect", func(msgs []*Message) bool { return fresh(msgs) >= 2 || closed(msgs, sid) }); err != nil {
+	if err := k.wait(ctx, "new events after the reconnect", func(msgs []*Message) bool {
+		return nFreshOf(msgs, sid, gen1, seenBefore) >= 2 || closed(msgs, sid)
+	}); err != nil {
 		notRun("%v", err)
 		return
 	}
@@ -564,7 +558,14 @@ func (s *run) continuity(ctx context.Context) {
 		return
 	}
 	time.Sleep(500 * time.Millisecond)
-	msgs := ofSession(k.snapshot(), sid)
+	judgeContinuity(r, cfg.Disconnect, sid, gen1, len(before), nFreshOf(k.snapshot(), sid, gen1, seenBefore), k.snapshot())
+}
+
+// judgeContinuity evaluates the CON checks from what the kit received:
+// nBefore messages of the session before the disconnect on connection
+// gen1, nFresh new ones after it.
+func judgeContinuity(r *recorder, disconnect time.Duration, sid string, gen1, nBefore, nFresh int, all []*Message) {
+	msgs := ofSession(all, sid)
 
 	var held, acked, after []*Message
 	for _, m := range msgs {
@@ -577,11 +578,10 @@ func (s *run) continuity(ctx context.Context) {
 			after = append(after, m)
 		}
 	}
-	nFresh := fresh(msgs)
 	if nFresh > 0 && len(held) > 0 {
-		r.pass(ConRetained, "disconnected %s after %d messages of session %s; after the reconnect %d new messages arrived", cfg.Disconnect, len(before), sid, nFresh)
+		r.pass(ConRetained, "disconnected %s after %d messages of session %s; after the reconnect %d new messages arrived", disconnect, nBefore, sid, nFresh)
 	} else {
-		r.fail(ConRetained, "disconnected after %d messages (%d held); %d new messages after the reconnect: the task must still be running at the disconnect (longer --abort-inputs)", len(before), len(held), nFresh)
+		r.fail(ConRetained, "disconnected after %d messages (%d held); %d new messages after the reconnect: the task must still be running at the disconnect (longer --abort-inputs)", nBefore, len(held), nFresh)
 	}
 
 	redelivered := map[string]*Message{}
@@ -612,7 +612,11 @@ func (s *run) continuity(ctx context.Context) {
 		r.pass(ConRedelivery, "%d acknowledged before the disconnect, not redelivered; %d held unacknowledged, all redelivered with redelivered=true", len(acked), len(held))
 	}
 
-	evs := events(k.snapshot(), sid)
+	// The stream as a caller processed it: what the kit acknowledged on
+	// the first connection (held messages were never processed), then
+	// everything after the reconnect, deduplicated by message_id.
+	processed := append(acked, after...)
+	evs := events(processed, sid)
 	w, werr := CheckTransitions(evs)
 	switch err := CheckSequence(evs); {
 	case err != nil:
@@ -623,6 +627,18 @@ func (s *run) continuity(ctx context.Context) {
 		r.pass(ConNoGap, "session %s: %d deliveries, %d distinct events, sequences 1..%d without gap or repeat, closed %s",
 			sid, len(msgs), len(evs), len(evs), w.FinalState)
 	}
+}
+
+// nFreshOf counts the messages of a session that arrived after
+// connection gen1 and were not seen on it.
+func nFreshOf(msgs []*Message, sid string, gen1 int, seenBefore map[string]bool) int {
+	n := 0
+	for _, m := range ofSession(msgs, sid) {
+		if m.Gen > gen1 && !seenBefore[m.Env.MessageID] {
+			n++
+		}
+	}
+	return n
 }
 
 // messages evaluates the per-message checks over everything received,
@@ -642,7 +658,7 @@ func (s *run) messages() {
 		case len(msgs) == 0:
 			r.fail(id, "no message received")
 		case len(bad) > 0:
-			r.fail(id, "%d of %d messages: %s", len(bad), len(msgs), strings.Join(first(bad, 3), "; "))
+			r.fail(id, "%d of %d messages: %s", len(bad), len(msgs), strings.Join(first(bad), "; "))
 		default:
 			detail := fmt.Sprintf("all %d messages", len(msgs))
 			if id == MsgUserID && k.cfg.CalleeUser != "" {
@@ -669,14 +685,14 @@ func (s *run) messages() {
 		}
 	}
 	if len(dups) > 0 {
-		r.fail(MsgUniqueID, "message_id reused for different messages: %s", strings.Join(first(dups, 3), ", "))
+		r.fail(MsgUniqueID, "message_id reused for different messages: %s", strings.Join(first(dups), ", "))
 	} else {
 		r.pass(MsgUniqueID, "%d distinct message ids (%d repeats with the same body, i.e. redeliveries)", len(bodies), redeliveries)
 	}
 
 	k.mu.Lock()
 	nPub, nRet := k.nPublish, k.nReturns
-	var rets []string
+	rets := make([]string, 0, len(k.returned))
 	for id, why := range k.returned {
 		rets = append(rets, id+": "+why)
 	}
@@ -686,7 +702,7 @@ func (s *run) messages() {
 	case nPub == 0:
 		r.fail(TopCommandRouting, "nothing published")
 	case nRet > 0:
-		r.fail(TopCommandRouting, "%d of %d mandatory publishes to %s with key %s returned unroutable: %s", nRet, nPub, topology.CommandsExchange, k.cfg.commandKey, strings.Join(first(rets, 3), "; "))
+		r.fail(TopCommandRouting, "%d of %d mandatory publishes to %s with key %s returned unroutable: %s", nRet, nPub, topology.CommandsExchange, k.cfg.commandKey, strings.Join(first(rets), "; "))
 	default:
 		r.pass(TopCommandRouting, "%d mandatory publishes to %s with key %s, none returned", nPub, topology.CommandsExchange, k.cfg.commandKey)
 	}
@@ -729,17 +745,17 @@ func (s *run) sessions() {
 	}
 	n := len(uniq(s.started))
 	if len(seqBad) > 0 {
-		r.fail(SesSequence, "%s", strings.Join(first(seqBad, 3), "; "))
+		r.fail(SesSequence, "%s", strings.Join(first(seqBad), "; "))
 	} else {
 		r.pass(SesSequence, "%d sessions, %d events, each session 1..n", n, total)
 	}
 	if len(trBad) > 0 {
-		r.fail(SesTransitions, "%s", strings.Join(first(trBad, 3), "; "))
+		r.fail(SesTransitions, "%s", strings.Join(first(trBad), "; "))
 	} else {
 		r.pass(SesTransitions, "%d sessions replayed through the L2 state machine without an invalid transition", n)
 	}
 	if len(clBad) > 0 {
-		r.fail(SesClosed, "%s", strings.Join(first(clBad, 3), "; "))
+		r.fail(SesClosed, "%s", strings.Join(first(clBad), "; "))
 	} else {
 		r.pass(SesClosed, "%d sessions closed: %v", n, finals)
 	}
@@ -776,7 +792,8 @@ func terminalMessage(msgs []*Message, final session.State) error {
 	return nil
 }
 
-func first(s []string, n int) []string {
+func first(s []string) []string {
+	const n = 3
 	if len(s) <= n {
 		return s
 	}
