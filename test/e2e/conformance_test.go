@@ -167,6 +167,46 @@ func TestConformanceKit(t *testing.T) {
 			}
 		}
 	})
+
+	// The interactive checks fail against the same callee when the kit is
+	// told wrong things: another callee user (MSG-8), a capability the
+	// callee offers as the "unknown" one (REJ-1), a "long" task that ends
+	// at once (ABT-*, CON-*). Exit status 1.
+	t.Run("CommandDetectsFaults", func(t *testing.T) {
+		args := []string{"--amqp-url", amqpURL, "--callee", calleeID, "--caller", kitCallerID,
+			"--capability", synthesis, "--inputs", string(cfg.Inputs), "--abort-inputs", `{"steps":1,"step_ms":10}`,
+			"--data-class", "T1", "--unknown-capability", "cvd.read-telemetry", "--callee-user", "callee.someone-else@/elsewhere",
+			"--timeout", "20s", "--quiet"}
+		var stdout, stderr strings.Builder
+		cmd := exec.CommandContext(t.Context(), "go", append([]string{"run", "./cmd/hcp-conformance"}, args...)...)
+		cmd.Dir = s.cfg.root
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		t.Logf("hcp-conformance with wrong expectations:\n%s%s", stdout.String(), stderr.String())
+		if code := cmd.ProcessState.ExitCode(); code != 1 {
+			t.Errorf("exit status %d (%v), want 1", code, err)
+		}
+		for _, id := range []string{conformance.MsgUserID, conformance.RejUnknown, conformance.AbtAborting, conformance.ConRetained} {
+			if !strings.Contains(stdout.String(), "| "+id+" |") || !strings.Contains(rowOf(stdout.String(), id), "**FAIL**") {
+				t.Errorf("check %s did not fail", id)
+			}
+		}
+		for _, id := range []string{conformance.MsgContentType, conformance.SesAccepted, conformance.DupAnswer, conformance.RejIdentity} {
+			if strings.Contains(rowOf(stdout.String(), id), "**FAIL**") {
+				t.Errorf("check %s failed, and should not have", id)
+			}
+		}
+	})
+}
+
+// rowOf returns the table row of check id in the kit's output.
+func rowOf(out, id string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "| "+id+" |") {
+			return l
+		}
+	}
+	return ""
 }
 
 // reachable returns the credentials Secret's AMQP URI if its host answers
