@@ -97,6 +97,14 @@ bench: testbed ## Benchmarks against their raw baselines in the same run: transp
 test-e2e: ## Run the end-to-end suite (test/e2e): chart install, samples, sessions on the local stack (root; brought up if not running) or, with HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.
 	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
+# CONFORMANCE_REPORT receives the table of `make conformance-kit`.
+CONFORMANCE_REPORT ?= $(CURDIR)/test/e2e/_artifacts/conformance.md
+
+.PHONY: conformance-kit
+conformance-kit: ## Run the conformance kit (cmd/hcp-conformance; docs/conformance-kit.md) against the sample callee on the local stack (root); the table goes to CONFORMANCE_REPORT. make test-e2e runs it too.
+	@mkdir -p $(dir $(CONFORMANCE_REPORT))
+	HCP_CONFORMANCE_REPORT=$(CONFORMANCE_REPORT) go test -tags e2e -count=1 -timeout 30m -run '^TestConformanceKit$$' -v ./test/e2e/...
+
 .PHONY: chaos
 chaos: ## Run the end-to-end suite with every chaos fault (sidecar, app and pod kills, rollouts, an operator upgrade, caller faults, a broker restart, the API server down 30 s); the table goes to CHAOS_REPORT.
 	HCP_CHAOS=full HCP_CHAOS_REPORT=$(CHAOS_REPORT) go test -tags e2e -count=1 -timeout 60m -run '^TestHCP$$' -v ./test/e2e/...
@@ -111,9 +119,10 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
 ##@ Build
 
 .PHONY: build
-build: ## Build the manager and hcp-sidecar binaries into bin/.
+build: ## Build the manager, hcp-sidecar and hcp-conformance binaries into bin/.
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/manager ./cmd/manager
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/hcp-sidecar ./cmd/hcp-sidecar
+	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/hcp-conformance ./cmd/hcp-conformance
 
 ##@ Install checks
 
