@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -45,6 +46,8 @@ type item struct {
 	failed    *task.TaskFailed
 
 	settled atomic.Bool
+	// holder counts the unsettled deliveries of the item's session worker.
+	holder *atomic.Int32
 }
 
 func (it *item) stale() bool { return it.dctx != nil && it.dctx.Err() != nil }
@@ -187,6 +190,12 @@ func (s *Sidecar) dispatch(it *item) {
 		s.workers.Add(1)
 		go w.run()
 	}
+	if it.event != nil && (w.stalled.Load() || w.gapped.Load()) && int(w.held.Load()) >= s.holdCap() && it.seq() != w.next.Load() {
+		s.release(w, it)
+		return
+	}
+	it.holder = &w.held
+	w.held.Add(1)
 	select {
 	case w.inbox <- it:
 	default:
@@ -197,14 +206,50 @@ func (s *Sidecar) dispatch(it *item) {
 	}
 }
 
+// releaseDelay is how long a released delivery is kept before it goes back
+// to the queue: its session cannot take it now, and an immediate nack
+// would have it delivered again at once, in a loop.
+const releaseDelay = time.Second
+
+// holdCap is how many unsettled deliveries a session whose app is failing
+// may hold: half the prefetch window, so that the other half keeps the
+// other sessions moving.
+func (s *Sidecar) holdCap() int { return max(1, s.cfg.Prefetch/2) }
+
+// release returns an event of a session that cannot deliver now (its app
+// is failing, or it waits for a gap to fill) and already holds its share
+// of the prefetch window to the queue (after releaseDelay) instead of
+// handing it to its worker; the event that fills the gap is never
+// released. Without this, such a session would fill the window: the
+// others would stall, and the missing event, queued behind, could never
+// arrive. The session keeps
+// the head of its stream held in place, so nothing it delivers later is
+// out of order: the released events come back and are ordered by their
+// sequence like any other. The worker remembers their sequences, so that
+// it waits for them rather than skip them as a gap, and so that a terminal
+// message is anchored after them. Unsequenced messages are never released
+// (a session has at most a few).
+func (s *Sidecar) release(w *stream, it *item) {
+	w.noteReleased(it.seq(), s.clk.Now())
+	if w.releasing.CompareAndSwap(false, true) {
+		w.log.Info("This session cannot take more messages now (its app is failing, or a gap); returning its further deliveries to the queue so that other sessions go on",
+			"held", w.held.Load(), "cap", s.holdCap(), "appFailing", w.stalled.Load(), "gap", w.gapped.Load())
+	}
+	s.m.Released.Inc()
+	s.clk.AfterFunc(releaseDelay, func() { s.settle(it, false) })
+}
+
 // settle acks (ack=true) or nacks with requeue, once. Errors are logged: a
 // delivery from a closed channel cannot be settled and comes back. Only
 // deliveries that were never handed to a session are nacked: on a quorum
 // queue a nacked message goes to the back of the queue, so a nack would
-// reorder a session's stream.
+// reorder a session's stream (release: the worker reorders by sequence).
 func (s *Sidecar) settle(it *item, ack bool) {
 	if !it.settled.CompareAndSwap(false, true) {
 		return
+	}
+	if it.holder != nil {
+		it.holder.Add(-1)
 	}
 	var err error
 	if ack {

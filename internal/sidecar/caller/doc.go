@@ -53,6 +53,22 @@
 // The worker waits for its pending fsyncs and acks before it exits
 // (graceful stop, idle).
 //
+// # Per-session isolation
+//
+// All sessions share one consumer and its prefetch window. A session that
+// cannot deliver (its app fails its messages, or it waits for a gap to
+// fill) holds at most half the window (Sidecar.holdCap): further events of
+// it are returned to the queue after a second (Sidecar.release; metric
+// hcp_sidecar_released_total) instead of being taken, so the other sessions'
+// messages keep flowing, and the event that fills the session's gap is never
+// returned. The session's head stays held in place, so nothing is delivered
+// out of order; the worker remembers the returned sequences, waits for them
+// instead of skipping them as a gap (for up to releaseHorizon), and anchors
+// a terminal message after them. TestPoisonedSessionDoesNotStallOthers
+// shows a session whose app always fails next to a healthy one: the healthy
+// one completes, and once the app recovers the other completes too, in
+// order, nothing twice.
+//
 // Messages without an L2 sequence take their place in the session's stream
 // from their position in the queue: task_accepted and task_rejected before
 // every event, task_completed and task_failed after every event that was

@@ -3,6 +3,7 @@ package caller
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -96,6 +97,22 @@ type stream struct {
 	// stopAt is set when the sidecar stops: the worker delivers what it
 	// already holds until then, and leaves the rest unsettled.
 	stopAt time.Time
+	// held counts the session's deliveries handed to this worker and not
+	// settled yet; stalled is set while the app fails its messages (see
+	// Sidecar.release); releasing says the release was logged.
+	held      atomic.Int32
+	stalled   atomic.Bool
+	releasing atomic.Bool
+	// next and gapped mirror the tracker for the dispatcher: the lowest
+	// sequence not handed out yet, and whether later ones are buffered
+	// behind a gap.
+	next   atomic.Int64
+	gapped atomic.Bool
+	// released are the sequences of the events released to the queue and
+	// not seen again, with when (written by the dispatcher, read by the
+	// worker).
+	relMu    sync.Mutex
+	released map[int64]time.Time
 	// refused is why the session's messages are refused, if they are:
 	// ReasonForeignSession (its HCPSession names another caller) or
 	// ReasonUnsolicitedSession (this caller never submitted it).
@@ -232,6 +249,7 @@ func (w *stream) process(it *item) {
 	}
 	w.pump()
 	w.reportAcked(false)
+	w.mirror()
 }
 
 // checkChannel notices that the deliveries held came from a channel that is
@@ -331,8 +349,47 @@ func (w *stream) expectedCallee(it *item) (callee, source string) {
 	return "", ""
 }
 
+// releaseHorizon bounds how long the worker counts on a released event
+// coming back (the broker could drop it: a delivery limit, a TTL); after
+// that, a gap it leaves is handled like any other.
+const releaseHorizon = 2 * time.Minute
+
+func (w *stream) noteReleased(seq int64, at time.Time) {
+	w.relMu.Lock()
+	defer w.relMu.Unlock()
+	if w.released == nil {
+		w.released = map[int64]time.Time{}
+	}
+	w.released[seq] = at
+}
+
+// awaitReleased forgets the released events that came back (seq) or are
+// processed or too old, and reports the highest sequence still expected
+// back (0: none) and whether the stream's next sequence is among them.
+func (w *stream) awaitReleased(seen int64) (top int64, nextReleased bool) {
+	w.relMu.Lock()
+	defer w.relMu.Unlock()
+	now, done, next := w.s.clk.Now(), w.tracker.LastProcessed(), w.tracker.NextExpected()
+	for seq, at := range w.released {
+		if seq == seen || seq <= done || now.Sub(at) > releaseHorizon {
+			delete(w.released, seq)
+			continue
+		}
+		top = max(top, seq)
+		nextReleased = nextReleased || seq == next
+	}
+	return top, nextReleased
+}
+
+// mirror publishes the tracker's position to the dispatcher.
+func (w *stream) mirror() {
+	w.next.Store(w.tracker.NextExpected())
+	w.gapped.Store(w.tracker.Buffered() > 0)
+}
+
 func (w *stream) offer(it *item) {
 	seq := it.seq()
+	w.awaitReleased(seq)
 	w.maxSeen = max(w.maxSeen, seq)
 	out := w.tracker.Offer(seq, it)
 	switch out.Verdict {
@@ -376,8 +433,13 @@ func (w *stream) swapInFlight(seq int64, it *item) {
 // note logs gaps and queues what the tracker released.
 func (w *stream) note(out session.Outcome[*item]) {
 	if out.Gap != nil {
-		w.log.Info("WARNING: gap in the event stream; holding later events until it fills", "missing", out.Gap.String(),
-			"buffered", w.tracker.Buffered())
+		if _, released := w.awaitReleased(0); released {
+			// This sidecar returned the missing events to the queue itself.
+			w.log.V(1).Info("Holding later events until released ones come back", "missing", out.Gap.String(), "buffered", w.tracker.Buffered())
+		} else {
+			w.log.Info("WARNING: gap in the event stream; holding later events until it fills", "missing", out.Gap.String(),
+				"buffered", w.tracker.Buffered())
+		}
 	}
 	if out.Skipped != nil {
 		w.s.m.Rejects.WithLabelValues(ReasonGapSkipped).Add(float64(out.Skipped.Len()))
@@ -439,7 +501,8 @@ func (w *stream) onTerminal(it *item) {
 		w.duplicate(it)
 		return
 	}
-	w.addBarrier(it.env.Type, max(w.maxSeen, w.tracker.LastProcessed()), it)
+	top, _ := w.awaitReleased(0)
+	w.addBarrier(it.env.Type, max(w.maxSeen, w.tracker.LastProcessed(), top), it)
 }
 
 func (w *stream) duplicate(it *item) {
@@ -555,8 +618,12 @@ func (w *stream) deliverRetrying(what string, msg func() AppMessage) bool {
 		}
 		err := w.s.deliver(msg())
 		if err == nil {
+			if w.stalled.Swap(false) {
+				w.log.Info("The app takes this session's messages again", "attempts", attempt)
+			}
 			return true
 		}
+		w.stalled.Store(true)
 		d := w.s.o.AppBackoff.after(attempt)
 		w.log.Info("The app did not take a message; retrying after a backoff (the delivery stays unacked)", "what", what,
 			"attempt", attempt, "retryIn", d.String(), "error", err.Error())
@@ -801,9 +868,12 @@ func (w *stream) onTick() {
 	if w.lastDctx != nil && w.lastDctx.Err() != nil && w.tracker.Buffered() > 0 {
 		w.dropStale()
 	}
+	// An event released to the queue comes back: a gap where it belongs is
+	// waited for, and so is a terminal message anchored after it.
+	top, awaiting := w.awaitReleased(0)
 	if w.tracker.Buffered() > 0 {
 		switch {
-		case w.gapSince.IsZero():
+		case w.gapSince.IsZero() || awaiting:
 			w.gapSince = now
 		case now.Sub(w.gapSince) >= w.s.o.GapTimeout:
 			w.note(w.tracker.Skip())
@@ -814,6 +884,9 @@ func (w *stream) onTick() {
 	w.reportAcked(false)
 	if len(w.barriers) > 0 {
 		b := w.barriers[0]
+		if top > w.tracker.LastProcessed() {
+			b.since = now
+		}
 		if w.tracker.LastProcessed() < b.anchor && len(w.ready) == 0 && w.tracker.Buffered() == 0 &&
 			now.Sub(b.since) >= 2*w.s.o.GapTimeout {
 			w.log.Info("WARNING: events before a terminal message never arrived; delivering it", "type", b.kind,
@@ -822,6 +895,7 @@ func (w *stream) onTick() {
 		}
 	}
 	w.pump()
+	w.mirror()
 }
 
 func (w *stream) idle() bool {

@@ -39,6 +39,10 @@ type Metrics struct {
 	// AppDeliveries counts events handed to the local app/harness over HTTP,
 	// by result (ok, error).
 	AppDeliveries *prometheus.CounterVec
+	// Released counts deliveries a caller sidecar returned to the queue
+	// because their session's app was failing and the session already
+	// held its share of the prefetch window (per-session isolation).
+	Released prometheus.Counter
 	// Latency observes the time from an event's envelope timestamp to its
 	// delivery to the app (caller mode), in seconds.
 	Latency prometheus.Histogram
@@ -66,9 +70,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		Reconnects:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries, by connection."}, []string{ConnectionLabel}),
 		Connected:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up, by connection."}, []string{ConnectionLabel}),
 		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{resultLabel}),
+		Released:      prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_released_total", Help: "Deliveries returned to the queue because their session's app was failing (caller)."}),
 		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
-		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.Latency)
+		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.Released, m.Latency)
 	return m
 }
