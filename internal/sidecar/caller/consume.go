@@ -211,7 +211,7 @@ func (s *Sidecar) dispatch(it *item) {
 // would have it delivered again at once, in a loop.
 const releaseDelay = time.Second
 
-// holdCap is how many unsettled deliveries a session whose app is failing
+// holdCap is how many unsettled deliveries a session that cannot deliver
 // may hold: half the prefetch window, so that the other half keeps the
 // other sessions moving.
 func (s *Sidecar) holdCap() int { return max(1, s.cfg.Prefetch/2) }
@@ -220,15 +220,14 @@ func (s *Sidecar) holdCap() int { return max(1, s.cfg.Prefetch/2) }
 // is failing, or it waits for a gap to fill) and already holds its share
 // of the prefetch window to the queue (after releaseDelay) instead of
 // handing it to its worker; the event that fills the gap is never
-// released. Without this, such a session would fill the window: the
-// others would stall, and the missing event, queued behind, could never
-// arrive. The session keeps
-// the head of its stream held in place, so nothing it delivers later is
-// out of order: the released events come back and are ordered by their
-// sequence like any other. The worker remembers their sequences, so that
-// it waits for them rather than skip them as a gap, and so that a terminal
-// message is anchored after them. Unsequenced messages are never released
-// (a session has at most a few).
+// released. Without this, such a session would fill the window: the others
+// would stall, and the missing event, queued behind, could never arrive.
+// The session keeps the head of its stream held in place, so nothing it
+// delivers later is out of order: the released events come back and are
+// ordered by their sequence like any other. The worker remembers their
+// sequences, so that it waits for them rather than skip them as a gap, and
+// so that a terminal message is anchored after them. Unsequenced messages
+// are never released (a session has at most a few).
 func (s *Sidecar) release(w *stream, it *item) {
 	w.noteReleased(it.seq(), s.clk.Now())
 	if w.releasing.CompareAndSwap(false, true) {
@@ -237,6 +236,15 @@ func (s *Sidecar) release(w *stream, it *item) {
 	}
 	s.m.Released.Inc()
 	s.clk.AfterFunc(releaseDelay, func() { s.settle(it, false) })
+}
+
+// forget marks a delivery whose channel is gone as settled without
+// settling it (the broker redelivers it), so that it no longer counts as
+// held.
+func (s *Sidecar) forget(it *item) {
+	if it.settled.CompareAndSwap(false, true) && it.holder != nil {
+		it.holder.Add(-1)
+	}
 }
 
 // settle acks (ack=true) or nacks with requeue, once. Errors are logged: a

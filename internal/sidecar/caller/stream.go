@@ -274,7 +274,9 @@ func (w *stream) dropStale() {
 			// did, leaving it unsettled would stall the window.
 			w.s.settle(e.Item, false)
 			live++
+			continue
 		}
+		w.s.forget(e.Item)
 	}
 	if len(dropped) > 0 {
 		w.log.V(1).Info("Dropped buffered events of a closed channel; the broker redelivers them", "count", len(dropped), "live", live)
@@ -385,6 +387,9 @@ func (w *stream) awaitReleased(seen int64) (top int64, nextReleased bool) {
 func (w *stream) mirror() {
 	w.next.Store(w.tracker.NextExpected())
 	w.gapped.Store(w.tracker.Buffered() > 0)
+	if !w.gapped.Load() && !w.stalled.Load() {
+		w.releasing.Store(false) // the next release is logged again
+	}
 }
 
 func (w *stream) offer(it *item) {
