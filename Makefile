@@ -111,10 +111,11 @@ chaos: ## Run the end-to-end suite with every chaos fault (sidecar, app and pod 
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
-	@for t in $$(go test -list '^Fuzz' ./pkg/... ./internal/sidecar/... | grep -E '^(Fuzz|ok)' | awk '/^Fuzz/{f=f" "$$1} /^ok/{print $$2":"f; f=""}'); do \
-		pkg=$${t%%:*}; for fz in $${t#*:}; do \
-			echo "== $$pkg $$fz"; go test $$pkg -run='^$$' -fuzz="^$$fz$$" -fuzztime=$${FUZZTIME:-60s}; \
-		done; done
+	@go test -list '^Fuzz' ./pkg/... ./internal/sidecar/... | \
+		awk '/^Fuzz/{f[n++]=$$1} /^ok/{for (i = 0; i < n; i++) print $$2, f[i]; n = 0}' | \
+		while read -r pkg fz; do \
+			echo "== $$pkg $$fz"; go test $$pkg -run='^$$' -fuzz="^$$fz$$" -fuzztime=$${FUZZTIME:-60s} || exit 1; \
+		done
 
 ##@ Build
 
