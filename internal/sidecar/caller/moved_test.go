@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
@@ -85,8 +86,11 @@ func (a *apiBed) hcpSession(calleeID, callerID, taskID string) *v1alpha1.HCPSess
 	if err := a.env.Client.Create(context.Background(), hs); err != nil {
 		a.t.Fatal(err)
 	}
+	// A merge patch, not an update: the sidecar may already be writing
+	// callerAckedSequence (its streams run), and an update would conflict.
+	orig := hs.DeepCopy()
 	hs.Status.State = v1alpha1.SessionRunning
-	if err := a.env.Client.Status().Update(context.Background(), hs); err != nil {
+	if err := a.env.Client.Status().Patch(context.Background(), hs, client.MergeFrom(orig)); err != nil {
 		a.t.Fatal(err)
 	}
 	return hs
