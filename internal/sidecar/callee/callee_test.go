@@ -878,7 +878,9 @@ func TestHarnessAPI(t *testing.T) {
 		t.Fatalf("status = %+v", hs.Status)
 	}
 	// Sequence 10 was used by the unroutable event: the caller sees a gap,
-	// which L2 anticipates, never a reused number.
+	// which L2 anticipates, never a reused number. (The status may be
+	// written before the last events reach the test's consumer.)
+	b.waitMessage(sid, 10*time.Second, "session_closed", isEvent(session.EventSessionClosed))
 	evs := b.events(sid)
 	seqs := make([]int64, 0, len(evs))
 	for _, e := range evs {
