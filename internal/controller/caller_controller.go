@@ -153,12 +153,12 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		prefetch = *p // the sidecar override wins
 	}
 	h, res, err := r.core.deployHarness(ctx, v, false, resource.HarnessParams{
-		Subject:     v.sub,
-		Harness:     *caller.Spec.Harness,
-		Sidecar:     caller.Spec.Sidecar,
-		Vhost:       b.Vhost,
-		Image:       r.Options.SidecarImage,
-		Prefetch:    prefetch,
+		Subject:  v.sub,
+		Harness:  *caller.Spec.Harness,
+		Sidecar:  caller.Spec.Sidecar,
+		Vhost:    b.Vhost,
+		Image:    r.Options.SidecarImage,
+		Prefetch: prefetch,
 		// The credentials Secret is read as a file, followed on rotation.
 	})
 	if err != nil {

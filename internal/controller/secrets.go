@@ -61,7 +61,6 @@ func (c *core) ensureCredentials(ctx context.Context, v view, b resource.Broker)
 func (c *core) ensureTokenKey(ctx context.Context, v view) (*corev1.Secret, error) {
 	name := v.sub.TokenSecretName()
 	existing := &corev1.Secret{}
-	var have resource.TokenKeys
 	switch err := c.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); {
 	case err == nil:
 	case !apierrors.IsNotFound(err):
@@ -73,13 +72,11 @@ func (c *core) ensureTokenKey(ctx context.Context, v view) (*corev1.Secret, erro
 			return nil, err
 		}
 	}
-	if existing.Data != nil {
-		have = resource.TokenKeys{
-			PrivatePEM: existing.Data[resource.TokenPrivateKeyKey],
-			PublicPEM:  existing.Data[resource.TokenPublicKeyKey],
-			VerifyPEM:  existing.Data[resource.TokenVerifyKeysKey],
-			Rotation:   existing.Annotations[hcpv1alpha1.AnnotationTokenKeyRotation],
-		}
+	have := resource.TokenKeys{ // all empty when there is no Secret yet
+		PrivatePEM: existing.Data[resource.TokenPrivateKeyKey],
+		PublicPEM:  existing.Data[resource.TokenPublicKeyKey],
+		VerifyPEM:  existing.Data[resource.TokenVerifyKeysKey],
+		Rotation:   existing.Annotations[hcpv1alpha1.AnnotationTokenKeyRotation],
 	}
 	keys, err := resource.NextTokenKeys(have, v.obj.GetAnnotations()[hcpv1alpha1.AnnotationRotateTokenKey], func() (ed25519.PrivateKey, error) {
 		_, sk, err := token.GenerateKey()

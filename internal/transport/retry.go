@@ -45,9 +45,10 @@ func (r Retry) Confirm(ctx context.Context, p Publisher, exchange, key string, m
 	if after == nil {
 		after = time.After
 	}
-	conf, err := first, error(nil)
+	conf := first
 	backoff := minB
 	for attempt := 0; ; attempt++ {
+		var err error
 		if conf == nil {
 			conf, err = p.PublishAsync(ctx, exchange, key, msg)
 		}

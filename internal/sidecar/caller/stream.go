@@ -371,6 +371,9 @@ func (w *stream) noteReleased(seq int64, at time.Time) {
 func (w *stream) awaitReleased(seen int64) (top int64, nextReleased bool) {
 	w.relMu.Lock()
 	defer w.relMu.Unlock()
+	if len(w.released) == 0 {
+		return 0, false // the usual case, on every event: no more work
+	}
 	now, done, next := w.s.clk.Now(), w.tracker.LastProcessed(), w.tracker.NextExpected()
 	for seq, at := range w.released {
 		if seq == seen || seq <= done || now.Sub(at) > releaseHorizon {

@@ -13,7 +13,6 @@ func env(kv ...string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
-
 func common(mode string, extra ...string) func(string) (string, bool) {
 	return env(append([]string{EnvMode, mode, EnvID, "lab", EnvNamespace, "ns", EnvUsername, "u", EnvHarnessURL, "http://127.0.0.1:1"}, extra...)...)
 }

@@ -149,7 +149,9 @@ func (b *Broker) SetUser(tb testing.TB, vhost, name, password string) {
 	if err := b.api(ctx, http.MethodPut, "/api/permissions/"+url.PathEscape(vhost)+"/"+url.PathEscape(name), perm, nil); err != nil {
 		tb.Fatalf("permissions of %s on %s: %v", name, vhost, err)
 	}
-	tb.Cleanup(func() { _ = b.api(context.Background(), http.MethodDelete, "/api/users/"+url.PathEscape(name), nil, nil) })
+	tb.Cleanup(func() {
+		_ = b.api(context.Background(), http.MethodDelete, "/api/users/"+url.PathEscape(name), nil, nil)
+	})
 }
 
 // UserURL is URL for another user.
