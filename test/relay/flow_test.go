@@ -120,10 +120,19 @@ func TestRelayFullFlow(t *testing.T) {
 			t.Errorf("session %s: callee %q task %q, want %q and %q", v.SessionID, s.CalleeID, s.TaskMessageID, calleeID, v.MessageID)
 		}
 
-		hs, err := b.hcpSession(ctx, v.SessionID)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The status writer is asynchronous (coalesced): the app can have the
+		// last event before the terminal status lands.
+		var hs *v1alpha1.HCPSession
+		testbed.Eventually(t, 10*time.Second, "HCPSession "+v.SessionID+" COMPLETED", func(ctx context.Context) error {
+			var err error
+			if hs, err = b.hcpSession(ctx, v.SessionID); err != nil {
+				return err
+			}
+			if hs.Status.State != v1alpha1.SessionCompleted {
+				return fmt.Errorf("state %s", hs.Status.State)
+			}
+			return nil
+		})
 		st := hs.Status
 		if st.State != v1alpha1.SessionCompleted || st.LastSequence != s.LastSequence || st.EventCount != int64(s.Events) {
 			t.Errorf("HCPSession %s: state %s lastSequence %d eventCount %d; the app received %d events, last sequence %d",
