@@ -38,6 +38,16 @@ type Message struct {
 	Data          json.RawMessage `json:"data,omitempty"`
 	Payload       json.RawMessage `json:"payload"`
 	Redelivered   bool            `json:"redelivered"`
+	// Lost names the sequences right before this event that the sidecar
+	// gave up on (they will never come), and why.
+	Lost *Lost `json:"lost,omitempty"`
+}
+
+// Lost is a range of sequences the sidecar announced as lost.
+type Lost struct {
+	From   int64  `json:"from"`
+	To     int64  `json:"to"`
+	Reason string `json:"reason"`
 }
 
 // Received is one recorded message.
@@ -50,6 +60,8 @@ type Received struct {
 	At          time.Time `json:"at"`
 	// Data is an event's data (progress, state_changed, ...).
 	Data json.RawMessage `json:"data,omitempty"`
+	// Lost is the announced gap before this event.
+	Lost *Lost `json:"lost,omitempty"`
 }
 
 // SessionLog is what the app saw of one session.
@@ -75,6 +87,8 @@ type SessionLog struct {
 	// (session_id, sequence) or message_id and does not process them again,
 	// as the API asks of apps whose processing is not idempotent.
 	Deduplicated int `json:"deduplicated"`
+	// Lost are the gaps the sidecar announced (events it gave up on).
+	Lost []Lost `json:"lost,omitempty"`
 	// Problems are violations of the stream guarantees, in words.
 	Problems []string   `json:"problems,omitempty"`
 	Messages []Received `json:"messages"`
@@ -213,7 +227,7 @@ func (r *Recorder) Record(m Message) {
 		return
 	}
 	r.seen[m.MessageID] = true
-	s.Messages = append(s.Messages, Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: time.Now(), Data: m.Data})
+	s.Messages = append(s.Messages, Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: time.Now(), Data: m.Data, Lost: m.Lost})
 	switch m.Type {
 	case "task_accepted", "task_rejected":
 		if s.Answer != "" {
@@ -225,8 +239,16 @@ func (r *Recorder) Record(m Message) {
 		s.Answer = m.Type
 	case "event":
 		r.seen[dupKey] = true
-		if m.Sequence != s.LastSequence+1 {
-			problem("event sequence %d after %d (want %d)", m.Sequence, s.LastSequence, s.LastSequence+1)
+		want := s.LastSequence + 1
+		if l := m.Lost; l != nil {
+			if l.From != want || l.To != m.Sequence-1 {
+				problem("event %d announces lost %d-%d, but the gap is %d-%d", m.Sequence, l.From, l.To, want, m.Sequence-1)
+			}
+			s.Lost = append(s.Lost, *l)
+			want = m.Sequence
+		}
+		if m.Sequence != want {
+			problem("event sequence %d after %d (want %d)", m.Sequence, s.LastSequence, want)
 		}
 		if s.Terminal != "" && m.EventType != "session_closed" {
 			problem("event %d (%s) after %s", m.Sequence, m.EventType, s.Terminal)
@@ -261,6 +283,7 @@ func (r *Recorder) Snapshot() Snapshot {
 		c := *s
 		c.Problems = append([]string(nil), s.Problems...)
 		c.Messages = append([]Received(nil), s.Messages...)
+		c.Lost = append([]Lost(nil), s.Lost...)
 		out.Sessions[id] = &c
 	}
 	return out

@@ -100,6 +100,9 @@ type bedOptions struct {
 	Rules []v1alpha1.PolicyRule
 	// Quiet logs errors only (benchmarks).
 	Quiet bool
+	// GapTimeout is the caller sidecar's caller.Options.GapTimeout (0: its
+	// default).
+	GapTimeout time.Duration
 }
 
 // bed is one callee pod (harness + callee sidecar) and one caller pod
@@ -403,6 +406,7 @@ func (b *bed) startCaller(o bedOptions) {
 	}
 	sc, err := caller.New(caller.Options{
 		Config: cfg, Client: kc, Publisher: pub, Consumer: conn, Status: sw, Metrics: b.CallerMetrics, Log: log,
+		GapTimeout: o.GapTimeout,
 	})
 	must(tb, err)
 	b.CallerSC = sc

@@ -364,12 +364,16 @@ type relayRun struct {
 }
 
 func newRelayRun(tb testing.TB, mode emitMode, sessions int) *relayRun {
+	return newRelayRunWith(tb, mode, sessions, bedOptions{Quiet: true})
+}
+
+// newRelayRunWith is newRelayRun on a bed with options o (Harness and App
+// are the run's).
+func newRelayRunWith(tb testing.TB, mode emitMode, sessions int, o bedOptions) *relayRun {
 	r := &relayRun{tb: tb, app: newBenchApp(), h: newBenchHarness(), mode: mode, n: sessions}
-	r.bed = newBed(tb, bedOptions{
-		Harness: func(string, logr.Logger) http.Handler { return r.h },
-		App:     r.app,
-		Quiet:   true,
-	})
+	o.Harness = func(string, logr.Logger) http.Handler { return r.h }
+	o.App = r.app
+	r.bed = newBed(tb, o)
 	r.hc = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
 	return r
 }

@@ -84,6 +84,12 @@ func (s *Sidecar) readopt(ctx context.Context) {
 		s.register(ss)
 		_ = ss.acquire(ctx)
 		for _, m := range ws.Pending {
+			if m.Seq > 0 { // every event before the first unconfirmed one was confirmed
+				ss.confirmed.Store(m.Seq - 1)
+				break
+			}
+		}
+		for _, m := range ws.Pending {
 			if _, err := ss.republishLocked(m); err != nil {
 				log.Error(err, "Failed to republish a message of a re-adopted session", "sequence", m.Seq)
 			}
@@ -311,6 +317,11 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 		confirmDone:    make(chan struct{}),
 	}
 	ss.seq = session.ResumeSequencer(last, ceiling, DefaultSequenceBlock, ss.reserver(ceiling))
+	// Up to last, every event is in the queue or, published by a replica
+	// that is gone without confirming it, lost for good: no caller should
+	// wait for it. (A re-adopted session lowers this to its first
+	// unconfirmed event, which it republishes.)
+	ss.confirmed.Store(last)
 	ss.gauge(m.State(), 1)
 	return ss
 }

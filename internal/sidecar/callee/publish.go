@@ -40,6 +40,9 @@ func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub a
 // enqueueLocked publishes a message already in the log and queues it for
 // its confirm. Called with lock.
 func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.MessageType, rk string, pub amqp.Publishing, seq int64) (*pending, error) {
+	if seq > 0 {
+		envelope.SetConfirmedThrough(&pub, ss.confirmed.Load())
+	}
 	conf, err := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, rk, pub)
 	if err != nil {
 		// Logged: a restart republishes it; in this process the confirm
@@ -150,7 +153,11 @@ func (ss *sess) confirmLoop() {
 		if p.err != nil {
 			failed = true
 			ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
-		} else if !failed && (len(ss.confirmQ) == 0 || p.index%64 == 0) {
+		} else if !failed && p.seq > ss.confirmed.Load() {
+			// In order: everything queued before p was confirmed too.
+			ss.confirmed.Store(p.seq)
+		}
+		if !failed && (len(ss.confirmQ) == 0 || p.index%64 == 0) {
 			if err := ss.sc.wal.Confirm(ss.id, p.index); err != nil {
 				ss.log.Error(err, "Failed to record a confirm in the write-ahead log")
 			}

@@ -90,6 +90,12 @@ type sess struct {
 	timeout        clock.Timer
 	abortTimer     clock.Timer
 	confirmQ       chan *pending
+	// confirmed is the highest sequence up to which every event of the
+	// session has been confirmed by the broker (or, after a takeover, is
+	// beyond recovery); each event carries it (envelope.HeaderConfirmedThrough)
+	// so that the caller can tell a gap that will fill from one that never
+	// will. Advanced by the confirm loop.
+	confirmed atomic.Int64
 	// index numbers the session's published messages (write-ahead log).
 	index int64
 	// task is the harness task (JSON) the session was started with; a

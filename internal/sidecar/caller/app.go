@@ -38,7 +38,35 @@ type AppMessage struct {
 	// between the app's 2xx and recording it; deduplicate on (session_id,
 	// sequence) or message_id when processing twice would hurt.
 	Redelivered bool `json:"redelivered"`
+	// Lost, on the first event after sequences the sidecar gave up on,
+	// names them: they will never be delivered (see docs/harness-api.md,
+	// "Gaps").
+	Lost *Lost `json:"lost,omitempty"`
 }
+
+// Lost is a range of a session's sequences that the sidecar gave up on,
+// and why: LostNotInQueue, LostGapTimeout or LostBufferOverflow.
+type Lost struct {
+	From   int64  `json:"from"`
+	To     int64  `json:"to"`
+	Reason string `json:"reason"`
+}
+
+// Reasons of Lost.
+const (
+	// LostNotInQueue: the callee's sidecar had the broker's confirm for
+	// them before it published an event that has arrived since
+	// (envelope.HeaderConfirmedThrough), so the queue no longer holds them
+	// (message TTL, overflow, delivery limit, or a callee replica lost
+	// before its confirm), or a previous pod of this caller delivered them.
+	LostNotInQueue = "not_in_queue"
+	// LostGapTimeout: a sender that does not mark its events left the gap
+	// open for GapTimeout (L2: log a warning and continue).
+	LostGapTimeout = "gap_timeout"
+	// LostBufferOverflow: more events waited behind the gap than the
+	// reorder buffer holds.
+	LostBufferOverflow = "buffer_overflow"
+)
 
 // Headers set on every POST to the app, besides Content-Type.
 const (

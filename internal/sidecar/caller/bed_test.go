@@ -436,9 +436,19 @@ func (c *callee) publishRaw(rk string, msg amqp.Publishing) {
 // caller.
 func (c *callee) publish(env *envelope.Envelope) {
 	c.b.t.Helper()
+	c.publishMarked(env, -1)
+}
+
+// publishMarked is publish with envelope.HeaderConfirmedThrough set to
+// mark, as the callee sidecar sets it (no header for a negative mark).
+func (c *callee) publishMarked(env *envelope.Envelope, mark int64) {
+	c.b.t.Helper()
 	pub, err := envelope.EncodePublishing(env, c.u.name)
 	if err != nil {
 		c.b.t.Fatal(err)
+	}
+	if mark >= 0 {
+		envelope.SetConfirmedThrough(&pub, mark)
 	}
 	c.publishRaw(topology.EventRoutingKey(c.b.callerID, env.Session(), env.Type), pub)
 }

@@ -23,8 +23,8 @@
 // the sender is the session's callee (from the task it submitted, the
 // task_accepted, or the HCPSession), runs events through a session.Tracker
 // (dedup of sequence <= last_processed_sequence, reorder buffer, gap
-// detection, gap skipped after GapTimeout), and delivers one message at a
-// time.
+// detection), gives a gap up only when it is known to be gone (see "Gaps"
+// below), and delivers one message at a time.
 //
 // Per session, delivery to the app is strictly one message at a time, in
 // sequence order; persisting and acking are pipelined behind it. On the
@@ -68,6 +68,22 @@
 // shows a session whose app always fails next to a healthy one: the healthy
 // one completes, and once the app recovers the other completes too, in
 // order, nothing twice.
+//
+// # Gaps
+//
+// The callee sidecar marks every event with envelope.HeaderConfirmedThrough:
+// the sequence up to which the broker had confirmed the session's events
+// when this one was published. Those were in the queue ahead of it; a
+// missing one among them that this sidecar did not release itself is gone
+// from the queue (TTL, overflow, a delivery limit, a lost callee pod, or a
+// previous pod of this caller delivered it), and is given up at once
+// (stream.resolveGap). Every other gap is an unconfirmed publish that the
+// callee republishes until it is confirmed, so it is waited for whatever
+// the time; GapTimeout only logs a warning then. Senders that do not mark
+// their events get L2's "log a warning and continue" after GapTimeout. The
+// next event delivered carries the range given up (AppMessage.Lost).
+// While a session waits, the events that fill its gap are never released
+// (stream.fillsGap), and releases are immediate (releaseDelay).
 //
 // Messages without an L2 sequence take their place in the session's stream
 // from their position in the queue: task_accepted and task_rejected before
@@ -161,7 +177,7 @@
 // callee's namespace, which a caller in another namespace, or outside the
 // cluster, cannot read or write: for those sessions the guarantee falls
 // back to the local store alone (exact across a container restart; a new
-// pod starts them from scratch: the first event waits out the GapTimeout and
+// pod starts them from scratch: the first event is delivered with Lost and
 // copies of events the previous pod delivered that are still queued are
 // delivered again). A session whose HCPSession is not found yet (a cached
 // client may not have seen it) keeps its sequence and retries on its next
@@ -170,9 +186,9 @@
 //
 // What a pod move does not cover: a pod lost without a graceful stop leaves
 // the HCPSession up to StatusInterval behind (the events acked after it are
-// gone from the queue, so the new pod sees the next one after a gap: held
-// for GapTimeout, then delivered and counted gap_skipped though nothing is
-// missing; copies republished by the callee in that window can be delivered
+// gone from the queue, so the new pod sees the next one after a gap, which
+// its mark shows is not in the queue: delivered at once with Lost and
+// counted gap_skipped though the app has them; copies republished by the callee in that window can be delivered
 // again); messages without a sequence are deduplicated by local records
 // only (at least once across a move: the app deduplicates on message_id);
 // the session token (for abort) is in the local store only.

@@ -193,6 +193,9 @@ type Sidecar struct {
 	stopConsume context.CancelFunc
 	streams     map[string]*stream
 	workers     sync.WaitGroup
+	// movedAt is when a delivery last went to a session that can deliver
+	// (unix nanos; see releaseDelay).
+	movedAt atomic.Int64
 	// answered holds task message ids whose answer has arrived (even if not
 	// yet delivered to the app), so they are not republished.
 	answered map[string]bool

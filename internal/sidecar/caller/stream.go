@@ -75,6 +75,15 @@ type stream struct {
 	capability    string
 	taskLooked    bool
 	gapSince      time.Time
+	// mark is the highest envelope.HeaderConfirmedThrough of the session's
+	// events (marked: one carried it): the sequences up to it were in the
+	// queue ahead of the events that arrived since. lost is the range given
+	// up on, announced with the next event delivered (AppMessage.Lost).
+	mark   int64
+	marked bool
+	lost   *Lost
+	// gapWarned says the current gap's long wait was logged.
+	gapWarned bool
 	// awaitAccepted: this sidecar submitted the session's task and has not
 	// seen its answer yet, so events wait (up to GapTimeout from
 	// awaitSince) for task_accepted to be delivered first. The callee
@@ -105,9 +114,13 @@ type stream struct {
 	releasing atomic.Bool
 	// next and gapped mirror the tracker for the dispatcher: the lowest
 	// sequence not handed out yet, and whether later ones are buffered
-	// behind a gap.
+	// behind a gap. The mirror lags the worker: the dispatcher may see an
+	// event that fills the gap right after the one that was next.
 	next   atomic.Int64
 	gapped atomic.Bool
+	// gapEnd is the lowest buffered sequence: the events below it (and
+	// from next on) fill the gap and are never released.
+	gapEnd atomic.Int64
 	// released are the sequences of the events released to the queue and
 	// not seen again, with when (written by the dispatcher, read by the
 	// worker).
@@ -356,6 +369,20 @@ func (w *stream) expectedCallee(it *item) (callee, source string) {
 // that, a gap it leaves is handled like any other.
 const releaseHorizon = 2 * time.Minute
 
+// lowestReleased returns the lowest sequence from from on that was
+// released to the queue and is still expected back.
+func (w *stream) lowestReleased(from int64) (int64, bool) {
+	w.relMu.Lock()
+	defer w.relMu.Unlock()
+	var lo int64
+	for seq := range w.released {
+		if seq >= from && (lo == 0 || seq < lo) {
+			lo = seq
+		}
+	}
+	return lo, lo != 0
+}
+
 func (w *stream) noteReleased(seq int64, at time.Time) {
 	w.relMu.Lock()
 	defer w.relMu.Unlock()
@@ -389,7 +416,9 @@ func (w *stream) awaitReleased(seen int64) (top int64, nextReleased bool) {
 // mirror publishes the tracker's position to the dispatcher.
 func (w *stream) mirror() {
 	w.next.Store(w.tracker.NextExpected())
-	w.gapped.Store(w.tracker.Buffered() > 0)
+	lo, gapped := w.tracker.LowestBuffered()
+	w.gapEnd.Store(lo)
+	w.gapped.Store(gapped)
 	if !w.gapped.Load() && !w.stalled.Load() {
 		w.releasing.Store(false) // the next release is logged again
 	}
@@ -399,6 +428,9 @@ func (w *stream) offer(it *item) {
 	seq := it.seq()
 	w.awaitReleased(seq)
 	w.maxSeen = max(w.maxSeen, seq)
+	if it.marked {
+		w.marked, w.mark = true, max(w.mark, it.mark)
+	}
 	out := w.tracker.Offer(seq, it)
 	switch out.Verdict {
 	case session.Deliver:
@@ -420,7 +452,27 @@ func (w *stream) offer(it *item) {
 		w.s.m.Rejects.WithLabelValues(ReasonMalformed).Inc()
 		w.s.settle(it, true)
 	}
-	w.note(out)
+	w.note(out, LostBufferOverflow)
+	w.resolveGap()
+}
+
+// resolveGap gives up on the missing events that the session's mark shows
+// are no longer in the queue (see envelope.HeaderConfirmedThrough): every
+// event up to the mark was queued before the events that arrived since,
+// and this sidecar has not returned it to the queue itself. The rest of a
+// gap is waited for: its events were not confirmed yet when the later ones
+// were published, and the callee republishes them until they are.
+func (w *stream) resolveGap() {
+	if !w.marked || w.tracker.Buffered() == 0 {
+		return
+	}
+	to := w.mark
+	if r, ok := w.lowestReleased(w.tracker.NextExpected()); ok {
+		to = min(to, r-1)
+	}
+	if out := w.tracker.SkipThrough(to); out.Skipped != nil {
+		w.note(out, LostNotInQueue)
+	}
 }
 
 // swapInFlight handles a second copy of an event handed out but not yet
@@ -438,8 +490,9 @@ func (w *stream) swapInFlight(seq int64, it *item) {
 	w.s.settle(it, true)
 }
 
-// note logs gaps and queues what the tracker released.
-func (w *stream) note(out session.Outcome[*item]) {
+// note logs gaps and queues what the tracker released; a gap skipped is
+// announced to the app, with reason, on the next event delivered.
+func (w *stream) note(out session.Outcome[*item], reason string) {
 	if out.Gap != nil {
 		if _, released := w.awaitReleased(0); released {
 			// This sidecar returned the missing events to the queue itself.
@@ -451,8 +504,13 @@ func (w *stream) note(out session.Outcome[*item]) {
 	}
 	if out.Skipped != nil {
 		w.s.m.Rejects.WithLabelValues(ReasonGapSkipped).Add(float64(out.Skipped.Len()))
-		w.log.Info("WARNING: skipped a gap in the event stream; those events are treated as lost", "skipped", out.Skipped.String())
-		w.gapSince = time.Time{}
+		w.log.Info("WARNING: skipped a gap in the event stream; those events are treated as lost and the app is told with the next event",
+			"skipped", out.Skipped.String(), "reason", reason, "confirmedThrough", w.mark)
+		if w.lost == nil {
+			w.lost = &Lost{From: out.Skipped.From, Reason: reason}
+		}
+		w.lost.To = out.Skipped.To
+		w.gapSince, w.gapWarned = time.Time{}, false
 		if w.tracker.Buffered() > 0 {
 			w.gapSince = w.s.clk.Now()
 		}
@@ -652,10 +710,17 @@ func (w *stream) deliverRetrying(what string, msg func() AppMessage) bool {
 func (w *stream) deliverEvent() bool {
 	seq := w.ready[0].Seq
 	ok := w.deliverRetrying("event", func() AppMessage {
-		return w.s.appMessage(w.ready[0].Item, w.callee, w.taskMessageID)
+		m := w.s.appMessage(w.ready[0].Item, w.callee, w.taskMessageID)
+		if w.lost != nil && w.lost.To < seq {
+			m.Lost = w.lost
+		}
+		return m
 	})
 	if !ok {
 		return false
+	}
+	if w.lost != nil && w.lost.To < seq {
+		w.lost = nil
 	}
 	it := w.ready[0].Item
 	w.ready = w.ready[1:]
@@ -883,8 +948,17 @@ func (w *stream) onTick() {
 		switch {
 		case w.gapSince.IsZero() || awaiting:
 			w.gapSince = now
+		case w.marked:
+			// The callee's marks say when events are gone (resolveGap);
+			// until then they are on their way: wait, whatever the time.
+			w.resolveGap()
+			if !w.gapWarned && now.Sub(w.gapSince) >= w.s.o.GapTimeout {
+				w.gapWarned = true
+				w.log.Info("WARNING: a gap in the event stream is still open; waiting for the callee to republish the missing events",
+					"next", w.tracker.NextExpected(), "confirmedThrough", w.mark, "open", now.Sub(w.gapSince).String())
+			}
 		case now.Sub(w.gapSince) >= w.s.o.GapTimeout:
-			w.note(w.tracker.Skip())
+			w.note(w.tracker.Skip(), LostGapTimeout)
 		}
 	} else {
 		w.gapSince = time.Time{}

@@ -118,3 +118,50 @@ func checkContentType(ct string) error {
 // validates user_id only when present, so callers that act on identity
 // (the L3 gate) must treat "" as unauthenticated and refuse.
 func Identity(d amqp.Delivery) string { return d.UserId }
+
+// HeaderConfirmedThrough is the AMQP header an HCP callee sidecar sets on
+// every event it publishes: the session's highest sequence S such that the
+// broker had confirmed every event of the session up to S when this event
+// was published. It is an extension of L1 (a header, outside the envelope)
+// that lets a caller tell a gap that will fill from one that never will:
+// the events up to S were in the queue before this one, so a caller that
+// receives this event without having received them (and without having
+// returned them to the queue itself) knows the broker no longer holds them
+// (message TTL, overflow, delivery limit). Senders without it are handled
+// as L2 says: wait for a while, then log and continue.
+const HeaderConfirmedThrough = "hcp-confirmed-through"
+
+// SetConfirmedThrough sets HeaderConfirmedThrough on p to seq, copying the
+// header table (p may share it with an earlier publishing).
+func SetConfirmedThrough(p *amqp.Publishing, seq int64) {
+	h := make(amqp.Table, len(p.Headers)+1)
+	for k, v := range p.Headers {
+		h[k] = v
+	}
+	h[HeaderConfirmedThrough] = seq
+	p.Headers = h
+}
+
+// ConfirmedThrough reads HeaderConfirmedThrough from a delivery's headers;
+// ok is false when it is missing or not a non-negative integer.
+func ConfirmedThrough(h amqp.Table) (seq int64, ok bool) {
+	switch v := h[HeaderConfirmedThrough].(type) {
+	case int64:
+		seq = v
+	case int32:
+		seq = int64(v)
+	case int16:
+		seq = int64(v)
+	case int8:
+		seq = int64(v)
+	case uint8:
+		seq = int64(v)
+	case uint16:
+		seq = int64(v)
+	case uint32:
+		seq = int64(v)
+	default:
+		return 0, false
+	}
+	return seq, seq >= 0
+}

@@ -234,6 +234,35 @@ func (t *Tracker[T]) Skip() Outcome[T] {
 	return out
 }
 
+// SkipThrough gives up on the missing sequences from the next expected one
+// through to (capped below the lowest buffered event), handing out the
+// buffered events that this unblocks; use it when the missing events are
+// known to be gone (see envelope.HeaderConfirmedThrough). Without buffered
+// events, or with to below the next expected sequence, it does nothing.
+// Like Skip, it also gives up on a requeued event in that range.
+func (t *Tracker[T]) SkipThrough(to int64) Outcome[T] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out Outcome[T]
+	lo, ok := t.lowestBuffered()
+	if !ok || to < t.next {
+		return out
+	}
+	if to >= lo-1 {
+		t.skipGap(&out)
+	} else {
+		gap := Range{t.next, to}
+		t.remember(gap)
+		out.Skipped = &gap
+		t.next = to + 1
+		if t.requeued != 0 && t.requeued <= to {
+			t.requeued = 0
+		}
+	}
+	t.reportGap(&out)
+	return out
+}
+
 // Commit records that the application processed seq, which must be the
 // oldest in-flight sequence: last_processed_sequence advances to seq and is
 // saved to the Store. Committing an already committed sequence is a no-op.
@@ -326,6 +355,14 @@ func (t *Tracker[T]) Buffered() int {
 	return len(t.buf)
 }
 
+// LowestBuffered returns the lowest buffered sequence (ok false: none):
+// the sequences from NextExpected up to it are the gap.
+func (t *Tracker[T]) LowestBuffered() (seq int64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lowestBuffered()
+}
+
 // InFlight returns the number of events handed out and not yet committed.
 func (t *Tracker[T]) InFlight() int {
 	t.mu.Lock()
@@ -359,13 +396,18 @@ func (t *Tracker[T]) skipGap(out *Outcome[T]) {
 	lo, _ := t.lowestBuffered()
 	gap := Range{t.next, lo - 1}
 	out.Skipped = &gap
+	t.remember(gap)
+	item := t.buf[lo]
+	delete(t.buf, lo)
+	out.Ready = append(out.Ready, t.handOut(Entry[T]{lo, item})...)
+}
+
+// remember records a skipped gap, so that late copies are recognised.
+func (t *Tracker[T]) remember(gap Range) {
 	t.skipped = append(t.skipped, gap)
 	if len(t.skipped) > maxSkipped {
 		t.skipped = slices.Delete(t.skipped, 0, len(t.skipped)-maxSkipped)
 	}
-	item := t.buf[lo]
-	delete(t.buf, lo)
-	out.Ready = append(out.Ready, t.handOut(Entry[T]{lo, item})...)
 }
 
 // reportGap sets out.Gap when the gap before the buffered events is new.

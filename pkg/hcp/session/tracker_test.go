@@ -406,3 +406,33 @@ func TestVerdictString(t *testing.T) {
 		t.Error("single range string")
 	}
 }
+
+// TestTrackerSkipThrough: a gap is given up only as far as the events are
+// known to be gone; the rest is still waited for, and what fills it is
+// delivered in order.
+func TestTrackerSkipThrough(t *testing.T) {
+	tr := newTracker(t, TrackerOptions{})
+	if out := tr.SkipThrough(5); out.Skipped != nil || out.Ready != nil {
+		t.Fatalf("SkipThrough with nothing buffered = %+v", out)
+	}
+	offer(t, tr, 1, Deliver, 1)
+	offer(t, tr, 6, Buffered)
+	if out := tr.SkipThrough(1); out.Skipped != nil || out.Ready != nil {
+		t.Fatalf("SkipThrough below the gap = %+v", out)
+	}
+	out := tr.SkipThrough(3) // 2-3 are gone; 4-5 may still come
+	if out.Skipped == nil || *out.Skipped != (Range{2, 3}) || out.Ready != nil {
+		t.Fatalf("SkipThrough(3) = ready %v skipped %v", seqs(out.Ready), out.Skipped)
+	}
+	if out.Gap == nil || *out.Gap != (Range{4, 5}) || tr.NextExpected() != 4 {
+		t.Fatalf("gap after SkipThrough(3) = %v, next %d; want 4-5, 4", out.Gap, tr.NextExpected())
+	}
+	offer(t, tr, 3, Late)
+	offer(t, tr, 4, Deliver, 4)
+	out = tr.SkipThrough(100) // capped below the lowest buffered event
+	if got := seqs(out.Ready); !slices.Equal(got, []int64{6}) || *out.Skipped != (Range{5, 5}) {
+		t.Fatalf("SkipThrough(100) = ready %v skipped %v", got, out.Skipped)
+	}
+	commit(t, tr, 1, 4, 6)
+	offer(t, tr, 7, Deliver, 7)
+}

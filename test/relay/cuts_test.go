@@ -1,0 +1,78 @@
+package relay
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/hcp-io/hcp-operator/internal/benchutil"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
+)
+
+// TestRelayRandomConnectionCuts streams events through the relay while the
+// broker closes the callee sidecar's connections (publishes in flight lose
+// their confirms, and the callee republishes them, possibly behind later
+// events) and now and then the caller sidecar's (its unacked deliveries
+// come back). The caller's gap timeout is 50 ms, far below a reconnect: a
+// gap that fills only when the republished copy arrives must be waited
+// for, not skipped on time. The app must receive every event exactly once
+// and in order; nothing is counted as a skipped gap or a late event.
+func TestRelayRandomConnectionCuts(t *testing.T) {
+	const sessions, events, rate = 3, 6000, 1000.0
+	r := newRelayRunWith(t, modeAsync, sessions, bedOptions{Quiet: true, GapTimeout: 50 * time.Millisecond})
+	defer r.close()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	sids, err := r.startSessions(ctx)
+	must(t, err)
+
+	cutCtx, stopCuts := context.WithCancel(ctx)
+	var cuts, callerCuts int
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-cutCtx.Done():
+				return
+			case <-time.After(time.Duration(100+rand.IntN(300)) * time.Millisecond):
+			}
+			if err := r.bed.broker.CloseConnectionsOf(r.bed.callee.name); err == nil {
+				cuts++
+			}
+			if i%4 == 3 {
+				if err := r.bed.broker.CloseConnectionsOf(r.bed.caller.name); err == nil {
+					callerCuts++
+				}
+			}
+		}
+	})
+	rec := benchutil.NewRecorder(benchutil.NewRunID("cuts"), events)
+	r.app.setRecorder(rec)
+	err = r.emit(ctx, sids, events, rate, rec)
+	stopCuts()
+	wg.Wait()
+	must(t, err)
+	if err := waitRecorder(ctx, rec); err != nil {
+		t.Fatalf("not every event reached the app after %d callee and %d caller connection cuts: %v", cuts, callerCuts, err)
+	}
+	must(t, r.finish(ctx, sids))
+	t.Logf("%d events over %d sessions, %d callee and %d caller connection cuts", events, sessions, cuts, callerCuts)
+	if cuts < 3 {
+		t.Fatalf("only %d connection cuts happened; the test proves nothing", cuts)
+	}
+	if res := rec.Result(); res.Duplicates != 0 {
+		t.Errorf("the app received %d events twice", res.Duplicates)
+	}
+	for _, p := range r.app.problems() {
+		t.Errorf("out of order at the app: %s", p)
+	}
+	for _, reason := range []string{caller.ReasonGapSkipped, caller.ReasonLateEvent} {
+		if n := testutil.ToFloat64(r.bed.CallerMetrics.Rejects.WithLabelValues(reason)); n != 0 {
+			t.Errorf("hcp_sidecar_rejects_total{reason=%q} = %v, want 0: an event was given up on", reason, n)
+		}
+	}
+}
