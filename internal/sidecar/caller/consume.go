@@ -41,8 +41,8 @@ type item struct {
 	event     *session.EventPayload
 	eventData session.EventData
 	// mark is the event's envelope.HeaderConfirmedThrough, if marked.
-	mark   int64
-	marked bool
+	mark      int64
+	marked    bool
 	accepted  *task.TaskAccepted
 	rejected  *task.TaskRejected
 	completed *task.TaskCompleted
