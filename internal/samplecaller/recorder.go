@@ -17,10 +17,12 @@ package samplecaller
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -98,7 +100,9 @@ type SessionLog struct {
 
 // Snapshot is the body of GET /received.
 type Snapshot struct {
-	Total        int                    `json:"total"`
+	Total int `json:"total"`
+	// Requests counts the POSTs that carried them (fewer with batches).
+	Requests     int                    `json:"requests"`
 	Duplicates   int                    `json:"duplicates"`
 	Deduplicated int                    `json:"deduplicated"`
 	Problems     int                    `json:"problems"`
@@ -113,6 +117,7 @@ type Recorder struct {
 	sessions map[string]*SessionLog
 	seen     map[string]bool
 	total    int
+	requests int
 	dups     int
 	deduped  int
 	problems int
@@ -149,10 +154,12 @@ func (r *Recorder) SetDelay(d time.Duration) {
 // Changed is signalled (capacity one) after each recorded message.
 func (r *Recorder) Changed() <-chan struct{} { return r.notify }
 
-// Handler serves POST /hcp/v1/events and GET /received.
+// Handler serves POST /hcp/v1/events, POST /hcp/v1/events/batch (the
+// sidecar's batch delivery, HCP_APP_MAX_BATCH above 1) and GET /received.
 func (r *Recorder) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hcp/v1/events", r.handleEvent)
+	mux.HandleFunc("POST /hcp/v1/events/batch", r.handleEvent)
 	mux.HandleFunc("GET /received", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(r.Snapshot())
@@ -166,8 +173,24 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	var m Message
-	if err := json.Unmarshal(body, &m); err != nil || m.SessionID == "" || m.Type == "" {
+	var batch struct {
+		Messages []Message `json:"messages"`
+	}
+	if strings.HasSuffix(req.URL.Path, "/batch") {
+		err = json.Unmarshal(body, &batch)
+	} else {
+		batch.Messages = make([]Message, 1)
+		err = json.Unmarshal(body, &batch.Messages[0])
+	}
+	if err == nil && len(batch.Messages) == 0 {
+		err = errors.New("no messages")
+	}
+	for _, m := range batch.Messages {
+		if err == nil && (m.SessionID == "" || m.Type == "") {
+			err = errors.New("session_id and type are required")
+		}
+	}
+	if err != nil {
 		http.Error(w, fmt.Sprintf("not an HCP message: %v", err), http.StatusBadRequest)
 		return
 	}
@@ -177,14 +200,23 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 	if delay > 0 {
 		time.Sleep(delay)
 	}
-	if fail != nil && fail(m) {
-		r.mu.Lock()
-		r.failed++
-		r.mu.Unlock()
-		http.Error(w, "injected failure", http.StatusInternalServerError)
-		return
+	// A batch is processed all or nothing: a failure injected for any of
+	// its messages fails the request.
+	for _, m := range batch.Messages {
+		if fail != nil && fail(m) {
+			r.mu.Lock()
+			r.failed++
+			r.mu.Unlock()
+			http.Error(w, "injected failure", http.StatusInternalServerError)
+			return
+		}
 	}
-	r.Record(m)
+	r.mu.Lock()
+	r.requests++
+	r.mu.Unlock()
+	for _, m := range batch.Messages {
+		r.Record(m)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -278,7 +310,7 @@ func (r *Recorder) Record(m Message) {
 func (r *Recorder) Snapshot() Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := Snapshot{Total: r.total, Duplicates: r.dups, Deduplicated: r.deduped, Problems: r.problems, Failed: r.failed, Sessions: map[string]*SessionLog{}}
+	out := Snapshot{Total: r.total, Requests: r.requests, Duplicates: r.dups, Deduplicated: r.deduped, Problems: r.problems, Failed: r.failed, Sessions: map[string]*SessionLog{}}
 	for id, s := range r.sessions {
 		c := *s
 		c.Problems = append([]string(nil), s.Problems...)

@@ -11,6 +11,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -103,6 +104,11 @@ type bedOptions struct {
 	// GapTimeout is the caller sidecar's caller.Options.GapTimeout (0: its
 	// default).
 	GapTimeout time.Duration
+	// CallerPrefetch is the caller sidecar's prefetch (0: its default).
+	CallerPrefetch int
+	// AppMaxBatch is the caller sidecar's caller.Options.AppMaxBatch (0:
+	// one event per request).
+	AppMaxBatch int
 }
 
 // bed is one callee pod (harness + callee sidecar) and one caller pod
@@ -401,12 +407,12 @@ func (b *bed) startCaller(o bedOptions) {
 	cfg := &config.Config{
 		Mode: config.ModeCaller, ID: callerID, ObjectName: callerID, Namespace: b.ns, PodName: "alpha-0",
 		Vhost: b.vhost, AMQPURL: b.broker.AMQPURI(b.caller.name, b.caller.password, b.vhost), Username: b.caller.name,
-		HarnessURL: appSrv.URL, APIAddr: apiLn.Addr().String(), Prefetch: config.DefaultCallerPrefetch,
+		HarnessURL: appSrv.URL, APIAddr: apiLn.Addr().String(), Prefetch: cmp.Or(o.CallerPrefetch, config.DefaultCallerPrefetch),
 		Heartbeat: config.DefaultHeartbeat, StateDir: stateDir,
 	}
 	sc, err := caller.New(caller.Options{
 		Config: cfg, Client: kc, Publisher: pub, Consumer: conn, Status: sw, Metrics: b.CallerMetrics, Log: log,
-		GapTimeout: o.GapTimeout,
+		GapTimeout: o.GapTimeout, AppMaxBatch: o.AppMaxBatch,
 	})
 	must(tb, err)
 	b.CallerSC = sc

@@ -76,22 +76,35 @@ func BenchmarkRelay(b *testing.B) {
 	}
 	sessionCounts := envInts("HCP_BENCH_SESSIONS", []int{1})
 	for _, mode := range []emitMode{modeAsync, modeBatch, modeSimple} {
-		for _, rate := range []float64{0, 1000} {
-			for _, sessions := range sessionCounts {
-				rateName := "max"
-				if rate > 0 {
-					rateName = strconv.FormatFloat(rate, 'f', -1, 64)
+		for _, app := range []appMode{appBatch, appSingle} {
+			for _, rate := range []float64{0, 1000} {
+				for _, sessions := range sessionCounts {
+					rateName := "max"
+					if rate > 0 {
+						rateName = strconv.FormatFloat(rate, 'f', -1, 64)
+					}
+					b.Run(fmt.Sprintf("mode=%s/app=%s/rate=%s/sessions=%d", mode, app, rateName, sessions), func(b *testing.B) {
+						benchRelayVsRaw(b, mode, app, rate, sessions)
+					})
 				}
-				b.Run(fmt.Sprintf("mode=%s/rate=%s/sessions=%d", mode, rateName, sessions), func(b *testing.B) {
-					benchRelayVsRaw(b, mode, rate, sessions)
-				})
 			}
 		}
 	}
 	b.Run("status-writes", benchStatusWrites)
 }
 
-func benchRelayVsRaw(b *testing.B, mode emitMode, rate float64, sessions int) {
+// appMode is how the caller sidecar hands events to the app
+// (docs/harness-api.md): appSingle, one POST per event; appBatch, the
+// events of a session that are ready (up to the prefetch) in one POST to
+// the batch endpoint.
+type appMode string
+
+const (
+	appSingle appMode = "single"
+	appBatch  appMode = "batch"
+)
+
+func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, sessions int) {
 	if b.N == 1 {
 		// The framework's probe run: a run here costs seconds of set-up,
 		// and its figures are discarded anyway.
@@ -151,7 +164,11 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, rate float64, sessions int) {
 			}
 			return cfg, declareRawTopology(cfg.URL, cfg.Topology)
 		default:
-			next = newRelayRun(b, mode, sessions)
+			o := bedOptions{Quiet: true, CallerPrefetch: cfg.Prefetch}
+			if app == appBatch {
+				o.AppMaxBatch = cfg.Prefetch
+			}
+			next = newRelayRunWith(b, mode, sessions, o)
 			return cfg, nil
 		}
 	})
@@ -726,7 +743,7 @@ func (a *benchApp) problems() []string {
 }
 
 func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != caller.EventsPath {
+	if r.Method != http.MethodPost || (r.URL.Path != caller.EventsPath && r.URL.Path != caller.BatchPath) {
 		http.NotFound(w, r)
 		return
 	}
@@ -735,11 +752,27 @@ func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	var m samplecaller.Message
-	if err := json.Unmarshal(body, &m); err != nil {
+	var batch struct {
+		Messages []samplecaller.Message `json:"messages"`
+	}
+	if r.URL.Path == caller.BatchPath {
+		err = json.Unmarshal(body, &batch)
+	} else {
+		batch.Messages = make([]samplecaller.Message, 1)
+		err = json.Unmarshal(body, &batch.Messages[0])
+	}
+	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	for _, m := range batch.Messages {
+		a.take(m)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// take checks and times one message.
+func (a *benchApp) take(m samplecaller.Message) {
 	var seq int
 	var sent int64
 	bench := false
@@ -779,7 +812,6 @@ func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if bench && rec != nil {
 		rec.Observe(seq, time.Unix(0, sent))
 	}
-	w.WriteHeader(http.StatusNoContent)
 }
 
 func loadavg() string {

@@ -95,41 +95,75 @@ func (s *Sidecar) appMessage(it *item, calleeID, taskMessageID string) AppMessag
 	return m
 }
 
-// deliver POSTs m to the app and reports whether it answered 2xx. The
-// request is not bound to the run context: a request cancelled halfway
-// might have been processed by the app without the sidecar knowing, which
-// is exactly the duplicate a graceful shutdown must not cause.
+// BatchPath is where the sidecar POSTs several events of one session at
+// once when Options.AppMaxBatch is above 1 (body: AppBatch).
+const BatchPath = "/hcp/v1/events/batch"
+
+// AppBatch is the body of POST {app}/hcp/v1/events/batch: consecutive
+// events of one session, in sequence order. A 2xx means the app processed
+// every one of them; anything else, none (the same batch is retried).
+type AppBatch struct {
+	SessionID string       `json:"session_id"`
+	Messages  []AppMessage `json:"messages"`
+}
+
+// deliver POSTs m to the app and reports whether it answered 2xx.
 func (s *Sidecar) deliver(m AppMessage) error {
 	body, err := json.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("encode app message: %w", err)
 	}
+	h := http.Header{}
+	h.Set(HeaderSessionID, m.SessionID)
+	h.Set(HeaderMessageType, m.Type)
+	h.Set(HeaderIdempotencyKey, m.MessageID)
+	if m.Sequence > 0 {
+		h.Set(HeaderSequence, strconv.FormatInt(m.Sequence, 10))
+	}
+	return s.post(EventsPath, h, body, 1)
+}
+
+// deliverBatch POSTs ms, events of one session in order, to the app's
+// batch endpoint and reports whether it answered 2xx.
+func (s *Sidecar) deliverBatch(ms []AppMessage) error {
+	body, err := json.Marshal(AppBatch{SessionID: ms[0].SessionID, Messages: ms})
+	if err != nil {
+		return fmt.Errorf("encode app messages: %w", err)
+	}
+	h := http.Header{}
+	h.Set(HeaderSessionID, ms[0].SessionID)
+	h.Set(HeaderMessageType, ms[0].Type)
+	h.Set(HeaderIdempotencyKey, ms[0].MessageID+".."+ms[len(ms)-1].MessageID)
+	h.Set(HeaderSequence, strconv.FormatInt(ms[0].Sequence, 10)+"-"+strconv.FormatInt(ms[len(ms)-1].Sequence, 10))
+	return s.post(BatchPath, h, body, len(ms))
+}
+
+// post sends body to the app's path, counting n messages. The request is
+// not bound to the run context: a request cancelled halfway might have
+// been processed by the app without the sidecar knowing, which is exactly
+// the duplicate a graceful shutdown must not cause.
+func (s *Sidecar) post(path string, h http.Header, body []byte, n int) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), s.o.AppTimeout)
 	defer cancel()
-	url := strings.TrimSuffix(s.cfg.HarnessURL, "/") + EventsPath
+	url := strings.TrimSuffix(s.cfg.HarnessURL, "/") + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
+	req.Header = h
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderSessionID, m.SessionID)
-	req.Header.Set(HeaderMessageType, m.Type)
-	req.Header.Set(HeaderIdempotencyKey, m.MessageID)
-	if m.Sequence > 0 {
-		req.Header.Set(HeaderSequence, strconv.FormatInt(m.Sequence, 10))
-	}
 	resp, err := s.http.Do(req)
 	if err != nil {
-		s.m.AppDeliveries.WithLabelValues("error").Inc()
+		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
 		return err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		s.m.AppDeliveries.WithLabelValues("error").Inc()
+		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
 		return fmt.Errorf("app answered %s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
-	s.m.AppDeliveries.WithLabelValues("ok").Inc()
+	s.m.AppDeliveries.WithLabelValues("ok").Add(float64(n))
 	return nil
 }

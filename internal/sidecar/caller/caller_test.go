@@ -534,6 +534,46 @@ func TestGapFromConfirmedMarks(t *testing.T) {
 	}
 }
 
+// TestBatchDelivery: with AppMaxBatch the events of a session that are
+// ready go to the app together, in order, each once, in far fewer requests
+// than events; task_completed still comes after every event before it and
+// before session_closed; every delivery is acked (the queue ends empty).
+func TestBatchDelivery(t *testing.T) {
+	b := newBed(t, "lab")
+	b.app.SetDelay(20 * time.Millisecond) // a slow app: events pile up meanwhile
+	r := b.start(func(o *Options) { o.AppMaxBatch = 50; o.Config.Prefetch = 100 })
+	v := r.submit(t, taskReq("lab"))
+	const n = 300
+	s := newScript(t, "lab", v.MessageID, n)
+	c := b.callee("lab")
+	for _, m := range s.msgs {
+		c.publish(m)
+	}
+	eventually(t, 30*time.Second, "the whole stream", func() error { return b.complete(s.sessionID, n) })
+	l, _ := b.app.Session(s.sessionID)
+	if len(l.Problems) != 0 {
+		t.Fatalf("app saw problems: %v", l.Problems)
+	}
+	var types []string
+	for _, m := range l.Messages[len(l.Messages)-3:] {
+		types = append(types, fmt.Sprintf("%s/%d", m.Type, m.Sequence))
+	}
+	if want := fmt.Sprintf("[event/%d task_completed/0 event/%d]", n-1, n); fmt.Sprint(types) != want {
+		t.Errorf("the stream ends %v, want %s", types, want)
+	}
+	snap := b.app.Snapshot()
+	if snap.Requests*4 > snap.Total {
+		t.Errorf("%d messages came in %d requests; want batches (at least 4 per request on average)", snap.Total, snap.Requests)
+	}
+	t.Logf("%d messages in %d requests", snap.Total, snap.Requests)
+	eventually(t, 10*time.Second, "every delivery acked", func() error {
+		if d := b.queueDepth(topology.EventQueue(b.callerID)); d != 0 {
+			return fmt.Errorf("%d messages still in the event queue", d)
+		}
+		return nil
+	})
+}
+
 func seqOf(t *testing.T, env *envelope.Envelope) int64 {
 	var p session.EventPayload
 	if err := json.Unmarshal(env.Payload, &p); err != nil {

@@ -147,6 +147,11 @@ type Options struct {
 	// unsettled and returns to the head of the queue when the channel
 	// closes. Keep it below the transport's drain timeout.
 	DrainTimeout time.Duration
+	// AppMaxBatch, above 1, has the events of a session that are ready
+	// together (up to this many) POSTed in one request to the app's
+	// BatchPath instead of one request per event to EventsPath; default
+	// cfg.AppMaxBatch.
+	AppMaxBatch int
 	// MaxBuffer bounds each session's reorder buffer; 0 means Prefetch-1
 	// (at least 1): buffered events stay unacked, and a buffer as large as
 	// the prefetch window would stop the broker from sending the missing one.
@@ -271,6 +276,9 @@ func New(opts Options) (*Sidecar, error) {
 	}
 	if o.GapTimeout <= 0 {
 		o.GapTimeout = DefaultGapTimeout
+	}
+	if o.AppMaxBatch <= 0 {
+		o.AppMaxBatch = c.AppMaxBatch
 	}
 	if o.MaxBuffer <= 0 {
 		o.MaxBuffer = max(c.Prefetch-1, 1)

@@ -188,7 +188,19 @@ func (w *stream) run() {
 			return
 		case it := <-w.inbox:
 			w.lastActive = w.s.clk.Now()
-			w.process(it)
+			w.accept(it)
+			// What else arrived meanwhile joins it, so that with
+			// AppMaxBatch the next request carries all of it.
+			for range cap(w.inbox) {
+				select {
+				case it := <-w.inbox:
+					w.accept(it)
+					continue
+				default:
+				}
+				break
+			}
+			w.advance()
 		case <-tick.C():
 			w.onTick()
 			if w.idle() {
@@ -239,6 +251,12 @@ func (w *stream) drain() {
 }
 
 func (w *stream) process(it *item) {
+	w.accept(it)
+	w.advance()
+}
+
+// accept takes one message into the session's stream.
+func (w *stream) accept(it *item) {
 	if w.refused != "" {
 		w.s.m.Rejects.WithLabelValues(w.refused).Inc()
 		w.log.Info("WARNING: dropped a message of a session that is not this caller's", "reason", w.refused, "sender", it.sender, "type", it.env.Type,
@@ -260,6 +278,10 @@ func (w *stream) process(it *item) {
 	case envelope.TypeTaskCompleted, envelope.TypeTaskFailed:
 		w.onTerminal(it)
 	}
+}
+
+// advance delivers what is ready and publishes the position.
+func (w *stream) advance() {
 	w.pump()
 	w.reportAcked(false)
 	w.mirror()
@@ -635,7 +657,7 @@ func (w *stream) pump() {
 			if w.waitForAccepted() {
 				return
 			}
-			if !w.deliverEvent() {
+			if !w.deliverEvents() {
 				return
 			}
 		default:
@@ -672,17 +694,17 @@ func (w *stream) nextStale(b *barrier) bool {
 	return len(w.ready) > 0 && w.ready[0].Item.stale()
 }
 
-// deliverRetrying POSTs the message built by msg until the app answers 2xx,
-// backing off exponentially between attempts (the delivery stays held,
-// see stream). It gives up, returning false, only when the sidecar stops.
-// msg is rebuilt per attempt so that a redelivered copy swapped in
-// meanwhile is the one sent.
-func (w *stream) deliverRetrying(what string, msg func() AppMessage) bool {
+// deliverRetrying sends (send POSTs to the app) until the app answers
+// 2xx, backing off exponentially between attempts (the deliveries stay
+// held, see stream). It gives up, returning false, only when the sidecar
+// stops. send rebuilds its request per attempt so that a redelivered copy
+// swapped in meanwhile is the one sent.
+func (w *stream) deliverRetrying(what string, send func() error) bool {
 	for attempt := 1; ; attempt++ {
 		if w.stopping() {
 			return false
 		}
-		err := w.s.deliver(msg())
+		err := send()
 		if err == nil {
 			if w.stalled.Swap(false) {
 				w.log.Info("The app takes this session's messages again", "attempts", attempt)
@@ -707,48 +729,78 @@ func (w *stream) deliverRetrying(what string, msg func() AppMessage) bool {
 	}
 }
 
-func (w *stream) deliverEvent() bool {
-	seq := w.ready[0].Seq
-	ok := w.deliverRetrying("event", func() AppMessage {
-		m := w.s.appMessage(w.ready[0].Item, w.callee, w.taskMessageID)
-		if w.lost != nil && w.lost.To < seq {
-			m.Lost = w.lost
+// deliverEvents delivers the next ready events: one per request, or, with
+// Options.AppMaxBatch above 1, every consecutive one ready (up to that
+// many, never past a terminal message's anchor) in one request to the
+// app's batch endpoint. A 2xx means the app processed all of them.
+func (w *stream) deliverEvents() bool {
+	n := w.batchLen()
+	build := func() []AppMessage {
+		ms := make([]AppMessage, n)
+		for i, e := range w.ready[:n] {
+			ms[i] = w.s.appMessage(e.Item, w.callee, w.taskMessageID)
 		}
-		return m
-	})
-	if !ok {
+		if w.lost != nil && w.lost.To < w.ready[0].Seq {
+			ms[0].Lost = w.lost
+		}
+		return ms
+	}
+	send := func() error { return w.s.deliver(build()[0]) }
+	if w.s.o.AppMaxBatch > 1 {
+		send = func() error { return w.s.deliverBatch(build()) }
+	}
+	if !w.deliverRetrying("event", send) {
 		return false
 	}
-	if w.lost != nil && w.lost.To < seq {
+	batch := w.ready[:n]
+	w.ready = w.ready[n:]
+	last := batch[n-1].Seq
+	if w.lost != nil && w.lost.To < last {
 		w.lost = nil
 	}
-	it := w.ready[0].Item
-	w.ready = w.ready[1:]
-	// The app has it: the next event may go at once. last_processed_sequence
-	// advances in memory now and on disk with the next group commit; the
-	// delivery is acked only once that fsync has returned (see the package
-	// documentation, "Delivery pipeline").
-	if err := w.tracker.Commit(seq); err != nil {
-		w.log.Error(err, "Tracker refused a commit")
+	// The app has them: the next events may go at once.
+	// last_processed_sequence advances in memory now and on disk with the
+	// next group commit; the deliveries are acked only once that fsync has
+	// returned (see the package documentation, "Delivery pipeline").
+	for _, e := range batch {
+		if err := w.tracker.Commit(e.Seq); err != nil {
+			w.log.Error(err, "Tracker refused a commit")
+		}
 	}
 	now := w.s.clk.Now()
 	_, t := w.s.store.RecordSession(w.id, func(r *SessionRecord) bool {
-		r.LastSeq = max(r.LastSeq, seq)
+		r.LastSeq = max(r.LastSeq, last)
 		w.fill(r)
-		applyEvent(r, it)
+		for _, e := range batch {
+			applyEvent(r, e.Item)
+		}
 		r.UpdatedAt = now
 		return true
 	})
 	w.lastTicket = t
-	w.s.m.Latency.Observe(now.Sub(it.env.Timestamp).Seconds())
+	for _, e := range batch {
+		w.s.m.Latency.Observe(now.Sub(e.Item.env.Timestamp).Seconds())
+	}
 	t.Then(func(err error) {
 		if err != nil {
-			w.log.Error(err, "Failed to persist last_processed_sequence; acking anyway (after a restart this event may be delivered again)", "sequence", seq)
+			w.log.Error(err, "Failed to persist last_processed_sequence; acking anyway (after a restart these events may be delivered again)", "upTo", last)
 		}
-		w.s.settle(it, true)
-		raise(&w.acked, seq)
+		for _, e := range batch {
+			w.s.settle(e.Item, true)
+		}
+		raise(&w.acked, last)
 	})
 	return true
+}
+
+// batchLen is how many of the ready events the next request carries.
+func (w *stream) batchLen() int {
+	limit := min(len(w.ready), max(w.s.o.AppMaxBatch, 1))
+	n := 1
+	for n < limit && (len(w.barriers) == 0 || w.ready[n].Seq <= w.barriers[0].anchor) {
+		n++
+	}
+	return n
 }
 
 // raise sets v to seq unless it is already higher.
@@ -845,7 +897,7 @@ func (w *stream) deliverBarrier(b *barrier) bool {
 		}
 		return w.taskMessageID
 	}
-	if !w.deliverRetrying(string(b.kind), func() AppMessage { return w.s.appMessage(b.item, w.callee, tid()) }) {
+	if !w.deliverRetrying(string(b.kind), func() error { return w.s.deliver(w.s.appMessage(b.item, w.callee, tid())) }) {
 		return false
 	}
 	it := b.item

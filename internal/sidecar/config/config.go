@@ -41,6 +41,7 @@ const (
 	EnvAPIAddr             = "HCP_API_ADDR"               // listen address of the local harness API
 	EnvProbeAddr           = "HCP_PROBE_ADDR"             // listen address of /healthz, /readyz, /metrics
 	EnvPrefetch            = "HCP_PREFETCH"               // basic.qos prefetch count
+	EnvAppMaxBatch         = "HCP_APP_MAX_BATCH"          // caller: events per POST to the app (1: one per request)
 	EnvHeartbeat           = "HCP_HEARTBEAT"              // AMQP heartbeat (Go duration)
 	EnvTLSCAFile           = "HCP_TLS_CA_FILE"            // CA bundle for amqps
 	EnvTLSCertFile         = "HCP_TLS_CERT_FILE"          // client certificate for amqps
@@ -57,6 +58,8 @@ const (
 	DefaultProbePort      = 9091
 	DefaultCalleePrefetch = 10
 	DefaultCallerPrefetch = 10
+	// MaxAppBatch bounds HCP_APP_MAX_BATCH.
+	MaxAppBatch = 1000
 	DefaultHeartbeat      = 30 * time.Second
 	DefaultStateDir       = "/var/lib/hcp"
 	DefaultLogLevel       = "info"
@@ -84,6 +87,10 @@ type Config struct {
 	APIAddr             string
 	ProbeAddr           string
 	Prefetch            int
+	// AppMaxBatch (caller mode): up to this many ready events of a session
+	// go to the app in one request (POST /hcp/v1/events/batch); 1 posts
+	// each to /hcp/v1/events.
+	AppMaxBatch int
 	Heartbeat           time.Duration
 	TLSCAFile           string
 	TLSCertFile         string
@@ -156,6 +163,11 @@ func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
 		errs = append(errs, fmt.Errorf("%s must be an integer in 1..100", EnvPrefetch))
 	}
 	c.Prefetch = p
+	mb, err := strconv.Atoi(get(EnvAppMaxBatch, "1"))
+	if err != nil || mb < 1 || mb > MaxAppBatch {
+		errs = append(errs, fmt.Errorf("%s must be an integer in 1..%d", EnvAppMaxBatch, MaxAppBatch))
+	}
+	c.AppMaxBatch = mb
 	hb, err := time.ParseDuration(get(EnvHeartbeat, DefaultHeartbeat.String()))
 	if err != nil || hb < 0 {
 		errs = append(errs, fmt.Errorf("%s must be a non-negative Go duration such as 30s", EnvHeartbeat))
