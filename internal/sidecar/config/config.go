@@ -59,10 +59,10 @@ const (
 	DefaultCalleePrefetch = 10
 	DefaultCallerPrefetch = 10
 	// MaxAppBatch bounds HCP_APP_MAX_BATCH.
-	MaxAppBatch = 1000
-	DefaultHeartbeat      = 30 * time.Second
-	DefaultStateDir       = "/var/lib/hcp"
-	DefaultLogLevel       = "info"
+	MaxAppBatch      = 1000
+	DefaultHeartbeat = 30 * time.Second
+	DefaultStateDir  = "/var/lib/hcp"
+	DefaultLogLevel  = "info"
 )
 
 // Config is the parsed sidecar configuration.
@@ -91,12 +91,12 @@ type Config struct {
 	// go to the app in one request (POST /hcp/v1/events/batch); 1 posts
 	// each to /hcp/v1/events.
 	AppMaxBatch int
-	Heartbeat           time.Duration
-	TLSCAFile           string
-	TLSCertFile         string
-	TLSKeyFile          string
-	LogLevel            string
-	StateDir            string
+	Heartbeat   time.Duration
+	TLSCAFile   string
+	TLSCertFile string
+	TLSKeyFile  string
+	LogLevel    string
+	StateDir    string
 }
 
 // FromEnv reads the configuration from the environment (lookup is os.LookupEnv
