@@ -82,6 +82,17 @@ type ConsumerSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	Prefetch int32 `json:"prefetch,omitempty"`
+
+	// appMaxBatch is how many events of a session, when ready together, the
+	// sidecar hands to the app in one request: 1 (the default) POSTs each
+	// event to /hcp/v1/events; above 1 the app must serve
+	// /hcp/v1/events/batch (docs/harness-api.md, "Batch delivery"), and the
+	// prefetch bounds what is ready at once.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	AppMaxBatch int32 `json:"appMaxBatch,omitempty"`
 }
 
 // CallerStatus is the observed state of a Caller.

@@ -158,7 +158,8 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		Sidecar:  caller.Spec.Sidecar,
 		Vhost:    b.Vhost,
 		Image:    r.Options.SidecarImage,
-		Prefetch: prefetch,
+		Prefetch:    prefetch,
+		AppMaxBatch: caller.Spec.Consumer.AppMaxBatch,
 		// The credentials Secret is read as a file, followed on rotation.
 	})
 	if err != nil {

@@ -90,6 +90,9 @@ type HarnessParams struct {
 	Image string
 	// Prefetch is the consumer prefetch in effect.
 	Prefetch int32
+	// AppMaxBatch is the caller's spec.consumer.appMaxBatch (0 or 1: the
+	// sidecar's default, one event per request).
+	AppMaxBatch int32
 	// SecretsHash changes when the content of a Secret the sidecar loads
 	// only at start changes (TLSSecretsHash), so that a renewal rolls the
 	// pods. The credentials and token Secrets are not in it: the sidecar
@@ -182,6 +185,9 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 		corev1.EnvVar{Name: config.EnvLogLevel, Value: logLevel},
 		corev1.EnvVar{Name: config.EnvStateDir, Value: config.DefaultStateDir},
 	)
+	if p.AppMaxBatch > 1 {
+		env = append(env, corev1.EnvVar{Name: config.EnvAppMaxBatch, Value: strconv.Itoa(int(p.AppMaxBatch))})
+	}
 	resources := DefaultSidecarResources()
 	if p.Sidecar.Resources != nil {
 		resources = *p.Sidecar.Resources.DeepCopy()

@@ -58,3 +58,25 @@ func TestCheckAMQPURL(t *testing.T) {
 		}
 	}
 }
+
+// HCP_APP_MAX_BATCH: 1 by default, 1..MaxAppBatch, anything else refused
+// with its name.
+func TestAppMaxBatch(t *testing.T) {
+	for _, c := range []struct {
+		value   string
+		want    int
+		wantErr bool
+	}{{"", 1, false}, {"1", 1, false}, {"100", 100, false}, {"1000", 1000, false}, {"0", 0, true}, {"1001", 0, true}, {"x", 0, true}} {
+		extra := []string{EnvAMQPURLFile, "/f"}
+		if c.value != "" {
+			extra = append(extra, EnvAppMaxBatch, c.value)
+		}
+		cfg, err := FromEnv(common("caller", extra...))
+		switch {
+		case c.wantErr && (err == nil || !strings.Contains(err.Error(), EnvAppMaxBatch)):
+			t.Errorf("%q: %v, want an error naming %s", c.value, err, EnvAppMaxBatch)
+		case !c.wantErr && (err != nil || cfg.AppMaxBatch != c.want):
+			t.Errorf("%q: %d, %v; want %d", c.value, cfg.AppMaxBatch, err, c.want)
+		}
+	}
+}
