@@ -91,6 +91,55 @@ func BenchmarkRelay(b *testing.B) {
 		}
 	}
 	b.Run("status-writes", benchStatusWrites)
+	if len(benchRows) > 0 {
+		b.Logf("relay vs raw amqp091-go (targets: throughput ≥ %.1f× raw at rate=max, p99 ≤ %.1f× raw at a steady rate)\n%s",
+			targetThroughput, targetP99, formatRows(benchRows))
+		benchRows = nil
+	}
+}
+
+// Targets of issue 12 / DESIGN.md section 7.
+const (
+	targetThroughput = 0.9
+	targetP99        = 1.2
+)
+
+// benchRow is one scenario of the summary table BenchmarkRelay prints.
+type benchRow struct {
+	scenario   string
+	raw, relay benchutil.Summary
+	paced      bool
+}
+
+var benchRows []benchRow
+
+// verdict marks a ratio ✓ or ✗ against its target (the one that applies
+// to the scenario: throughput unpaced, p99 paced).
+func (r benchRow) verdict() (thr, p99 string) {
+	mark := func(ok bool) string {
+		if ok {
+			return "✓"
+		}
+		return "✗"
+	}
+	t := r.relay.Throughput / r.raw.Throughput
+	p := float64(r.relay.P99) / float64(r.raw.P99)
+	if r.paced {
+		return fmt.Sprintf("%.2f", t), fmt.Sprintf("%.2f %s", p, mark(p <= targetP99))
+	}
+	return fmt.Sprintf("%.2f %s", t, mark(t >= targetThroughput)), fmt.Sprintf("%.2f", p)
+}
+
+func formatRows(rows []benchRow) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-48s %10s %10s %8s %12s %12s %12s %12s %8s\n", "scenario", "raw ev/s", "relay ev/s", "ratio", "raw p50 ms", "raw p99 ms", "relay p50", "relay p99", "p99×")
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, r := range rows {
+		thr, p99 := r.verdict()
+		fmt.Fprintf(&b, "%-48s %10.0f %10.0f %8s %12.2f %12.2f %12.2f %12.2f %8s\n", r.scenario, r.raw.Throughput, r.relay.Throughput, thr,
+			ms(r.raw.P50), ms(r.raw.P99), ms(r.relay.P50), ms(r.relay.P99), p99)
+	}
+	return b.String()
 }
 
 // appMode is how the caller sidecar hands events to the app
@@ -192,8 +241,12 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 	raw, relay := benchutil.Summarize(res["raw"]), benchutil.Summarize(res["relay"])
 	b.Logf("relay/raw: throughput %.2f, p50 %.2f, p99 %.2f (load average before %s, after %s)", relay.Throughput/raw.Throughput,
 		float64(relay.P50)/float64(raw.P50), float64(relay.P99)/float64(raw.P99), loadBefore, loadavg())
+	row := benchRow{scenario: strings.TrimPrefix(b.Name(), "BenchmarkRelay/"), raw: raw, relay: relay, paced: rate > 0}
+	benchRows = append(benchRows, row)
+	thr, p99 := row.verdict()
+	b.Logf("relay/raw: throughput %s, p99 %s", thr, p99)
 	b.Logf("raw:   %s", raw)
-	b.Logf("relay: %s (mode %s, %d session(s), %d-byte envelopes)", relay, mode, sessions, bodySize)
+	b.Logf("relay: %s (mode %s, app %s, %d session(s), %d-byte envelopes)", relay, mode, app, sessions, bodySize)
 	logRounds()
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	slices.Sort(posted)
