@@ -45,6 +45,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/events"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/secretfile"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
@@ -138,6 +139,11 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	recorder, stopEvents, err := events.NewRecorder(restCfg, scheme, cfg.Namespace, cfg.PodName)
+	if err != nil {
+		return err
+	}
+	defer stopEvents()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -271,7 +277,7 @@ func run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 		go keeper.Run(ctx)
 		s, err := callee.New(callee.Options{
 			Config: cfg, Client: kc, Reader: apiReader, Cache: objCache, Conn: conn,
-			Publisher: pub, Consumer: conn, Status: sw, Metrics: m, Log: log, Clock: clk, Lease: keeper,
+			Publisher: pub, Consumer: conn, Status: sw, Metrics: m, Log: log, Clock: clk, Lease: keeper, Recorder: recorder,
 		})
 		if err != nil {
 			return err

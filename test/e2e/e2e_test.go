@@ -666,7 +666,8 @@ func (r *samplesRun) concurrentSessions(t *testing.T) {
 
 // rejections: tasks the L3 gate refuses reach the app as task_rejected
 // (and nothing else), with the reason code; the caller sidecar records the
-// rejection; the HCPSession is REJECTED with the reason and no events.
+// rejection; nothing is written for it but an Event on the Callee (reason
+// TaskRejected) that names the task and the reason: no HCPSession.
 func (r *samplesRun) rejections(t *testing.T) {
 	cases := []struct {
 		name, capability, dataClass string
@@ -703,16 +704,22 @@ func (r *samplesRun) rejections(t *testing.T) {
 		if err != nil || tv.Status != "rejected" || tv.ReasonCode != string(c.want) || !tv.DeliveredToApp {
 			t.Errorf("%s: caller sidecar task %+v %v, want rejected %s delivered to the app", c.name, tv, err, c.want)
 		}
-		eventually(t, 30*time.Second, "HCPSession "+tk.SessionID+" REJECTED", func(ctx context.Context) error {
-			hs, err := r.session(ctx, tk.SessionID)
-			if err != nil {
+		eventually(t, 30*time.Second, "Event TaskRejected for "+tk.MessageID, func(ctx context.Context) error {
+			var evs corev1.EventList
+			if err := r.c.List(ctx, &evs, client.InNamespace(r.ns)); err != nil {
 				return err
 			}
-			if st := hs.Status; st.State != hcpv1alpha1.SessionRejected || st.Reason != string(c.want) || st.LastSequence != 0 || st.EventCount != 0 {
-				return fmt.Errorf("%s: state %s reason %q lastSequence %d eventCount %d, want REJECTED %s", c.name, st.State, st.Reason, st.LastSequence, st.EventCount, c.want)
+			for _, e := range evs.Items {
+				if e.Reason == "TaskRejected" && e.InvolvedObject.Kind == "Callee" && e.InvolvedObject.Name == calleeID &&
+					strings.Contains(e.Message, tk.MessageID) && strings.Contains(e.Message, string(c.want)) {
+					return nil
+				}
 			}
-			return nil
+			return fmt.Errorf("%s: no TaskRejected Event names task %s among %d", c.name, tk.MessageID, len(evs.Items))
 		})
+		if _, err := r.session(t.Context(), tk.SessionID); !apierrors.IsNotFound(err) {
+			t.Errorf("%s: the rejected task has an HCPSession (%v); want none", c.name, err)
+		}
 		t.Logf("%s: task_rejected %s: %s", c.name, tv.ReasonCode, tv.Message)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/samplecallee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/events"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
@@ -340,9 +342,12 @@ func (b *bed) startReplica(pod string) *replica {
 		cfg.TokenKeyFile = filepath.Join(b.keyDir, resource.TokenPrivateKeyKey)
 		cfg.TokenVerifyKeysFile = filepath.Join(b.keyDir, resource.TokenVerifyKeysKey)
 	}
+	rec, stopEvents, err := events.NewRecorder(b.env.Config, b.env.Scheme, b.ns, cfg.PodName)
+	must(t, err)
+	t.Cleanup(stopEvents)
 	sc, err := New(Options{
 		Config: cfg, Client: kc, Reader: b.env.Client, Cache: objCache, Conn: conn, Publisher: pub, Consumer: conn,
-		Status: sw, Metrics: r.metrics, Log: log.WithName("callee"), SigningKey: signingKey, Timeouts: to,
+		Status: sw, Metrics: r.metrics, Log: log.WithName("callee"), SigningKey: signingKey, Timeouts: to, Recorder: rec,
 	})
 	must(t, err)
 	apiCtx, stopAPI := context.WithCancel(context.Background())
@@ -535,6 +540,34 @@ func (b *bed) hcpSession(sid string) *v1alpha1.HCPSession {
 	return &hs
 }
 
+// waitEvent waits for an Event on the Callee with reason whose message
+// holds every one of parts.
+func (b *bed) waitEvent(reason string, parts ...string) corev1.Event {
+	b.t.Helper()
+	var found corev1.Event
+	testbed.Eventually(b.t, 10*time.Second, "Event "+reason+" "+strings.Join(parts, " "), func(ctx context.Context) error {
+		var list corev1.EventList
+		if err := b.env.Client.List(ctx, &list, client.InNamespace(b.ns)); err != nil {
+			return err
+		}
+	next:
+		for _, e := range list.Items {
+			if e.Reason != reason || e.InvolvedObject.Kind != "Callee" || e.InvolvedObject.Name != calleeID {
+				continue
+			}
+			for _, p := range parts {
+				if !strings.Contains(e.Message, p) {
+					continue next
+				}
+			}
+			found = e
+			return nil
+		}
+		return fmt.Errorf("%d events, none matches", len(list.Items))
+	})
+	return found
+}
+
 func (b *bed) waitState(sid string, want v1alpha1.SessionState, timeout time.Duration) *v1alpha1.HCPSession {
 	b.t.Helper()
 	var hs v1alpha1.HCPSession
@@ -591,3 +624,16 @@ func resp(r *http.Response, err error) error {
 type ed25519PublicKey = ed25519.PublicKey
 
 func deriveSID(msgID string) string { return topology.SessionID(calleeID, callerID, msgID) }
+
+// countReplies counts the messages of type t the caller received.
+func (b *bed) countReplies(t envelope.MessageType) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, m := range b.msgs {
+		if m.env != nil && m.env.Type == t {
+			n++
+		}
+	}
+	return n
+}

@@ -13,6 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/lru"
+
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -154,10 +157,18 @@ type Options struct {
 	// Lease vouches for this replica's ownership of its sessions (see
 	// own.go); nil means always valid (tests with a single replica).
 	Lease *lease.Keeper
+	// Recorder records Kubernetes Events on the Callee (rejections);
+	// optional. The standard broadcaster aggregates and rate-limits them.
+	Recorder record.EventRecorder
 }
 
 // Sidecar is the callee-mode sidecar.
 type Sidecar struct {
+	// rec records Events (nil: none); rejections remembers the tasks the
+	// gate rejected without a record (see rejectUnrecorded).
+	rec        record.EventRecorder
+	rejections *lru.Cache
+
 	cfg      *config.Config
 	id       string
 	ns       string
@@ -319,6 +330,8 @@ func New(o Options) (*Sidecar, error) {
 		lease:       o.Lease,
 		ckpt:        &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID},
 		drained:     make(chan struct{}),
+		rec:         o.Recorder,
+		rejections:  lru.New(rejectionsRemembered),
 	}
 	// Sessions are selectable by state (kubectl get hcps -l hcp.io/state=RUNNING):
 	// the writer keeps the label in step with the state it writes.

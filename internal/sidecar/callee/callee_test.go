@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -236,10 +237,13 @@ func TestRejections(t *testing.T) {
 				t.Fatalf("task_rejected = %+v, want reason %s", rj, tc.want)
 			}
 			t.Logf("%s: %s", rj.ReasonCode, rj.Message)
-			hs := b.waitState(sid, v1alpha1.SessionRejected, 5*time.Second)
-			if hs.Status.Error == nil || hs.Status.Error.Code != string(tc.want) || hs.Spec.CallerID != callerID {
-				t.Fatalf("HCPSession = %+v / %+v", hs.Spec, hs.Status)
+			// Nothing is written for it: no HCPSession; an Event on the
+			// Callee says why.
+			var hs v1alpha1.HCPSession
+			if err := b.env.Client.Get(t.Context(), client.ObjectKey{Namespace: b.ns, Name: sid}, &hs); !apierrors.IsNotFound(err) {
+				t.Fatalf("a rejected task left an HCPSession (%v): %+v", err, hs.Status)
 			}
+			b.waitEvent(EventTaskRejected, msgID+" of caller "+callerID, string(tc.want))
 			if n := len(b.events(sid)); n != 0 {
 				t.Fatalf("a rejected task produced %d events", n)
 			}

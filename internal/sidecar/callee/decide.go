@@ -156,6 +156,10 @@ func (s *Sidecar) recount(ctx context.Context, c *command, v policy.Verdict, me 
 // RUNNING), replies, and acknowledges the command once the reply is
 // confirmed.
 func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.Callee, v policy.Verdict, depth int) {
+	if !v.Admitted {
+		s.rejectUnrecorded(ctx, c, v)
+		return
+	}
 	d, log, callerID, sid, msgID, ts := c.d, c.log, c.callerID, c.sid, c.msgID, c.ts
 	now := s.clk.Now().UTC().Truncate(time.Second)
 	hs := s.newHCPSession(cl, sid, callerID, msgID, ts, v)

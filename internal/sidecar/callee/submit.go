@@ -180,6 +180,10 @@ func (s *Sidecar) decideTask(ctx context.Context, c *command, depth int) {
 		}
 	}
 
+	// A task this replica rejected without a record gets the same reply.
+	if !exists && s.rejectedBefore(ctx, c) {
+		return
+	}
 	// Expiry comes before any side effect. An expired duplicate of a task
 	// already answered still gets its original answer: a duplicate starts
 	// nothing, and the caller must not see two different answers.

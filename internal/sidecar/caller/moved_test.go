@@ -24,6 +24,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
@@ -430,5 +431,43 @@ func TestUnsolicitedSessionIsRefused(t *testing.T) {
 	})
 	if s, ok := b.app.Session(injected.sessionID); ok {
 		t.Fatalf("the app received %d messages of a session the caller never submitted", len(s.Messages))
+	}
+}
+
+// TestRejectionWithoutRecordIsDelivered: a callee rejects without writing
+// an HCPSession, so a pod that has no record of the task (it was submitted
+// by the previous pod of this caller) still gets its task_rejected to the
+// app: the session id is the one the callee gives a task of this caller
+// with that message id. Anything else of that session stays refused.
+func TestRejectionWithoutRecordIsDelivered(t *testing.T) {
+	if testing.Short() {
+		t.Skip("envtest and RabbitMQ")
+	}
+	a := newAPIBed(t)
+	b := newBed(t, "lab")
+	b.start(a.withAPI(a.writer(b)))
+	taskID := envelope.NewMessageID()
+	s := newScript(t, "lab", taskID, 3)
+	rej, err := envelope.New(envelope.TypeTaskRejected, s.sessionID, task.TaskRejected{TaskMessageID: taskID, ReasonCode: task.ReasonNotAuthorized, Message: "no rule admits it"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := b.callee("lab")
+	c.publish(rej)
+	c.publish(s.msgs[1]) // an event of the session: refused
+	eventually(t, 10*time.Second, "the rejection at the app", func() error {
+		if l, ok := b.app.Session(s.sessionID); !ok || l.Answer != "task_rejected" {
+			return fmt.Errorf("app has %+v", l)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, "the event refused", func() error {
+		if got := testutil.ToFloat64(b.metrics.Rejects.WithLabelValues(ReasonUnsolicitedSession)); got != 1 {
+			return fmt.Errorf("%s = %.0f, want 1", ReasonUnsolicitedSession, got)
+		}
+		return nil
+	})
+	if l, _ := b.app.Session(s.sessionID); len(l.Messages) != 1 {
+		t.Errorf("the app got %d messages of the session, want the rejection alone", len(l.Messages))
 	}
 }

@@ -3,6 +3,7 @@ package caller
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // idleTimeout is how long a session worker with nothing held lingers
@@ -257,7 +259,10 @@ func (w *stream) process(it *item) {
 
 // accept takes one message into the session's stream.
 func (w *stream) accept(it *item) {
-	if w.refused != "" {
+	// A callee rejects without a record (no HCPSession): a task the
+	// previous pod of this caller submitted, rejected after the move, is
+	// let in alone; the rest of the session stays refused.
+	if w.refused != "" && !(w.refused == ReasonUnsolicitedSession && w.rejectionOfOurs(it)) {
 		w.s.m.Rejects.WithLabelValues(w.refused).Inc()
 		w.log.Info("WARNING: dropped a message of a session that is not this caller's", "reason", w.refused, "sender", it.sender, "type", it.env.Type,
 			"messageID", it.env.MessageID)
@@ -278,6 +283,16 @@ func (w *stream) accept(it *item) {
 	case envelope.TypeTaskCompleted, envelope.TypeTaskFailed:
 		w.onTerminal(it)
 	}
+}
+
+// rejectionOfOurs reports whether it is a task_rejected whose session id is
+// the one its sender would give a task of this caller with that message id
+// (topology.SessionID): a rejection of a task sent by this caller, though
+// this pod has no record of it. The sender is a callee of the vhost
+// (checked on arrival); no session follows a rejection, so nothing else of
+// the session is let in.
+func (w *stream) rejectionOfOurs(it *item) bool {
+	return it.rejected != nil && strings.EqualFold(w.id, topology.SessionID(it.sender, w.s.cfg.ID, it.rejected.TaskMessageID))
 }
 
 // advance delivers what is ready and publishes the position.

@@ -1,0 +1,85 @@
+package callee
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/policy"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+)
+
+// rejectionsRemembered bounds the rejections a replica remembers (about
+// 100 bytes each).
+const rejectionsRemembered = 100_000
+
+// EventTaskRejected is the reason of the Event recorded on the Callee for
+// each rejected task (aggregated by the event recorder under a flood).
+const EventTaskRejected = "TaskRejected"
+
+// rejection is a task the gate rejected without a record: what its reply
+// said.
+type rejection struct {
+	at   time.Time
+	code task.ReasonCode
+	msg  string
+}
+
+// rejectUnrecorded answers a task that the first decision refuses (the
+// L3 gate, an expired task, a harness that cannot be reached, what the gate
+// needs unreadable) without writing to the API server: no HCPSession is
+// created, so a flood of bad submits costs etcd nothing and a rejection
+// costs no API round trip. The rejection is logged, counted
+// (hcp_sidecar_rejects_total), recorded as an Event on the Callee (the
+// standard recorder aggregates and rate-limits a flood into a few objects),
+// and remembered by this replica, so that a redelivered copy gets the very
+// same reply (same message_id, timestamp and reason). A copy redelivered to
+// another replica (only after this one failed between publishing the reply
+// and acknowledging the command) is decided again, with the same inputs
+// the same way; the caller deduplicates answers by task.
+//
+// Rejections after the task's HCPSession exists (the concurrency recount
+// across replicas, a token that cannot be issued) stay recorded: the claim
+// is already visible to the other replicas.
+func (s *Sidecar) rejectUnrecorded(ctx context.Context, c *command, v policy.Verdict) {
+	r := rejection{at: s.clk.Now().UTC().Truncate(time.Second), code: v.Reason, msg: v.Message}
+	s.rejections.Add(c.sid, r)
+	c.log.Info("Rejected a task", "reasonCode", v.Reason, "message", v.Message)
+	s.event(corev1.EventTypeWarning, EventTaskRejected, "Rejected task %s of caller %s (capability %q): %s: %s",
+		c.msgID, c.callerID, c.ts.Capability, v.Reason, oneLine(v.Message, 300))
+	s.replyRejected(ctx, c.d, c.callerID, c.sid, c.msgID, r.at, r.code, r.msg)
+}
+
+// rejectedBefore answers a copy of a task this replica rejected without a
+// record, with the same reply; it reports false if it knows of none.
+func (s *Sidecar) rejectedBefore(ctx context.Context, c *command) bool {
+	v, ok := s.rejections.Get(c.sid)
+	if !ok {
+		return false
+	}
+	r := v.(rejection)
+	c.log.V(1).Info("A task rejected before; answering again with the same reply", "reasonCode", r.code)
+	pub, err := s.rejectedPublishing(c.sid, c.msgID, r.at, r.code, r.msg)
+	if err != nil { // it was built from the same values before
+		c.log.Error(err, "Failed to build task_rejected")
+		s.settle(c.d, true, false)
+		return true
+	}
+	s.sendReply(ctx, c.d, c.log, c.callerID, c.sid, envelope.TypeTaskRejected, pub)
+	return true
+}
+
+// event records an Event on the Callee, if there is a recorder.
+func (s *Sidecar) event(typ, reason, format string, args ...any) {
+	if s.rec == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{
+		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Callee",
+		Namespace: s.ns, Name: s.cfg.ObjectName,
+	}
+	s.rec.Eventf(ref, typ, reason, format, args...)
+}

@@ -1,0 +1,32 @@
+// Package events builds the hcp-sidecar's Kubernetes Event recorder: the
+// standard client-go broadcaster, whose correlator aggregates similar
+// events (a flood of rejections becomes a few Event objects with counts)
+// and rate-limits each source and object.
+package events
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+)
+
+// Component is the source of the sidecar's Events.
+const Component = "hcp-sidecar"
+
+// NewRecorder returns a recorder writing Events to namespace ns (the
+// sidecar may write Events in its own namespace only) as Component on host
+// (the pod), and a function that flushes and stops it.
+func NewRecorder(cfg *rest.Config, scheme *runtime.Scheme, ns, host string) (record.EventRecorder, func(), error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("event recorder: %w", err)
+	}
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events(ns)})
+	return b.NewRecorder(scheme, corev1.EventSource{Component: Component, Host: host}), b.Shutdown, nil
+}
