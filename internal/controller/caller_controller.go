@@ -153,11 +153,11 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		prefetch = *p // the sidecar override wins
 	}
 	h, res, err := r.core.deployHarness(ctx, v, false, resource.HarnessParams{
-		Subject:  v.sub,
-		Harness:  *caller.Spec.Harness,
-		Sidecar:  caller.Spec.Sidecar,
-		Vhost:    b.Vhost,
-		Image:    r.Options.SidecarImage,
+		Subject:     v.sub,
+		Harness:     *caller.Spec.Harness,
+		Sidecar:     caller.Spec.Sidecar,
+		Vhost:       b.Vhost,
+		Image:       r.Options.SidecarImage,
 		Prefetch:    prefetch,
 		AppMaxBatch: caller.Spec.Consumer.AppMaxBatch,
 		// The credentials Secret is read as a file, followed on rotation.
