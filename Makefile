@@ -93,6 +93,11 @@ bench: testbed ## Benchmarks against their raw baselines in the same run: transp
 	go test -run '^$$' -bench . -benchtime 5000x ./internal/transport
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkRelay -benchtime 5000x -timeout 60m -v ./test/relay
 
+REJECT_FLOOD ?= 10000
+.PHONY: bench-rejections
+bench-rejections: testbed ## A flood of REJECT_FLOOD (default 10000) task_submits the gate refuses: the API objects left behind (make test runs 2,000).
+	HCP_REJECT_FLOOD=$(REJECT_FLOOD) KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -count=1 -run '^TestRejectionFloodWritesNothing$$' -v -timeout 20m ./internal/sidecar/callee
+
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end suite (test/e2e): chart install, samples, sessions on the local stack (root; brought up if not running) or, with HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.
 	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...
