@@ -91,6 +91,7 @@ func BenchmarkRelay(b *testing.B) {
 		}
 	}
 	b.Run("status-writes", benchStatusWrites)
+	b.Run("acceptance", benchAcceptance)
 	if len(benchRows) > 0 {
 		b.Logf("relay vs raw amqp091-go (targets: throughput ≥ %.1f× raw at rate=max, p99 ≤ %.1f× raw at a steady rate)\n%s",
 			targetThroughput, targetP99, formatRows(benchRows))
@@ -759,6 +760,10 @@ func (h *benchHarness) running(sid string) bool {
 // event from the harness's stamp to its arrival and checks, per session,
 // that events arrive once and in sequence order.
 type benchApp struct {
+	// onAccepted, if set before the run, is called with the session id of
+	// each task_accepted received (the acceptance benchmark).
+	onAccepted func(sid string)
+
 	mu       sync.Mutex
 	rec      *benchutil.Recorder
 	sessions map[string]*appSession
@@ -849,6 +854,9 @@ func (a *benchApp) take(m samplecaller.Message) {
 	switch m.Type {
 	case "task_accepted":
 		s.accepted = true
+		if a.onAccepted != nil {
+			defer a.onAccepted(m.SessionID)
+		}
 	case "task_completed":
 		s.completed = true
 	case "event":

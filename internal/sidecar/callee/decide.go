@@ -183,15 +183,9 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		s.retryLater(ctx, d)
 		return
 	}
-	// PENDING, with the pod deciding it: a duplicate arriving on another
-	// replica meanwhile waits for this one.
-	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
-		st.State = v1alpha1.SessionPending
-		st.PodName = s.pod
-	}); err != nil {
-		s.afterCASFailure(ctx, c, err, depth)
-		return
-	}
+	// Created undecided (no status: PENDING), naming the pod deciding it
+	// (AnnotationDecidingPod): a duplicate arriving on another replica
+	// meanwhile waits for this one. The decision below is the next write.
 
 	if rv, err := s.recount(ctx, c, v, hs); err != nil {
 		log.Error(err, "Failed to count the sessions for the concurrency limit; the command will be retried")
@@ -205,6 +199,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 	if !v.Admitted {
 		if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
 			st.State = v1alpha1.SessionRejected
+			st.PodName = s.pod
 			st.Reason = string(v.Reason)
 			st.Message = truncate(v.Message, 1024)
 			st.Error = &v1alpha1.SessionError{Code: string(v.Reason), Message: truncate(v.Message, 1024)}
@@ -249,6 +244,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 	s.register(ss)
 	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
 		st.State = v1alpha1.SessionRunning
+		st.PodName = s.pod
 		st.Reason = "accepted"
 		st.Message = truncate(v.Message, 1024)
 		// For people and dashboards only: replies never read them back.
@@ -278,6 +274,7 @@ func (s *Sidecar) casReject(ctx context.Context, c *command, hs *v1alpha1.HCPSes
 	now := s.clk.Now().UTC().Truncate(time.Second)
 	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
 		st.State = v1alpha1.SessionRejected
+		st.PodName = s.pod
 		st.Reason = string(code)
 		st.Message = msg
 		st.Error = &v1alpha1.SessionError{Code: string(code), Message: msg}
@@ -348,9 +345,10 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 			Intent:             truncateRunes(ts.Intent, 1024),
 		},
 	}
+	hs.Annotations = map[string]string{AnnotationDecidingPod: s.pod}
 	if v.Admitted {
 		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
-		hs.Annotations = map[string]string{AnnotationSequenceCeiling: strconv.Itoa(DefaultSequenceBlock)}
+		hs.Annotations[AnnotationSequenceCeiling] = strconv.Itoa(DefaultSequenceBlock)
 	}
 	if cl != nil {
 		hs.OwnerReferences = []metav1.OwnerReference{{

@@ -18,8 +18,11 @@
 // spec.maxDuration; see sessionClaims).
 // A command is acknowledged only once its reply is confirmed by the broker.
 //
-// The decision is recorded with an optimistic-lock write PENDING → RUNNING
-// or REJECTED, so exactly one processor of a task_submit (the original, a
+// The HCPSession is created as an undecided claim (no status, label
+// hcp.io/state PENDING, the deciding pod in AnnotationDecidingPod), and the
+// decision is the next write, optimistic-locked: RUNNING, or REJECTED when
+// the concurrency recount refuses it (a task the gate refuses outright gets
+// no HCPSession: rejectUnrecorded), so exactly one processor of a task_submit (the original, a
 // redelivery on another replica, or the recovery of a crashed replica)
 // decides it. The task reaches the harness only after RUNNING is stored, so
 // no crash can make two harnesses run one task.

@@ -84,7 +84,7 @@ func (s *Sidecar) pendingDuplicate(ctx context.Context, c *command, hs *v1alpha1
 		s.waitThen(ctx, ch, func() { s.duplicate(ctx, c, depth+1) })
 		return
 	}
-	owner := hs.Status.PodName
+	owner := decidingPod(hs)
 	if owner != "" && owner != s.pod && s.podAlive(ctx, owner) {
 		// Another live replica is deciding it: wait for its decision.
 		deadline := s.clk.Now().Add(s.t.PendingWait)

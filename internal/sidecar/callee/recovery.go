@@ -55,7 +55,7 @@ func (s *Sidecar) sweep(ctx context.Context, startup bool) {
 		if st.IsTerminal() || s.isLocal(hs.Name) {
 			continue
 		}
-		owner := hs.Status.PodName
+		owner := decidingPod(hs)
 		orphan := false
 		switch {
 		case owner == s.pod:

@@ -1,0 +1,154 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
+	amqp "github.com/rabbitmq/amqp091-go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hcp-io/hcp-operator/internal/benchutil"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
+	"github.com/hcp-io/hcp-operator/internal/testbed"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+)
+
+// Target of issue 12: acceptance p99 ≤ raw round trip p99 + bare create
+// p99 + this, and p50 ≤ acceptanceP50Target.
+const (
+	acceptanceSlack     = 5 * time.Millisecond
+	acceptanceP50Target = 10 * time.Millisecond
+)
+
+// benchAcceptance measures task acceptance from outside, one task at a
+// time: the caller app POSTs a task to its sidecar and the clock stops when
+// the app receives task_accepted (the submit's publish and confirm, the
+// callee sidecar's L3 gate and HCPSession writes, the reply, the caller
+// sidecar's delivery). In the same run, interleaved in three rounds: a raw
+// amqp091-go two-hop round trip (benchutil.RoundTrip: request and reply
+// persistent and confirmed, quorum queues) and a bare create of a small
+// object on the same API server: the acceptance should cost about one of
+// each. b.N/25 tasks (100–400).
+func benchAcceptance(b *testing.B) {
+	if b.N == 1 {
+		return // the framework's probe run (see benchRelayVsRaw)
+	}
+	n := min(max(b.N/25, 100), 400)
+	const rounds = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	r := newRelayRun(b, modeAsync, 1)
+	defer r.close()
+	accepted := make(chan string, 64)
+	r.app.onAccepted = func(sid string) { accepted <- sid }
+
+	// The raw round trip's vhost and queues.
+	broker := r.bed.broker
+	vhost := testbed.RandomName("hcp-accept-raw-")
+	must(b, mgmt(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
+	b.Cleanup(func() { _ = broker.DeleteVhost(vhost) })
+	must(b, mgmt(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
+	rawURL := broker.AMQPURI(broker.Username, broker.Password, vhost)
+	must(b, declareQuorumQueues(rawURL, "requests", "replies"))
+
+	submit := func() (time.Duration, error) {
+		req := caller.SubmitRequest{CalleeID: calleeID, Capability: "analyze", Intent: "acceptance benchmark",
+			Constraints: task.Constraints{DataClassification: task.T1}}
+		start := time.Now()
+		var v caller.TaskView
+		if code := call(ctx, http.MethodPost, r.bed.CallerAPI+"/hcp/v1/tasks", req, &v); code != http.StatusAccepted {
+			return 0, fmt.Errorf("POST /hcp/v1/tasks: HTTP %d", code)
+		}
+		for {
+			select {
+			case sid := <-accepted:
+				if sid != v.SessionID {
+					continue
+				}
+				took := time.Since(start)
+				// Not timed: end the session so that the next one starts
+				// from the same state.
+				return took, r.post(ctx, r.bed.CalleeAPI+"/hcp/v1/sessions/"+sid+"/complete", []byte(`{"result":{"ok":true}}`), false)
+			case <-time.After(time.Minute):
+				return 0, fmt.Errorf("no task_accepted for %s within a minute", v.SessionID)
+			}
+		}
+	}
+	create := func(i int) (time.Duration, error) {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bare-create-%d", i), Namespace: r.bed.ns},
+			Data: map[string]string{"payload": strings.Repeat("x", 512)}}
+		start := time.Now()
+		err := r.bed.env.Client.Create(ctx, cm)
+		return time.Since(start), err
+	}
+
+	for range 5 { // warm-up: connections, caches
+		if _, err := submit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var relay, raw, bare benchutil.Latencies
+	per := n / rounds
+	for round := range rounds {
+		for range per {
+			d, err := submit()
+			if err != nil {
+				b.Fatal(err)
+			}
+			relay = append(relay, d)
+		}
+		l, err := benchutil.RoundTrip(ctx, rawURL, "requests", "replies", per, benchutil.DefaultBodySize)
+		if err != nil {
+			b.Fatal(err)
+		}
+		raw = append(raw, l...)
+		for i := range per {
+			d, err := create(round*per + i)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bare = append(bare, d)
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	budget := raw.Percentile(0.99) + bare.Percentile(0.99) + acceptanceSlack
+	mark := func(ok bool) string {
+		if ok {
+			return "✓"
+		}
+		return "✗"
+	}
+	b.Logf("task acceptance (submit → task_accepted at the app), %d tasks one at a time: %s", len(relay), relay)
+	b.Logf("raw two-hop round trip: %s; bare API create: %s", raw, bare)
+	b.Logf("acceptance p50 %.1f ms %s (target ≤ %.0f ms); p99 %.1f ms %s (target ≤ raw p99 + create p99 + 5 ms = %.1f ms)",
+		ms(relay.Percentile(0.5)), mark(relay.Percentile(0.5) <= acceptanceP50Target), ms(acceptanceP50Target),
+		ms(relay.Percentile(0.99)), mark(relay.Percentile(0.99) <= budget), ms(budget))
+	b.ReportMetric(ms(relay.Percentile(0.5)), "accept-p50-ms")
+	b.ReportMetric(ms(relay.Percentile(0.99)), "accept-p99-ms")
+	b.ReportMetric(ms(raw.Percentile(0.99)), "raw-rt-p99-ms")
+	b.ReportMetric(ms(bare.Percentile(0.99)), "create-p99-ms")
+}
+
+func declareQuorumQueues(url string, names ...string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	for _, q := range names {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
