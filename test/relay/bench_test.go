@@ -92,6 +92,7 @@ func BenchmarkRelay(b *testing.B) {
 	}
 	b.Run("status-writes", benchStatusWrites)
 	b.Run("acceptance", benchAcceptance)
+	b.Run("memory", benchMemory)
 	if len(benchRows) > 0 {
 		b.Logf("relay vs raw amqp091-go (targets: throughput ≥ %.1f× raw at rate=max, p99 ≤ %.1f× raw at a steady rate)\n%s",
 			targetThroughput, targetP99, formatRows(benchRows))
