@@ -222,6 +222,11 @@ type CalleeStatus struct {
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 
+	// selector selects the harness pods (label selector syntax), for the
+	// /scale subresource: kubectl scale, HorizontalPodAutoscalers, KEDA.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
 	// activeSessions counts this callee's HCPSessions not in a terminal state.
 	// +optional
 	ActiveSessions int32 `json:"activeSessions,omitempty"`
@@ -240,6 +245,7 @@ const ReasonSessionsActive = "SessionsActive"
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.harness.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=hcpcallee;hcpce,categories=hcp
 // +kubebuilder:printcolumn:name="ID",type=string,JSONPath=`.status.calleeID`
 // +kubebuilder:printcolumn:name="Queue",type=string,JSONPath=`.status.commandQueue`

@@ -133,6 +133,15 @@ type CallerStatus struct {
 	// +optional
 	External bool `json:"external,omitempty"`
 
+	// replicas is the number of caller harness pods.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// selector selects the harness pods (label selector syntax), for the
+	// /scale subresource (a Caller with spec.harness only).
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
 	// readyReplicas is the number of caller harness pods ready.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
@@ -143,6 +152,7 @@ type CallerStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.harness.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=hcpcaller;hcpcr,categories=hcp
 // +kubebuilder:printcolumn:name="ID",type=string,JSONPath=`.status.callerID`
 // +kubebuilder:printcolumn:name="Queue",type=string,JSONPath=`.status.eventQueue`

@@ -214,6 +214,7 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	st.TokenPublicKey = string(tok.Data[resource.TokenPublicKeyKey])
 	if h.dep != nil {
 		st.Replicas, st.ReadyReplicas = h.dep.Status.Replicas, h.dep.Status.ReadyReplicas
+		st.Selector = podSelector(h.dep)
 	}
 	st.ActiveSessions = load.active
 	return res, nil

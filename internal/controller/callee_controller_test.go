@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -196,6 +198,37 @@ func TestCalleeLifecycle(t *testing.T) {
 		}
 		if got := dep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash]; got != hash {
 			return fmt.Errorf("scaling changed the config hash %s -> %s", hash, got)
+		}
+		return nil
+	})
+
+	// The /scale subresource (kubectl scale, HPA, KEDA) drives the same
+	// field, and reports the pods' selector.
+	scale := &autoscalingv1.Scale{}
+	if err := k8sClient.SubResource("scale").Get(t.Context(), callee, scale); err != nil {
+		t.Fatalf("GET callees/scale: %v", err)
+	}
+	scale.Spec.Replicas = 2
+	if err := k8sClient.SubResource("scale").Update(t.Context(), callee, client.WithSubResourceBody(scale)); err != nil {
+		t.Fatalf("PUT callees/scale: %v", err)
+	}
+	eventually(t, "/scale reaches the Deployment and reports its selector", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+			return err
+		}
+		if *dep.Spec.Replicas != 2 {
+			return fmt.Errorf("Deployment replicas %d, want 2", *dep.Spec.Replicas)
+		}
+		got := &autoscalingv1.Scale{}
+		if err := k8sClient.SubResource("scale").Get(ctx, callee, got); err != nil {
+			return err
+		}
+		want, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+		if err != nil {
+			return err
+		}
+		if got.Spec.Replicas != 2 || got.Status.Selector == "" || got.Status.Selector != want.String() {
+			return fmt.Errorf("scale %+v, want spec 2 and selector %q", got, want)
 		}
 		return nil
 	})

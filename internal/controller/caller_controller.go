@@ -138,7 +138,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 				return ctrl.Result{}, err
 			}
 		}
-		st.ReadyReplicas = 0
+		st.Replicas, st.ReadyReplicas, st.Selector = 0, 0, ""
 		setCondition(v, hcpv1alpha1.ConditionHarnessReady, true, hcpv1alpha1.ReasonNoHarness,
 			fmt.Sprintf("external caller: no harness is deployed; the program connects with the credentials in Secret %s (keys uri, username, password, vhost)", creds.Name))
 		setReady(v)
@@ -166,7 +166,8 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		return ctrl.Result{}, err
 	}
 	if h.dep != nil {
-		st.ReadyReplicas = h.dep.Status.ReadyReplicas
+		st.Replicas, st.ReadyReplicas = h.dep.Status.Replicas, h.dep.Status.ReadyReplicas
+		st.Selector = podSelector(h.dep)
 	}
 	return res, nil
 }

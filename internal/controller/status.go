@@ -222,3 +222,16 @@ func (c *core) writeStatus(ctx context.Context, before, obj client.Object, befor
 	}
 	return nil
 }
+
+// podSelector renders the harness Deployment's pod selector for the /scale
+// subresource's status.selector ("" if it has none).
+func podSelector(d *appsv1.Deployment) string {
+	if d.Spec.Selector == nil {
+		return ""
+	}
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return ""
+	}
+	return sel.String()
+}

@@ -28,6 +28,7 @@ import (
 
 	hcpv1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 var (
@@ -603,4 +604,56 @@ func withPolicy(name string, mutate func(*hcpv1.CapabilityPolicy)) *hcpv1.Capabi
 
 func corev1PodTemplate(image string) corev1.PodTemplateSpec {
 	return corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "harness", Image: image}}}}
+}
+
+// TestKEDASample: config/samples/keda/scaledobject.yaml scales the sample
+// Callee through its /scale subresource on the depth of that Callee's
+// command queue in its vhost, with the credentials of its
+// TriggerAuthentication.
+func TestKEDASample(t *testing.T) {
+	callee := &hcpv1.Callee{}
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "config/samples/hcp_v1alpha1_callee.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(raw, callee); err != nil {
+		t.Fatal(err)
+	}
+	raw, err = os.ReadFile(filepath.Join(repoRoot, "config/samples/keda/scaledobject.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := map[string]*unstructured.Unstructured{}
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatalf("%v in\n%s", err, doc)
+		}
+		objs[u.GetKind()] = u
+	}
+	so, auth, secret := objs["ScaledObject"], objs["TriggerAuthentication"], objs["Secret"]
+	if so == nil || auth == nil || secret == nil {
+		t.Fatalf("want a ScaledObject, a TriggerAuthentication and a Secret, got %v", objs)
+	}
+	str := func(u *unstructured.Unstructured, path ...string) string {
+		v, _, _ := unstructured.NestedString(u.Object, path...)
+		return v
+	}
+	if str(so, "spec", "scaleTargetRef", "apiVersion") != hcpv1.GroupVersion.String() || str(so, "spec", "scaleTargetRef", "kind") != "Callee" ||
+		str(so, "spec", "scaleTargetRef", "name") != callee.Name {
+		t.Errorf("scaleTargetRef %v, want the sample Callee %s", so.Object["spec"], callee.Name)
+	}
+	triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+	if len(triggers) != 1 {
+		t.Fatalf("%d triggers, want 1", len(triggers))
+	}
+	tr := &unstructured.Unstructured{Object: triggers[0].(map[string]any)}
+	if str(tr, "type") != "rabbitmq" || str(tr, "metadata", "queueName") != topology.CommandQueue(callee.ID()) ||
+		str(tr, "metadata", "vhostName") != callee.Spec.Broker.Vhost || str(tr, "authenticationRef", "name") != auth.GetName() {
+		t.Errorf("trigger %v, want rabbitmq on %s in %s via %s", tr.Object, topology.CommandQueue(callee.ID()), callee.Spec.Broker.Vhost, auth.GetName())
+	}
+	refs, _, _ := unstructured.NestedSlice(auth.Object, "spec", "secretTargetRef")
+	if len(refs) != 1 || refs[0].(map[string]any)["name"] != secret.GetName() || refs[0].(map[string]any)["parameter"] != "host" {
+		t.Errorf("TriggerAuthentication %v, want host from Secret %s", refs, secret.GetName())
+	}
 }
