@@ -93,6 +93,11 @@ bench: testbed ## Benchmarks against their raw baselines in the same run: transp
 	go test -run '^$$' -bench . -benchtime 5000x ./internal/transport
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkRelay -benchtime 5000x -timeout 60m -v ./test/relay
 
+.PHONY: relay-cuts
+relay-cuts: testbed ## The relay while the broker closes the sidecars' connections at random (RELAY_CUTS_RUNS runs, default 5): every event once and in order, none given up.
+	HCP_RELAY_CUTS=1 KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -count=$(RELAY_CUTS_RUNS) -run '^TestRelayRandomConnectionCuts$$' -v -timeout 30m ./test/relay
+
+RELAY_CUTS_RUNS ?= 5
 REJECT_FLOOD ?= 10000
 .PHONY: bench-rejections
 bench-rejections: testbed ## A flood of REJECT_FLOOD (default 10000) task_submits the gate refuses: the API objects left behind (make test runs 2,000).
