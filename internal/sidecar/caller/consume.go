@@ -194,7 +194,7 @@ func (s *Sidecar) dispatch(it *item) {
 		s.workers.Add(1)
 		go w.run()
 	}
-	if it.event != nil && (w.stalled.Load() || w.gapped.Load()) && !s.mayHold(w, it.seq()) {
+	if it.event != nil && (w.stalled.Load() || w.gapped.Load()) && int(w.held.Load()) >= s.holdCap() && !w.fillsGap(it.seq()) {
 		s.release(w, it)
 		return
 	}
@@ -213,44 +213,14 @@ func (s *Sidecar) dispatch(it *item) {
 	}
 }
 
-// mayHold reports whether a session that cannot deliver now (its app is
-// failing, or it waits for a gap) may take event seq rather than release
-// it. Its next event, always: it is what unblocks it. One of the events
-// missing behind a gap, while the session holds fewer than its reorder
-// buffer can take: released, it would go to the back of the queue, behind
-// the session's later events, and every one of them would have to go round
-// the queue before it comes back; but past the buffer the gap would have to
-// be skipped. Any other event, while it holds less than its share of the
-// prefetch window (holdCap).
-//
-// And whatever the session: all the sessions that cannot deliver together
-// hold at most the prefetch window less two, so that the events that
-// unblock them, and the other sessions' events, can still arrive. Called
-// with s.mu held.
-func (s *Sidecar) mayHold(w *stream, seq int64) bool {
-	held, next := int(w.held.Load()), w.next.Load()
-	if seq == next {
-		return true
-	}
-	if s.blocked() >= s.cfg.Prefetch-2 {
-		return false
-	}
-	if w.gapped.Load() && seq > next && seq < w.gapEnd.Load() {
-		return held < s.o.MaxBuffer-1
-	}
-	return held < s.holdCap()
-}
-
-// blocked counts the deliveries held by the sessions that cannot deliver
-// now. Called with s.mu held.
-func (s *Sidecar) blocked() int {
-	n := 0
-	for _, o := range s.streams {
-		if o.stalled.Load() || o.gapped.Load() {
-			n += int(o.held.Load())
-		}
-	}
-	return n
+// fillsGap reports whether seq is the stream's next sequence or, behind a
+// gap, one of the missing ones: such an event is never released. Released,
+// it would go to the back of the queue, behind the session's later events,
+// and every one of them would have to go round the queue before it comes
+// back.
+func (w *stream) fillsGap(seq int64) bool {
+	next := w.next.Load()
+	return seq == next || (w.gapped.Load() && seq > next && seq < w.gapEnd.Load())
 }
 
 // releaseDelay is how long a released delivery of a session whose app is

@@ -83,8 +83,7 @@
 // their events get L2's "log a warning and continue" after GapTimeout. The
 // next event delivered carries the range given up (AppMessage.Lost).
 // While a session waits, the events that fill its gap are never released
-// (Sidecar.mayHold, up to the reorder buffer), and releases are immediate
-// (releaseDelay).
+// (stream.fillsGap), and releases are immediate (releaseDelay).
 //
 // Messages without an L2 sequence take their place in the session's stream
 // from their position in the queue: task_accepted and task_rejected before

@@ -192,16 +192,11 @@ func (w *stream) run() {
 			w.lastActive = w.s.clk.Now()
 			w.accept(it)
 			// What else arrived meanwhile joins it, so that with
-			// AppMaxBatch the next request carries all of it. The
-			// dispatcher learns of a gap after each message, before the
-			// delivery: it must stop handing this session more than its
-			// share while the gap is open.
-			w.mirror()
+			// AppMaxBatch the next request carries all of it.
 			for range cap(w.inbox) {
 				select {
 				case it := <-w.inbox:
 					w.accept(it)
-					w.mirror()
 					continue
 				default:
 				}
