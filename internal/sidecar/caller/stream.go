@@ -192,11 +192,17 @@ func (w *stream) run() {
 			w.lastActive = w.s.clk.Now()
 			w.accept(it)
 			// What else arrived meanwhile joins it, so that with
-			// AppMaxBatch the next request carries all of it.
+			// AppMaxBatch the next request carries all of it. The
+			// dispatcher learns of a gap after each message, before the
+			// delivery: without that it hands the session every event
+			// until the delivery returns, and a long gap overflows the
+			// reorder buffer.
+			w.mirror()
 			for range cap(w.inbox) {
 				select {
 				case it := <-w.inbox:
 					w.accept(it)
+					w.mirror()
 					continue
 				default:
 				}
