@@ -136,19 +136,12 @@ func benchAcceptance(b *testing.B) {
 }
 
 func declareQuorumQueues(url string, names ...string) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	for _, q := range names {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
-			return err
+	return withChannel(url, func(ch *amqp.Channel) error {
+		for _, q := range names {
+			if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }

@@ -288,10 +288,9 @@ func eventQueueArgs() amqp.Table {
 	return t
 }
 
-// declareTopology declares, as an administrator (the operator's job: the
-// sidecars may not), the HCP exchanges, the callee's command queue and the
-// caller's event queue with the operator's arguments, and their bindings.
-func declareTopology(url string) error {
+// withChannel runs f on a channel of a connection to url of its own, an
+// administrator's for declarations.
+func withChannel(url string, f func(*amqp.Channel) error) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return err
@@ -301,38 +300,47 @@ func declareTopology(url string) error {
 	if err != nil {
 		return err
 	}
-	cmdArgs := amqp.Table{"x-queue-type": "quorum"}
-	for k, v := range resource.CalleeQueueArguments(v1alpha1.CommandQueueSpec{}) {
-		cmdArgs[k] = v
-	}
-	steps := []func() error{
-		func() error {
-			return ch.ExchangeDeclare(topology.CommandsExchange, topology.CommandsExchangeType, true, false, false, false, nil)
-		},
-		func() error {
-			return ch.ExchangeDeclare(topology.EventsExchange, topology.EventsExchangeType, true, false, false, false, nil)
-		},
-		func() error {
-			_, err := ch.QueueDeclare(topology.CommandQueue(calleeID), true, false, false, false, cmdArgs)
-			return err
-		},
-		func() error {
-			_, err := ch.QueueDeclare(topology.EventQueue(callerID), true, false, false, false, eventQueueArgs())
-			return err
-		},
-		func() error {
-			return ch.QueueBind(topology.CommandQueue(calleeID), topology.CommandRoutingKey(calleeID), topology.CommandsExchange, false, nil)
-		},
-		func() error {
-			return ch.QueueBind(topology.EventQueue(callerID), topology.EventBindingKey(callerID), topology.EventsExchange, false, nil)
-		},
-	}
-	for _, f := range steps {
-		if err := f(); err != nil {
-			return err
+	return f(ch)
+}
+
+// declareTopology declares, as an administrator (the operator's job: the
+// sidecars may not), the HCP exchanges, the callee's command queue and the
+// caller's event queue with the operator's arguments, and their bindings.
+func declareTopology(url string) error {
+	return withChannel(url, func(ch *amqp.Channel) error {
+		cmdArgs := amqp.Table{"x-queue-type": "quorum"}
+		for k, v := range resource.CalleeQueueArguments(v1alpha1.CommandQueueSpec{}) {
+			cmdArgs[k] = v
 		}
-	}
-	return nil
+		steps := []func() error{
+			func() error {
+				return ch.ExchangeDeclare(topology.CommandsExchange, topology.CommandsExchangeType, true, false, false, false, nil)
+			},
+			func() error {
+				return ch.ExchangeDeclare(topology.EventsExchange, topology.EventsExchangeType, true, false, false, false, nil)
+			},
+			func() error {
+				_, err := ch.QueueDeclare(topology.CommandQueue(calleeID), true, false, false, false, cmdArgs)
+				return err
+			},
+			func() error {
+				_, err := ch.QueueDeclare(topology.EventQueue(callerID), true, false, false, false, eventQueueArgs())
+				return err
+			},
+			func() error {
+				return ch.QueueBind(topology.CommandQueue(calleeID), topology.CommandRoutingKey(calleeID), topology.CommandsExchange, false, nil)
+			},
+			func() error {
+				return ch.QueueBind(topology.EventQueue(callerID), topology.EventBindingKey(callerID), topology.EventsExchange, false, nil)
+			},
+		}
+		for _, f := range steps {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // startCallee runs the callee pod: the harness and the callee sidecar,

@@ -266,22 +266,15 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 // declareRawTopology declares the baseline's exchange and a quorum queue
 // with the same arguments as the relay's event queue.
 func declareRawTopology(url string, t benchutil.Topology) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.ExchangeDeclare(t.Exchange, t.ExchangeKind, true, false, false, false, nil); err != nil {
-		return err
-	}
-	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, eventQueueArgs()); err != nil {
-		return err
-	}
-	return ch.QueueBind(t.Queue, t.BindingKey, t.Exchange, false, nil)
+	return withChannel(url, func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(t.Exchange, t.ExchangeKind, true, false, false, false, nil); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, eventQueueArgs()); err != nil {
+			return err
+		}
+		return ch.QueueBind(t.Queue, t.BindingKey, t.Exchange, false, nil)
+	})
 }
 
 // benchStatusWrites counts HCPSession status writes while sessions receive
