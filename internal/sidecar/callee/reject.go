@@ -8,7 +8,6 @@ import (
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/policy"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
 
@@ -62,13 +61,7 @@ func (s *Sidecar) rejectedBefore(ctx context.Context, c *command) bool {
 	}
 	r := v.(rejection)
 	c.log.V(1).Info("A task rejected before; answering again with the same reply", "reasonCode", r.code)
-	pub, err := s.rejectedPublishing(c.sid, c.msgID, r.at, r.code, r.msg)
-	if err != nil { // it was built from the same values before
-		c.log.Error(err, "Failed to build task_rejected")
-		s.settle(c.d, true, false)
-		return true
-	}
-	s.sendReply(ctx, c.d, c.log, c.callerID, c.sid, envelope.TypeTaskRejected, pub)
+	s.sendRejected(ctx, c.d, c.callerID, c.sid, c.msgID, r.at, r.code, r.msg) // not counted again: a copy
 	return true
 }
 

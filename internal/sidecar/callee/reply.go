@@ -120,14 +120,22 @@ func derivedID(parts ...string) string {
 
 // replyRejected publishes a task_rejected with no HCPSession behind it.
 func (s *Sidecar) replyRejected(ctx context.Context, d amqp.Delivery, callerID, sid, msgID string, at time.Time, code task.ReasonCode, msg string) {
+	if s.sendRejected(ctx, d, callerID, sid, msgID, at, code, msg) {
+		s.countReject(string(code))
+	}
+}
+
+// sendRejected builds and sends a task_rejected, reporting whether it
+// could be built (if not, the command is discarded).
+func (s *Sidecar) sendRejected(ctx context.Context, d amqp.Delivery, callerID, sid, msgID string, at time.Time, code task.ReasonCode, msg string) bool {
 	pub, err := s.rejectedPublishing(sid, msgID, at, code, msg)
 	if err != nil {
 		s.log.Error(err, "Failed to build task_rejected")
 		s.settle(d, true, false)
-		return
+		return false
 	}
-	s.countReject(string(code))
 	s.sendReply(ctx, d, s.log.WithValues("caller", callerID, "session", sid), callerID, sid, envelope.TypeTaskRejected, pub)
+	return true
 }
 
 // sendReply publishes a reply to the authenticated caller and settles the
