@@ -44,3 +44,48 @@ func TestPoisonedSessionDoesNotStallOthers(t *testing.T) {
 		return b.complete(bad.sessionID, 30)
 	})
 }
+
+// TestGapsDoNotFillTheWindow: two sessions wait for gaps (their first
+// event is queued behind their later ones, and their marks say it is on
+// its way, so time never skips it) while a third streams. Each of the two
+// stays below its own share of the prefetch window (10), but together
+// they would fill it: nothing more would arrive, neither the third
+// session's events nor the two missing ones. All three must reach the app
+// completely, in order, with nothing given up.
+func TestGapsDoNotFillTheWindow(t *testing.T) {
+	b := newBed(t, "lab")
+	r := b.start(func(o *Options) { o.GapTimeout = 50 * time.Millisecond })
+	const n = 12
+	var gapped []*script
+	for range 2 {
+		gapped = append(gapped, newScript(t, "lab", r.submit(t, taskReq("lab")).MessageID, n))
+	}
+	healthy := newScript(t, "lab", r.submit(t, taskReq("lab")).MessageID, 10)
+	c := b.callee("lab")
+	for _, s := range gapped { // task_accepted, then events 2..n-1: 1 is missing
+		c.publish(s.msgs[0])
+		for _, m := range s.msgs[2:n] {
+			c.publishMarked(m, 0)
+		}
+	}
+	for _, m := range healthy.msgs {
+		c.publish(m)
+	}
+	for _, s := range gapped { // the missing first events, then the ends
+		c.publishMarked(s.msgs[1], 0)
+		c.publish(s.msgs[n])
+		c.publishMarked(s.msgs[n+1], 0)
+	}
+	for _, s := range append(gapped, healthy) {
+		want := n
+		if s == healthy {
+			want = 10
+		}
+		eventually(t, 60*time.Second, "session "+s.sessionID+" delivered completely", func() error {
+			return b.complete(s.sessionID, want)
+		})
+	}
+	if got := testutil.ToFloat64(b.metrics.Rejects.WithLabelValues(ReasonGapSkipped)); got != 0 {
+		t.Errorf("gap_skipped %.0f, want 0", got)
+	}
+}

@@ -201,6 +201,14 @@ type Sidecar struct {
 	// movedAt is when a delivery last went to a session that can deliver
 	// (unix nanos; see releaseDelay).
 	movedAt atomic.Int64
+	// holding counts the deliveries handed to session workers and not
+	// settled (the sum of the streams' held); buffered is the sum of the
+	// streams' reorder buffers as they last published them (mirror);
+	// dispatchedAt is when a delivery last reached the dispatcher (unix
+	// nanos). See Sidecar.release and stream.shed.
+	holding      atomic.Int32
+	buffered     atomic.Int64
+	dispatchedAt atomic.Int64
 	// answered holds task message ids whose answer has arrived (even if not
 	// yet delivered to the app), so they are not republished.
 	answered map[string]bool

@@ -123,6 +123,9 @@ type stream struct {
 	// gapEnd is the lowest buffered sequence: the events below it (and
 	// from next on) fill the gap and are never released.
 	gapEnd atomic.Int64
+	// mirrored is the reorder buffer's size as last added to
+	// Sidecar.buffered (worker only).
+	mirrored int64
 	// released are the sequences of the events released to the queue and
 	// not seen again, with when (written by the dispatcher, read by the
 	// worker).
@@ -180,8 +183,7 @@ func (w *stream) run() {
 		w.s.mu.Unlock()
 		return
 	}
-	every := min(max(w.s.o.GapTimeout/4, 10*time.Millisecond), time.Second)
-	tick := w.s.clk.NewTicker(every)
+	tick := w.s.clk.NewTicker(w.tickEvery())
 	defer tick.Stop()
 	for {
 		select {
@@ -221,6 +223,11 @@ func (w *stream) run() {
 	}
 }
 
+// tickEvery is the period of the worker's timeouts (onTick).
+func (w *stream) tickEvery() time.Duration {
+	return min(max(w.s.o.GapTimeout/4, 10*time.Millisecond), time.Second)
+}
+
 // stopping reports whether the drain time is over.
 func (w *stream) stopping() bool {
 	return !w.stopAt.IsZero() && !w.s.clk.Now().Before(w.stopAt)
@@ -252,6 +259,7 @@ func (w *stream) drain() {
 		delete(w.s.streams, w.id)
 	}
 	w.s.mu.Unlock()
+	w.setMirrored(0)
 	held := len(w.inbox) + len(w.ready) + len(w.barriers) + w.tracker.Buffered()
 	if held > 0 {
 		w.log.V(1).Info("Stopped with deliveries unsettled; the broker returns them to the head of the queue", "held", held)
@@ -465,6 +473,45 @@ func (w *stream) mirror() {
 	if !w.gapped.Load() && !w.stalled.Load() {
 		w.releasing.Store(false) // the next release is logged again
 	}
+	w.setMirrored(int64(w.tracker.Buffered()))
+}
+
+// setMirrored publishes the size of the reorder buffer into
+// Sidecar.buffered; an exiting worker sets it to 0.
+func (w *stream) setMirrored(n int64) {
+	if n != w.mirrored {
+		w.s.buffered.Add(n - w.mirrored)
+		w.mirrored = n
+	}
+}
+
+// shed hands the upper half of the reorder buffer back to the queue when
+// the prefetch window is full and nothing has arrived for a while: the
+// deliveries held by sessions waiting for gaps (and by sessions whose app
+// fails) then fill the window, and the events they wait for, behind them
+// in the queue, could never come. The released events are remembered
+// (noteReleased), so they are waited for like the gap, never given up on.
+// The dispatcher's global share (Sidecar.mustRelease) keeps this rare;
+// this is the backstop when fillers and failing apps fill the window.
+func (w *stream) shed(now time.Time, quiet time.Duration) {
+	n := w.tracker.Buffered()
+	window := w.s.cfg.Prefetch
+	if n == 0 || window <= 0 || int(w.s.holding.Load()) < window ||
+		now.Sub(time.Unix(0, w.s.dispatchedAt.Load())) < quiet {
+		return
+	}
+	shed := w.tracker.Unbuffer(max(n/2, 1))
+	for _, e := range shed {
+		w.noteReleased(e.Seq, now)
+		w.s.m.Released.Inc()
+		if e.Item.stale() {
+			w.s.forget(e.Item)
+			continue
+		}
+		w.s.settle(e.Item, false)
+	}
+	w.log.Info("The prefetch window is full of deliveries that wait; returned part of this session's reorder buffer to the queue so that the missing events can arrive",
+		"returned", len(shed), "from", shed[0].Seq, "buffered", w.tracker.Buffered(), "next", w.tracker.NextExpected())
 }
 
 func (w *stream) offer(it *item) {
@@ -1036,6 +1083,7 @@ func (w *stream) onTick() {
 	} else {
 		w.gapSince = time.Time{}
 	}
+	w.shed(now, 2*w.tickEvery())
 	w.reportAcked(false)
 	if len(w.barriers) > 0 {
 		b := w.barriers[0]
@@ -1078,5 +1126,6 @@ func (w *stream) tryExit() bool {
 	if w.s.streams[w.id] == w {
 		delete(w.s.streams, w.id)
 	}
+	w.setMirrored(0)
 	return true
 }

@@ -334,6 +334,26 @@ func (t *Tracker[T]) Reset() []Entry[T] {
 	return dropped
 }
 
+// Unbuffer removes the n highest buffered events (fewer if fewer are
+// buffered) and returns them in ascending order, for a caller that hands
+// their deliveries back to the broker to free its prefetch window: they
+// are not skipped, and their next copies are offered like any other. The
+// gap before the remaining buffered events is unchanged.
+func (t *Tracker[T]) Unbuffer(n int) []Entry[T] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	seqs := slices.Sorted(maps.Keys(t.buf))
+	out := make([]Entry[T], 0, min(n, len(seqs)))
+	for _, s := range seqs[max(len(seqs)-n, 0):] {
+		out = append(out, Entry[T]{s, t.buf[s]})
+		delete(t.buf, s)
+	}
+	if len(t.buf) == 0 {
+		t.reported = Range{}
+	}
+	return out
+}
+
 // LastProcessed returns last_processed_sequence.
 func (t *Tracker[T]) LastProcessed() int64 {
 	t.mu.Lock()

@@ -436,3 +436,28 @@ func TestTrackerSkipThrough(t *testing.T) {
 	commit(t, tr, 1, 4, 6)
 	offer(t, tr, 7, Deliver, 7)
 }
+
+// TestTrackerUnbuffer: the highest buffered events are handed back and
+// nothing is skipped: the gap stays, their copies are buffered again, and
+// the stream delivers in order once the gap fills.
+func TestTrackerUnbuffer(t *testing.T) {
+	tr := newTracker(t, TrackerOptions{})
+	offer(t, tr, 1, Deliver, 1)
+	for _, s := range []int64{3, 4, 6, 7} {
+		offer(t, tr, s, Buffered)
+	}
+	if got := seqs(tr.Unbuffer(3)); !slices.Equal(got, []int64{4, 6, 7}) {
+		t.Fatalf("Unbuffer(3) = %v, want [4 6 7]", got)
+	}
+	if lo, ok := tr.LowestBuffered(); !ok || lo != 3 || tr.Buffered() != 1 || tr.NextExpected() != 2 {
+		t.Fatalf("after Unbuffer: lowest %d %v, buffered %d, next %d", lo, ok, tr.Buffered(), tr.NextExpected())
+	}
+	offer(t, tr, 7, Buffered) // copies come back: buffered, not late
+	offer(t, tr, 6, Buffered)
+	offer(t, tr, 2, Deliver, 2, 3)
+	offer(t, tr, 4, Deliver, 4)
+	offer(t, tr, 5, Deliver, 5, 6, 7)
+	if got := seqs(tr.Unbuffer(5)); len(got) != 0 {
+		t.Fatalf("Unbuffer with nothing buffered = %v", got)
+	}
+}
