@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -41,6 +42,11 @@ var (
 	// managerLog receives the manager's log; failing tests print the lines
 	// about their namespace.
 	managerLog string
+	// suiteManager is the manager under test, built by ManagerConfig as
+	// cmd/manager builds it; tests may look into its cache.
+	suiteManager ctrl.Manager
+	// suiteManagerConfig is what it was built from.
+	suiteManagerConfig ManagerConfig
 )
 
 // The manager's default broker: a connection Secret in suiteBrokerNamespace
@@ -56,6 +62,28 @@ func suiteOptions() Options {
 		DefaultBroker: &resource.DefaultBroker{Namespace: suiteBrokerNamespace, Name: suiteBrokerSecret},
 		SidecarImage:  suiteSidecarImage,
 	}
+}
+
+// newSuiteManagerConfig is the suite manager's configuration: production's
+// defaults, but no probes, and metrics on a free local port, served as in
+// production (HTTPS, every scrape authenticated and authorized). The two
+// controllers whose objects stand alone run more than one worker, so that
+// TestManagerMetrics can tell the configured concurrency from the default.
+func newSuiteManagerConfig() (ManagerConfig, error) {
+	cfg := DefaultManagerConfig()
+	cfg.Options = suiteOptions()
+	cfg.HealthProbeAddr = "0"
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return cfg, err
+	}
+	cfg.MetricsAddr = l.Addr().String()
+	if err := l.Close(); err != nil {
+		return cfg, err
+	}
+	cfg.MaxConcurrentReconciles[ControllerCapabilityPolicy] = 2
+	cfg.MaxConcurrentReconciles[ControllerHCPSession] = 3
+	return cfg, cfg.Validate()
 }
 
 func TestMain(m *testing.M) {
@@ -105,18 +133,18 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "manager RBAC:", err)
 		return 1
 	}
-	opts := suiteOptions()
-	mgr, err := ctrl.NewManager(managerConfig, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  CacheOptions(opts),
-	})
+	cfg, err := newSuiteManagerConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "manager config:", err)
+		return 1
+	}
+	mgr, err := ctrl.NewManager(cfg.RESTConfig(managerConfig), cfg.ManagerOptions(env.Scheme))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		return 1
 	}
-	if err := Setup(ctx, mgr, opts); err != nil {
+	suiteManager, suiteManagerConfig = mgr, cfg
+	if err := Setup(ctx, mgr, cfg.Options); err != nil {
 		fmt.Fprintln(os.Stderr, "setup:", err)
 		return 1
 	}
@@ -142,29 +170,27 @@ const managerUser = "hcp-operator-manager"
 // ClusterRole generated from the kubebuilder markers (config/rbac/role.yaml),
 // so that every envtest test also proves the manager needs nothing more,
 // including for the Roles it grants to sidecars (Kubernetes refuses to let
-// anyone grant permissions it does not hold).
+// anyone grant permissions it does not hold), plus the ClusterRole that
+// lets it check who scrapes its metrics (config/rbac/metrics_auth_role.yaml).
 func restrictedManagerConfig(ctx context.Context, env *testbed.Env) (*rest.Config, error) {
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		return nil, err
-	}
-	raw, err := os.ReadFile(filepath.Join(root, "config", "rbac", "role.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.Unmarshal(raw, role); err != nil {
-		return nil, fmt.Errorf("config/rbac/role.yaml: %w", err)
-	}
-	role.Name = managerUser
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: managerUser},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: managerUser},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: managerUser}},
-	}
-	for _, o := range []client.Object{role, binding} {
-		if err := k8sClient.Create(ctx, o); err != nil {
+	for _, r := range []struct{ file, name string }{
+		{"role.yaml", managerUser},
+		{"metrics_auth_role.yaml", managerUser + "-metrics-auth"},
+	} {
+		role, err := rbacFromRepo[*rbacv1.ClusterRole](r.file)
+		if err != nil {
 			return nil, err
+		}
+		role.Name = r.name
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: r.name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: r.name},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: managerUser}},
+		}
+		for _, o := range []client.Object{role, binding} {
+			if err := k8sClient.Create(ctx, o); err != nil {
+				return nil, err
+			}
 		}
 	}
 	user, err := env.Environment.AddUser(envtest.User{Name: managerUser}, nil)
@@ -172,6 +198,24 @@ func restrictedManagerConfig(ctx context.Context, env *testbed.Env) (*rest.Confi
 		return nil, err
 	}
 	return user.Config(), nil
+}
+
+// rbacFromRepo reads one of config/rbac's manifests.
+func rbacFromRepo[T client.Object](file string) (T, error) {
+	var obj T
+	root, err := testbed.RepoRoot()
+	if err != nil {
+		return obj, err
+	}
+	raw, err := os.ReadFile(filepath.Join(root, "config", "rbac", file))
+	if err != nil {
+		return obj, err
+	}
+	obj = reflect.New(reflect.TypeFor[T]().Elem()).Interface().(T)
+	if err := yaml.Unmarshal(raw, obj); err != nil {
+		return obj, fmt.Errorf("config/rbac/%s: %w", file, err)
+	}
+	return obj, nil
 }
 
 // createSuiteBroker creates the default connection Secret. No broker runs
