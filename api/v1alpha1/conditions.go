@@ -18,6 +18,14 @@ const (
 	// replicas of its Callee (released at a drain, taken over after its
 	// replica was lost, or resumed after its harness restarted).
 	ConditionHandover = "Handover"
+	// ConditionReconciling (kstatus, abnormal-true): the object is on its
+	// way to what its spec asks and nothing needs fixing yet; present only
+	// while True. See docs/gitops.md.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled (kstatus, abnormal-true): the object cannot get to
+	// what its spec asks without someone fixing something (or, for an
+	// HCPSession, it ended without completing); present only while True.
+	ConditionStalled = "Stalled"
 )
 
 // Condition reasons.
@@ -43,16 +51,34 @@ const (
 	ReasonDeploymentAvailable   = "DeploymentAvailable"
 	ReasonDeploymentUnavailable = "DeploymentUnavailable"
 	ReasonDeploymentProgressing = "DeploymentProgressing"
-	ReasonNoHarness             = "NoHarness"
-	ReasonScaledToZero          = "ScaledToZero"
-	ReasonAllRulesMatched       = "AllRulesMatched"
-	ReasonRuleMatchesNothing    = "RuleMatchesNothing"
-	ReasonNoCalleesSelected     = "NoCalleesSelected"
-	ReasonInvalidSelector       = "InvalidSelector"
-	ReasonInvalidRules          = "InvalidRules"
+	// ReasonProgressDeadlineExceeded: the harness Deployment is unavailable
+	// and its rollout passed progressDeadlineSeconds (the Deployment's
+	// Progressing condition is False): crash-looping pods, an image that
+	// cannot be pulled, a quota.
+	ReasonProgressDeadlineExceeded = "ProgressDeadlineExceeded"
+	ReasonNoHarness                = "NoHarness"
+	ReasonScaledToZero             = "ScaledToZero"
+	ReasonAllRulesMatched          = "AllRulesMatched"
+	ReasonRuleMatchesNothing       = "RuleMatchesNothing"
+	ReasonNoCalleesSelected        = "NoCalleesSelected"
+	ReasonInvalidSelector          = "InvalidSelector"
+	ReasonInvalidRules             = "InvalidRules"
 	// ReasonDeleting: a Callee or Caller waits for its topology objects to
 	// be removed from the broker before it goes.
 	ReasonDeleting = "Deleting"
+)
+
+// Reasons of an HCPSession's Ready, Reconciling and Stalled conditions:
+// its L2 state in CamelCase (status.reason keeps the protocol's reason).
+const (
+	ReasonSessionPending   = "Pending"
+	ReasonSessionRunning   = "Running"
+	ReasonSessionPaused    = "Paused"
+	ReasonSessionAborting  = "Aborting"
+	ReasonSessionCompleted = "Completed"
+	ReasonSessionFailed    = "Failed"
+	ReasonSessionAborted   = "Aborted"
+	ReasonSessionRejected  = "Rejected"
 )
 
 // Labels and annotations the operator sets or reads.

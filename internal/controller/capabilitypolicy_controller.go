@@ -164,6 +164,7 @@ func setPolicyStatus(p *hcpv1alpha1.CapabilityPolicy, callees []hcpv1alpha1.Call
 		c.Message = truncate(c.Message, maxConditionMessage)
 		meta.SetStatusCondition(&p.Status.Conditions, c)
 	}
+	setReconcilingStalled(&p.Status.Conditions, p.Generation)
 	p.Status.ObservedGeneration = p.Generation
 }
 

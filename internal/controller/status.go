@@ -28,6 +28,57 @@ func setCondition(v view, typ string, ok bool, reason, msg string) {
 		Message:            truncateMessage(msg),
 		ObservedGeneration: v.obj.GetGeneration(),
 	})
+	if typ == hcpv1alpha1.ConditionReady {
+		setReconcilingStalled(v.conditions, v.obj.GetGeneration())
+	}
+}
+
+// stalledReasons are the Ready=False reasons that last until someone fixes
+// something: kstatus' Stalled. Every other Ready=False reason (waiting for
+// the topology operator or the Deployment controller, a rollout, a retried
+// error, deletion) is Reconciling.
+var stalledReasons = map[string]bool{
+	hcpv1alpha1.ReasonBrokerNotConfigured:      true,
+	hcpv1alpha1.ReasonBrokerSecretNotFound:     true,
+	hcpv1alpha1.ReasonBrokerSecretUnlabeled:    true,
+	hcpv1alpha1.ReasonBrokerSecretInvalid:      true,
+	hcpv1alpha1.ReasonIDConflict:               true,
+	hcpv1alpha1.ReasonInvalidID:                true,
+	hcpv1alpha1.ReasonTLSSecretNotFound:        true,
+	hcpv1alpha1.ReasonTLSSecretUnlabeled:       true,
+	hcpv1alpha1.ReasonTLSSecretInvalid:         true,
+	hcpv1alpha1.ReasonTopologyFailed:           true,
+	hcpv1alpha1.ReasonProgressDeadlineExceeded: true,
+	hcpv1alpha1.ReasonScaledToZero:             true,
+	hcpv1alpha1.ReasonInvalidSelector:          true,
+	hcpv1alpha1.ReasonInvalidRules:             true,
+}
+
+// setReconcilingStalled derives kstatus' abnormal-true conditions from
+// Ready, so that kstatus (Flux, kpt, cli-utils) and Argo CD tell an object
+// that is getting there from one that needs a fix: Ready=True has neither;
+// Ready=False has Stalled when its reason needs a fix, else Reconciling.
+// Both carry Ready's reason and message and are removed, not set False,
+// when they do not apply.
+func setReconcilingStalled(conds *[]metav1.Condition, generation int64) {
+	ready := meta.FindStatusCondition(*conds, hcpv1alpha1.ConditionReady)
+	if ready == nil || ready.Status == metav1.ConditionTrue {
+		meta.RemoveStatusCondition(conds, hcpv1alpha1.ConditionReconciling)
+		meta.RemoveStatusCondition(conds, hcpv1alpha1.ConditionStalled)
+		return
+	}
+	set, unset := hcpv1alpha1.ConditionReconciling, hcpv1alpha1.ConditionStalled
+	if stalledReasons[ready.Reason] {
+		set, unset = unset, set
+	}
+	meta.RemoveStatusCondition(conds, unset)
+	meta.SetStatusCondition(conds, metav1.Condition{
+		Type:               set,
+		Status:             metav1.ConditionTrue,
+		Reason:             ready.Reason,
+		Message:            ready.Message,
+		ObservedGeneration: generation,
+	})
 }
 
 func truncateMessage(s string) string {
@@ -180,10 +231,18 @@ func setHarnessReady(v view, d *appsv1.Deployment) {
 		if avail.Message != "" {
 			msg += ": " + avail.Message
 		}
-		if p := findDeploymentCondition(d, appsv1.DeploymentProgressing); p != nil && p.Status == corev1.ConditionFalse && p.Message != "" {
-			msg += "; " + p.Message
+		reason := hcpv1alpha1.ReasonDeploymentUnavailable
+		if p := findDeploymentCondition(d, appsv1.DeploymentProgressing); p != nil && p.Status == corev1.ConditionFalse {
+			if p.Message != "" {
+				msg += "; " + p.Message
+			}
+			// Past progressDeadlineSeconds the Deployment controller
+			// gives up waiting: a fix is needed (kstatus: Stalled).
+			if p.Reason == "ProgressDeadlineExceeded" {
+				reason = hcpv1alpha1.ReasonProgressDeadlineExceeded
+			}
 		}
-		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonDeploymentUnavailable, msg)
+		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, reason, msg)
 	}
 }
 

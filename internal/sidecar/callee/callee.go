@@ -351,6 +351,8 @@ func New(o Options) (*Sidecar, error) {
 	// Sessions are selectable by state (kubectl get hcps -l hcp.io/state=RUNNING):
 	// the writer keeps the label in step with the state it writes.
 	o.Status.SetStateLabel(v1alpha1.LabelSessionState)
+	// And carry the kstatus conditions derived from the state (docs/gitops.md).
+	o.Status.SetDeriveConditions(true)
 	s.life, s.stopLife = context.WithCancel(context.Background())
 	s.handler = s.routes()
 	s.adopting.Store(len(walSessions) > 0)

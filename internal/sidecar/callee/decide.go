@@ -368,6 +368,7 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 func (s *Sidecar) casStatus(ctx context.Context, hs *v1alpha1.HCPSession, mutate func(*v1alpha1.HCPSessionStatus)) error {
 	base := hs.DeepCopy()
 	mutate(&hs.Status)
+	status.SetConditions(&hs.Status, s.clk.Now())
 	err := s.c.Status().Patch(ctx, hs, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(status.FieldOwner))
 	if s.m != nil {
 		switch {

@@ -20,6 +20,10 @@
 // write that changes the state is followed by one metadata merge patch of
 // that label. State changes coalesced within an interval cost one label
 // write at most; writes that do not change the state cost none.
+//
+// With SetDeriveConditions (the callee sidecar), every Update also derives
+// the kstatus conditions Ready, Reconciling and Stalled from the state
+// (SetConditions), so they travel in the same write as the state.
 package status
 
 import (
@@ -99,6 +103,8 @@ type Writer struct {
 	entries map[string]*entry
 	// labelKey is the label mirroring status.state; "" means none.
 	labelKey string
+	// derive: Update derives the kstatus conditions (SetConditions).
+	derive bool
 }
 
 // entry is what the writer knows of one session's status.
@@ -207,6 +213,16 @@ func (w *Writer) SetStateLabel(key string) {
 	w.mu.Unlock()
 }
 
+// SetDeriveConditions makes every Update derive the kstatus conditions
+// from the state it leaves (SetConditions). Only the writer that owns
+// status.state (the callee sidecar's) may: the caller sidecar's writes only
+// callerAckedSequence.
+func (w *Writer) SetDeriveConditions(on bool) {
+	w.mu.Lock()
+	w.derive = on
+	w.mu.Unlock()
+}
+
 // Run writes until ctx ends, then writes whatever is still pending (bounded
 // by a 10 s grace period) and returns. Updates after Run returned are not
 // written.
@@ -273,6 +289,9 @@ func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 		return
 	}
 	mutate(&e.desired)
+	if w.derive {
+		SetConditions(&e.desired, w.clk.Now())
+	}
 	e.version++
 	if equality.Semantic.DeepEqual(e.base, e.desired) {
 		// Back to what is stored: nothing to write.
