@@ -118,6 +118,9 @@ func (r *HCPSessionReconciler) ttl(ctx context.Context, s *hcpv1alpha1.HCPSessio
 
 // SetupWithManager registers the reconciler. SetupIndexes must have run.
 func (r *HCPSessionReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := registerSessionMetrics(r.Client, r.Clock); err != nil {
+		return err
+	}
 	terminal := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		s, ok := o.(*hcpv1alpha1.HCPSession)
 		return ok && s.Status.State.IsTerminal()
