@@ -37,7 +37,7 @@ func TestSessionCollector(t *testing.T) {
 		hs("a", "alpha", "run", hcpv1alpha1.SessionRunning, time.Hour, at(30*time.Second)),
 		hs("b", "alpha", "run", hcpv1alpha1.SessionRunning, time.Hour, at(20*time.Minute)), // stuck
 		hs("c", "alpha", "run", hcpv1alpha1.SessionCompleted, 2*time.Hour, at(time.Hour)),  // terminal: no idle series
-		hs("d", "beta", "scan", "", 90*time.Second, nil),                                    // undecided claim
+		hs("d", "beta", "scan", "", 90*time.Second, nil),                                   // undecided claim
 	).Build()
 	col := &sessionCollector{c: c, clk: clocktesting.NewFakePassiveClock(now)}
 	want := `
