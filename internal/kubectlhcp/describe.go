@@ -1,0 +1,436 @@
+package kubectlhcp
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+)
+
+// annotationDecidingPod is the callee sidecar's annotation naming the pod
+// that decided the task (internal/sidecar/callee.AnnotationDecidingPod;
+// the plugin does not import the sidecar).
+const annotationDecidingPod = "hcp.io/deciding-pod"
+
+// reasonAccepted is status.reason when the gate admitted the task.
+const reasonAccepted = "accepted"
+
+func newDescribeCommand(env *Env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "describe SESSION",
+		Short: "Show a session: its timeline, the L3 decision that admitted it, the owning pod, its Events",
+		Example: `  kubectl hcp describe 4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10
+  kubectl hcp describe 4b1c -n lab`,
+		Args: exactArgs(1, "SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return RunDescribe(cmd.Context(), env, args[0])
+		},
+	}
+}
+
+// exactArgs is cobra.ExactArgs with an error that says what is missing.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return &ExitError{Code: ExitFailure, Err: fmt.Errorf("%s takes %s (got %d arguments); see %s --help", cmd.CommandPath(), what, len(args), cmd.CommandPath())}
+		}
+		return nil
+	}
+}
+
+// Description is what describe shows of a session.
+type Description struct {
+	Session *hcpv1alpha1.HCPSession
+	// Pod is the owning pod (status.podName), nil when it is gone or unset;
+	// PodErr says why it could not be read.
+	Pod    *corev1.Pod
+	PodErr string
+	// Events are the Kubernetes Events about the session.
+	Events []corev1.Event
+	// EventsErr says why the Events could not be listed.
+	EventsErr string
+}
+
+// RunDescribe shows the session named name.
+func RunDescribe(ctx context.Context, env *Env, name string) error {
+	c, err := env.client()
+	if err != nil {
+		return err
+	}
+	ns, err := env.namespace()
+	if err != nil {
+		return err
+	}
+	hs, err := getSession(ctx, c, ns, name)
+	if err != nil {
+		return &ExitError{Code: ExitFailure, Err: err}
+	}
+	d := Description{Session: hs}
+	if pod := hs.Status.PodName; pod != "" {
+		p := &corev1.Pod{}
+		switch err := c.Get(ctx, client.ObjectKey{Namespace: hs.Namespace, Name: pod}, p); {
+		case err == nil:
+			d.Pod = p
+		case apierrors.IsNotFound(err):
+			d.PodErr = "gone"
+		default:
+			d.PodErr = err.Error()
+		}
+	}
+	var events corev1.EventList
+	if err := c.List(ctx, &events, client.InNamespace(hs.Namespace), client.MatchingFieldsSelector{Selector: fields.AndSelectors(
+		fields.OneTermEqualSelector("involvedObject.name", hs.Name),
+		fields.OneTermEqualSelector("involvedObject.kind", "HCPSession"),
+	)}); err != nil {
+		d.EventsErr = err.Error()
+	} else {
+		for _, e := range events.Items {
+			if e.InvolvedObject.UID == "" || e.InvolvedObject.UID == hs.UID {
+				d.Events = append(d.Events, e)
+			}
+		}
+	}
+	return RenderDescription(env.Streams.Out, d, env.now())
+}
+
+// TimelineEntry is one dated line of a session's timeline.
+type TimelineEntry struct {
+	At   time.Time
+	What string
+	// Source: status (what the HCPSession records) or event (a Kubernetes
+	// Event).
+	Source string
+}
+
+// Timeline builds a session's timeline from what its status records
+// (creation, start, conditions, checkpoint, last event, end) and its
+// Events, oldest first. The HCPSession is a read model that keeps the
+// latest state with its times, so a state passed through in between (a
+// PAUSED that was resumed) shows only through an Event or a condition.
+func Timeline(hs *hcpv1alpha1.HCPSession, events []corev1.Event) []TimelineEntry {
+	st := hs.Status
+	var out []TimelineEntry
+	add := func(at time.Time, src, format string, args ...any) {
+		if !at.IsZero() {
+			out = append(out, TimelineEntry{At: at, What: fmt.Sprintf(format, args...), Source: src})
+		}
+	}
+	created := "created PENDING: task_submit received, the L3 gate ran"
+	if p := hs.Annotations[annotationDecidingPod]; p != "" {
+		created += " in pod " + p
+	}
+	add(hs.CreationTimestamp.Time, "status", "%s", created)
+	if st.StartedAt != nil {
+		what := "RUNNING: admitted, task_accepted sent, task handed to the harness"
+		if st.State == hcpv1alpha1.SessionRunning && st.Reason == reasonAccepted && st.Message != "" {
+			what += " (" + st.Message + ")"
+		}
+		add(st.StartedAt.Time, "status", "%s", what)
+	}
+	for _, c := range st.Conditions {
+		switch c.Type {
+		case hcpv1alpha1.ConditionReady, "Reconciling", "Stalled":
+			// Derived from the state: the state lines say it.
+			continue
+		}
+		what := fmt.Sprintf("condition %s=%s", c.Type, c.Status)
+		if c.Reason != "" {
+			what += " (" + c.Reason + ")"
+		}
+		if c.Message != "" {
+			what += ": " + oneLine(c.Message, 200)
+		}
+		add(c.LastTransitionTime.Time, "status", "%s", what)
+	}
+	if cp := st.LastCheckpoint; cp != nil && cp.CreatedAt != nil {
+		what := "last checkpoint " + cp.ID
+		if cp.Description != "" {
+			what += ": " + cp.Description
+		}
+		if cp.Resumable {
+			what += " (resumable)"
+		}
+		add(cp.CreatedAt.Time, "status", "%s", what)
+	}
+	if st.LastEventAt != nil {
+		what := fmt.Sprintf("last event #%d", st.LastSequence)
+		if p := st.Progress; p != nil {
+			what += fmt.Sprintf(" (progress %s %s)", percentText(p), progressText(p))
+		}
+		add(st.LastEventAt.Time, "status", "%s", strings.TrimSpace(what))
+	}
+	if stateOf(hs).IsTerminal() && st.CompletedAt != nil {
+		what := string(stateOf(hs))
+		if st.Reason != "" {
+			what += " (" + st.Reason + ")"
+		}
+		switch {
+		case st.Error != nil && (st.Error.Code != "" || st.Error.Message != ""):
+			what += ": " + strings.TrimPrefix(st.Error.Code+": "+oneLine(st.Error.Message, 200), ": ")
+		case st.Result != nil && st.Result.Summary != "":
+			what += ": " + oneLine(st.Result.Summary, 200)
+		case st.Message != "":
+			what += ": " + oneLine(st.Message, 200)
+		}
+		add(st.CompletedAt.Time, "status", "%s", what)
+	}
+	for _, e := range events {
+		at := eventTime(e)
+		what := fmt.Sprintf("%s %s: %s", e.Type, e.Reason, oneLine(e.Message, 200))
+		if e.Count > 1 {
+			what += fmt.Sprintf(" (x%d)", e.Count)
+		}
+		if src := eventSource(e); src != "" {
+			what += " [" + src + "]"
+		}
+		add(at, "event", "%s", what)
+	}
+	slices.SortStableFunc(out, func(a, b TimelineEntry) int { return a.At.Compare(b.At) })
+	return out
+}
+
+func eventTime(e corev1.Event) time.Time {
+	switch {
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	case !e.FirstTimestamp.IsZero():
+		return e.FirstTimestamp.Time
+	}
+	return e.CreationTimestamp.Time
+}
+
+func eventSource(e corev1.Event) string {
+	if e.ReportingController != "" {
+		if e.ReportingInstance != "" {
+			return e.ReportingController + "/" + e.ReportingInstance
+		}
+		return e.ReportingController
+	}
+	if e.Source.Component != "" {
+		if e.Source.Host != "" {
+			return e.Source.Component + "/" + e.Source.Host
+		}
+		return e.Source.Component
+	}
+	return ""
+}
+
+// Decision is the L3 decision as the session records it.
+type Decision struct {
+	// Verdict: admitted, rejected, or undecided (PENDING).
+	Verdict string
+	// Detail names the admitting policy and rule, or the rejection reason
+	// and message; empty when no longer recorded.
+	Detail    string
+	DecidedBy string
+}
+
+// DecisionOf reads the L3 decision from the session: the verdict from its
+// state, the admitting rule from status.message while the session is
+// RUNNING after admission (the sidecar replaces it at the next state
+// change) or from an Event that names it, the rejection from
+// status.reason/message/error.
+func DecisionOf(hs *hcpv1alpha1.HCPSession, events []corev1.Event) Decision {
+	st := hs.Status
+	d := Decision{DecidedBy: hs.Annotations[annotationDecidingPod]}
+	if d.DecidedBy == "" {
+		d.DecidedBy = st.PodName
+	}
+	switch s := stateOf(hs); {
+	case s == hcpv1alpha1.SessionPending:
+		d.Verdict = "undecided (the gate is deciding, or its pod went away before it decided)"
+		return d
+	case s == hcpv1alpha1.SessionRejected:
+		d.Verdict = "rejected"
+		code, msg := st.Reason, st.Message
+		if st.Error != nil {
+			code, msg = st.Error.Code, st.Error.Message
+		}
+		d.Detail = strings.TrimPrefix(code+": "+msg, ": ")
+		return d
+	}
+	d.Verdict = "admitted"
+	if st.Reason == reasonAccepted && st.Message != "" {
+		d.Detail = st.Message
+		return d
+	}
+	for _, e := range events {
+		if strings.Contains(e.Message, "admitted by") {
+			d.Detail = oneLine(e.Message, 300)
+			return d
+		}
+	}
+	return d
+}
+
+// RenderDescription writes d as kubectl describe does: fields, the L3
+// decision, the pod, the timeline.
+func RenderDescription(w io.Writer, d Description, now time.Time) error {
+	hs := d.Session
+	st := hs.Status
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	field := func(k, v string) { _, _ = fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	field("Name", hs.Name)
+	field("Namespace", hs.Namespace)
+	owner := ""
+	for _, r := range hs.OwnerReferences {
+		if r.Kind == "Callee" {
+			owner = " (Callee " + r.Name + ")"
+		}
+	}
+	field("Callee", hs.Spec.CalleeID+owner)
+	field("Caller", hs.Spec.CallerID)
+	field("Capability", hs.Spec.Capability)
+	if hs.Spec.Intent != "" {
+		field("Intent", oneLine(hs.Spec.Intent, 200))
+	}
+	state := string(stateOf(hs))
+	if st.Reason != "" {
+		state += " (" + st.Reason + ")"
+	}
+	field("State", state)
+	if st.Message != "" && !(st.Reason == reasonAccepted) {
+		field("Message", oneLine(st.Message, 300))
+	}
+	if p := st.Progress; p != nil {
+		field("Progress", strings.TrimSpace(percentText(p)+" "+progressText(p)))
+	}
+	events := fmt.Sprintf("%d (last sequence %d", st.EventCount, st.LastSequence)
+	if st.CallerAckedSequence > 0 {
+		events += fmt.Sprintf(", caller acknowledged up to %d", st.CallerAckedSequence)
+	}
+	field("Events sent", events+")")
+	field("Created", timeAndAge(hs.CreationTimestamp.Time, now))
+	if st.StartedAt != nil {
+		field("Started", timeAndAge(st.StartedAt.Time, now))
+	}
+	if st.CompletedAt != nil {
+		field("Ended", timeAndAge(st.CompletedAt.Time, now))
+	}
+	field("Duration", sessionDuration(hs, now))
+	if st.TokenExpiresAt != nil && !stateOf(hs).IsTerminal() {
+		field("Expires", st.TokenExpiresAt.UTC().Format(time.RFC3339)+" (max duration "+orDash(string(hs.Spec.MaxDuration))+")")
+	}
+	if hs.Spec.AbortRequested {
+		field("Abort requested", "yes")
+	}
+	if r := st.Result; r != nil {
+		if r.Summary != "" {
+			field("Result", oneLine(r.Summary, 300))
+		}
+		for _, a := range r.Artifacts {
+			field("  Artifact", a.URI)
+		}
+	}
+	if e := st.Error; e != nil && (e.Code != "" || e.Message != "") {
+		s := strings.TrimPrefix(e.Code+": "+oneLine(e.Message, 300), ": ")
+		if e.Recoverable {
+			s += " (recoverable)"
+		}
+		field("Error", s)
+	}
+	_ = tw.Flush()
+
+	dec := DecisionOf(hs, d.Events)
+	_, _ = fmt.Fprintln(w, "\nL3 decision:")
+	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	field("  Verdict", dec.Verdict)
+	if dec.Detail != "" {
+		field("  Rule", dec.Detail)
+	} else if dec.Verdict == "admitted" {
+		field("  Rule", "not recorded any more (status.message names the admitting CapabilityPolicy rule only while the session is RUNNING after admission)")
+	}
+	if hs.Spec.RiskLevel != "" {
+		field("  Risk", string(hs.Spec.RiskLevel)+" (assessed)")
+	}
+	if hs.Spec.DataClassification != "" {
+		field("  Data class", string(hs.Spec.DataClassification))
+	}
+	if hs.Spec.MaxDuration != "" {
+		field("  Max duration", string(hs.Spec.MaxDuration))
+	}
+	if dec.DecidedBy != "" {
+		field("  Decided by", "pod "+dec.DecidedBy)
+	}
+	_ = tw.Flush()
+
+	_, _ = fmt.Fprintln(w, "\nPod:")
+	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	switch {
+	case st.PodName == "":
+		field("  Name", "<none> (no pod owns the session yet)")
+	case d.Pod != nil:
+		field("  Name", d.Pod.Name)
+		field("  Status", podStatus(d.Pod))
+		if d.Pod.Spec.NodeName != "" {
+			field("  Node", d.Pod.Spec.NodeName)
+		}
+		if d.Pod.Status.PodIP != "" {
+			field("  IP", d.Pod.Status.PodIP)
+		}
+	default:
+		field("  Name", st.PodName+" ("+d.PodErr+")")
+	}
+	_ = tw.Flush()
+
+	_, _ = fmt.Fprintln(w, "\nTimeline:")
+	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	for _, e := range Timeline(hs, d.Events) {
+		_, _ = fmt.Fprintf(tw, "  %s\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), relative(e.At, now), e.What)
+	}
+	_ = tw.Flush()
+	if d.EventsErr != "" {
+		_, _ = fmt.Fprintf(w, "  (Events could not be listed: %s)\n", d.EventsErr)
+	} else if len(d.Events) == 0 {
+		_, _ = fmt.Fprintln(w, "  (no Kubernetes Events about this session)")
+	}
+	return nil
+}
+
+func timeAndAge(t, now time.Time) string {
+	return t.UTC().Format(time.RFC3339) + " (" + relative(t, now) + ")"
+}
+
+// relative is "5m ago", or "in 3m" for a time ahead.
+func relative(t, now time.Time) string {
+	if t.After(now) {
+		return "in " + shortDuration(t.Sub(now))
+	}
+	return shortDuration(now.Sub(t)) + " ago"
+}
+
+// podStatus is the pod's phase, readiness and restarts, as one phrase.
+func podStatus(p *corev1.Pod) string {
+	s := string(p.Status.Phase)
+	if p.DeletionTimestamp != nil {
+		s = "Terminating"
+	}
+	ready := "not ready"
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			ready = "ready"
+		}
+	}
+	var restarts int32
+	for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+		restarts += cs.RestartCount
+	}
+	s += ", " + ready
+	if restarts > 0 {
+		s += fmt.Sprintf(", %d restarts", restarts)
+	}
+	return s
+}
