@@ -219,18 +219,26 @@ func (s *Sidecar) dispatch(it *item) {
 // rather than to w (see release): w cannot deliver now (its app is
 // failing, or it waits for a gap to fill), it is not one of the events w
 // waits for, and w holds its share of the prefetch window or, for a gap,
-// the reorder buffers of all sessions together do. Without that global
-// share, sessions waiting for gaps could fill the window between them,
-// each below its own share: nothing more would arrive, the missing events
-// behind them in the queue included (measured: 3 sessions, 2 with gaps,
-// stalled for good; see TestGapsDoNotFillTheWindow).
+// the reorder buffers of all sessions together do; sessions whose app
+// fails divide one share between them. Without these global shares, such
+// sessions could fill the window between them, each below its own share:
+// nothing more would arrive, the missing events behind them in the queue
+// included (measured: 3 sessions, 2 of them with gaps or a failing app,
+// stalled for good; see TestGapsDoNotFillTheWindow and
+// TestPoisonedSessionDoesNotStallOthers).
 func (s *Sidecar) mustRelease(w *stream, it *item) bool {
 	if it.event == nil || w.fillsGap(it.seq()) {
 		return false
 	}
-	gapped := w.gapped.Load()
-	return (gapped || w.stalled.Load()) && int(w.held.Load()) >= s.holdCap() ||
-		gapped && int(s.buffered.Load()) >= s.holdCap()
+	held, share := int(w.held.Load()), s.holdCap()
+	switch {
+	case w.stalled.Load():
+		// The sessions whose app fails share one half of the window.
+		return held >= max(share/max(int(s.stalledSessions.Load()), 1), 1)
+	case w.gapped.Load():
+		return held >= share || int(s.buffered.Load()) >= share
+	}
+	return false
 }
 
 // fillsGap reports whether seq is the stream's next sequence or, behind a

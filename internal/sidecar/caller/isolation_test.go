@@ -9,40 +9,47 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 )
 
-// One session whose app deliveries always fail (a poisoned session: a bad
-// app reply for it, every time) must not stall another: with a prefetch of
-// 10 and 30 of the poisoned session's events queued ahead, the healthy
-// session still reaches the app completely, in order.
+// Sessions whose app deliveries always fail (poisoned sessions: a bad app
+// reply for them, every time) must not stall another: with a prefetch of
+// 10 and 30 events of each of two poisoned sessions queued ahead, the
+// healthy session still reaches the app completely, in order. Each
+// poisoned session keeping its own share (half the window) would fill the
+// window between them.
 func TestPoisonedSessionDoesNotStallOthers(t *testing.T) {
 	b := newBed(t, "lab")
 	r := b.start()
-	poisoned := r.submit(t, taskReq("lab"))
-	healthy := r.submit(t, taskReq("lab"))
-	bad := newScript(t, "lab", poisoned.MessageID, 30)
-	good := newScript(t, "lab", healthy.MessageID, 10)
-	b.app.FailWhen(func(m samplecaller.Message) bool { return m.SessionID == bad.sessionID && m.Sequence > 2 })
+	var bad []*script
+	for range 2 {
+		bad = append(bad, newScript(t, "lab", r.submit(t, taskReq("lab")).MessageID, 30))
+	}
+	good := newScript(t, "lab", r.submit(t, taskReq("lab")).MessageID, 10)
+	poisoned := map[string]bool{bad[0].sessionID: true, bad[1].sessionID: true}
+	b.app.FailWhen(func(m samplecaller.Message) bool { return poisoned[m.SessionID] && m.Sequence > 2 })
 	c := b.callee("lab")
-	for _, m := range bad.msgs {
-		c.publish(m)
+	for _, s := range append(bad, good) {
+		for _, m := range s.msgs {
+			c.publish(m)
+		}
 	}
-	for _, m := range good.msgs {
-		c.publish(m)
-	}
-	eventually(t, 60*time.Second, "the healthy session delivered while the other is poisoned", func() error {
+	eventually(t, 60*time.Second, "the healthy session delivered while two others are poisoned", func() error {
 		return b.complete(good.sessionID, 10)
 	})
-	if s, ok := b.app.Session(bad.sessionID); !ok || s.LastSequence != 2 {
-		t.Errorf("poisoned session: %+v, want it held at sequence 2 (nothing skipped, nothing out of order)", s)
+	for _, s := range bad {
+		if v, ok := b.app.Session(s.sessionID); !ok || v.LastSequence != 2 {
+			t.Errorf("poisoned session: %+v, want it held at sequence 2 (nothing skipped, nothing out of order)", v)
+		}
 	}
 	if n := testutil.ToFloat64(b.metrics.Released); n == 0 {
 		t.Error("no delivery was released")
 	}
-	// The app recovers: the poisoned session's events, some of them
+	// The app recovers: the poisoned sessions' events, some of them
 	// returned to the queue meanwhile, all arrive, once each, in order.
 	b.app.FailWhen(func(samplecaller.Message) bool { return false })
-	eventually(t, 60*time.Second, "the poisoned session, once the app recovered", func() error {
-		return b.complete(bad.sessionID, 30)
-	})
+	for _, s := range bad {
+		eventually(t, 60*time.Second, "a poisoned session, once the app recovered", func() error {
+			return b.complete(s.sessionID, 30)
+		})
+	}
 }
 
 // TestGapsDoNotFillTheWindow: two sessions wait for gaps (their first

@@ -206,9 +206,12 @@ type Sidecar struct {
 	// streams' reorder buffers as they last published them (mirror);
 	// dispatchedAt is when a delivery last reached the dispatcher (unix
 	// nanos). See Sidecar.release and stream.shed.
-	holding      atomic.Int32
-	buffered     atomic.Int64
-	dispatchedAt atomic.Int64
+	holding atomic.Int32
+	// stalledSessions counts the session workers whose app is failing
+	// their messages (stream.stalled).
+	stalledSessions atomic.Int32
+	buffered        atomic.Int64
+	dispatchedAt    atomic.Int64
 	// answered holds task message ids whose answer has arrived (even if not
 	// yet delivered to the app), so they are not republished.
 	answered map[string]bool

@@ -259,7 +259,7 @@ func (w *stream) drain() {
 		delete(w.s.streams, w.id)
 	}
 	w.s.mu.Unlock()
-	w.setMirrored(0)
+	w.leave()
 	held := len(w.inbox) + len(w.ready) + len(w.barriers) + w.tracker.Buffered()
 	if held > 0 {
 		w.log.V(1).Info("Stopped with deliveries unsettled; the broker returns them to the head of the queue", "held", held)
@@ -476,6 +476,26 @@ func (w *stream) mirror() {
 	w.setMirrored(int64(w.tracker.Buffered()))
 }
 
+// setStalled sets stalled and counts it in Sidecar.stalledSessions; it
+// reports whether stalled changed.
+func (w *stream) setStalled(v bool) bool {
+	if w.stalled.Swap(v) == v {
+		return false
+	}
+	if v {
+		w.s.stalledSessions.Add(1)
+	} else {
+		w.s.stalledSessions.Add(-1)
+	}
+	return true
+}
+
+// leave withdraws an exiting worker from the sidecar-wide counts.
+func (w *stream) leave() {
+	w.setMirrored(0)
+	w.setStalled(false)
+}
+
 // setMirrored publishes the size of the reorder buffer into
 // Sidecar.buffered; an exiting worker sets it to 0.
 func (w *stream) setMirrored(n int64) {
@@ -493,15 +513,46 @@ func (w *stream) setMirrored(n int64) {
 // (noteReleased), so they are waited for like the gap, never given up on.
 // The dispatcher's global share (Sidecar.mustRelease) keeps this rare;
 // this is the backstop when fillers and failing apps fill the window.
-func (w *stream) shed(now time.Time, quiet time.Duration) {
+func (w *stream) shed(now time.Time) {
 	n := w.tracker.Buffered()
-	window := w.s.cfg.Prefetch
-	if n == 0 || window <= 0 || int(w.s.holding.Load()) < window ||
-		now.Sub(time.Unix(0, w.s.dispatchedAt.Load())) < quiet {
+	if n == 0 || !w.windowFull(now) {
 		return
 	}
-	shed := w.tracker.Unbuffer(max(n/2, 1))
-	for _, e := range shed {
+	w.handBack(now, "reorder buffer", w.tracker.Unbuffer(max(n/2, 1)))
+}
+
+// shedReady is shed for a session whose app fails its messages: the ready
+// events after the keep being retried go back to the queue (they are
+// awaited again, see session.Tracker.Return).
+func (w *stream) shedReady(now time.Time, keep int) {
+	if len(w.ready) <= keep || !w.windowFull(now) {
+		return
+	}
+	back, err := w.tracker.Return(w.ready[keep].Seq)
+	if err != nil { // ready events are the tracker's in-flight ones
+		w.log.Error(err, "Could not hand ready events back")
+		return
+	}
+	w.ready = w.ready[:keep]
+	w.handBack(now, "ready events", back)
+}
+
+// windowFull reports whether the session workers hold the whole prefetch
+// window and nothing has reached the dispatcher for two ticks.
+func (w *stream) windowFull(now time.Time) bool {
+	window := w.s.cfg.Prefetch
+	return window > 0 && int(w.s.holding.Load()) >= window &&
+		now.Sub(time.Unix(0, w.s.dispatchedAt.Load())) >= 2*w.tickEvery()
+}
+
+// handBack nacks the deliveries of events taken out of the stream, with
+// requeue, remembering them as released: they are waited for, never given
+// up on.
+func (w *stream) handBack(now time.Time, what string, back []session.Entry[*item]) {
+	if len(back) == 0 {
+		return
+	}
+	for _, e := range back {
 		w.noteReleased(e.Seq, now)
 		w.s.m.Released.Inc()
 		if e.Item.stale() {
@@ -510,8 +561,8 @@ func (w *stream) shed(now time.Time, quiet time.Duration) {
 		}
 		w.s.settle(e.Item, false)
 	}
-	w.log.Info("The prefetch window is full of deliveries that wait; returned part of this session's reorder buffer to the queue so that the missing events can arrive",
-		"returned", len(shed), "from", shed[0].Seq, "buffered", w.tracker.Buffered(), "next", w.tracker.NextExpected())
+	w.log.Info("The prefetch window is full of deliveries that wait; returned some of this session's to the queue so that others can arrive",
+		"what", what, "returned", len(back), "from", back[0].Seq, "next", w.tracker.NextExpected())
 }
 
 func (w *stream) offer(it *item) {
@@ -767,31 +818,53 @@ func (w *stream) nextStale(b *barrier) bool {
 // held, see stream). It gives up, returning false, only when the sidecar
 // stops. send rebuilds its request per attempt so that a redelivered copy
 // swapped in meanwhile is the one sent.
-func (w *stream) deliverRetrying(what string, send func() error) bool {
+//
+// keep is how many of the ready events the attempts carry: while the app
+// fails, the ones after them may be handed back to the queue (shedReady).
+func (w *stream) deliverRetrying(what string, keep int, send func() error) bool {
 	for attempt := 1; ; attempt++ {
 		if w.stopping() {
 			return false
 		}
 		err := send()
 		if err == nil {
-			if w.stalled.Swap(false) {
+			if w.setStalled(false) {
 				w.log.Info("The app takes this session's messages again", "attempts", attempt)
 			}
 			return true
 		}
-		w.stalled.Store(true)
+		w.setStalled(true)
 		d := w.s.o.AppBackoff.after(attempt)
 		w.log.Info("The app did not take a message; retrying after a backoff (the delivery stays unacked)", "what", what,
 			"attempt", attempt, "retryIn", d.String(), "error", err.Error())
-		timer := w.s.clk.NewTimer(d)
-		select {
-		case <-timer.C():
-		case <-w.s.stopCh:
-			timer.Stop()
+		if !w.backoff(d, keep) {
 			if w.stopAt.IsZero() {
 				w.stopAt = w.s.clk.Now().Add(w.s.o.DrainTimeout)
 			}
 			// The app is failing: no point spending the drain time on it.
+			return false
+		}
+	}
+}
+
+// backoff waits d, or until the sidecar stops (false). Meanwhile, if the
+// prefetch window fills, it hands back to the queue what this session
+// holds beyond the keep ready events being retried (see shed).
+func (w *stream) backoff(d time.Duration, keep int) bool {
+	timer := w.s.clk.NewTimer(d)
+	defer timer.Stop()
+	tick := w.s.clk.NewTicker(w.tickEvery())
+	defer tick.Stop()
+	for {
+		select {
+		case <-timer.C():
+			return true
+		case <-tick.C():
+			now := w.s.clk.Now()
+			w.shedReady(now, keep)
+			w.shed(now)
+			w.mirror()
+		case <-w.s.stopCh:
 			return false
 		}
 	}
@@ -817,7 +890,7 @@ func (w *stream) deliverEvents() bool {
 	if w.s.o.AppMaxBatch > 1 {
 		send = func() error { return w.s.deliverBatch(build()) }
 	}
-	if !w.deliverRetrying("event", send) {
+	if !w.deliverRetrying("event", n, send) {
 		return false
 	}
 	batch := w.ready[:n]
@@ -965,7 +1038,7 @@ func (w *stream) deliverBarrier(b *barrier) bool {
 		}
 		return w.taskMessageID
 	}
-	if !w.deliverRetrying(string(b.kind), func() error { return w.s.deliver(w.s.appMessage(b.item, w.callee, tid())) }) {
+	if !w.deliverRetrying(string(b.kind), 0, func() error { return w.s.deliver(w.s.appMessage(b.item, w.callee, tid())) }) {
 		return false
 	}
 	it := b.item
@@ -1083,7 +1156,7 @@ func (w *stream) onTick() {
 	} else {
 		w.gapSince = time.Time{}
 	}
-	w.shed(now, 2*w.tickEvery())
+	w.shed(now)
 	w.reportAcked(false)
 	if len(w.barriers) > 0 {
 		b := w.barriers[0]
@@ -1126,6 +1199,6 @@ func (w *stream) tryExit() bool {
 	if w.s.streams[w.id] == w {
 		delete(w.s.streams, w.id)
 	}
-	w.setMirrored(0)
+	w.leave()
 	return true
 }

@@ -301,21 +301,53 @@ func (t *Tracker[T]) Commit(seq int64) error {
 func (t *Tracker[T]) Requeue(seq int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i := slices.IndexFunc(t.inflight, func(e Entry[T]) bool { return e.Seq == seq })
-	if i < 0 {
-		return fmt.Errorf("requeue %d of session %s: %w", seq, t.sessionID, ErrNotInFlight)
+	back, err := t.takeBack("requeue", seq)
+	if err != nil {
+		return err
 	}
-	for _, e := range t.inflight[i+1:] {
+	for _, e := range back[1:] {
 		t.buf[e.Seq] = e.Item
 	}
+	t.unreport(seq)
+	return nil
+}
+
+// Return takes back the in-flight events from seq on, for a caller that
+// nacks their deliveries with requeue (to free its prefetch window while
+// the application fails): they are expected again, from seq, like a
+// requeued event (never skipped automatically, the hole not reported as a
+// gap). It returns them in order.
+func (t *Tracker[T]) Return(seq int64) ([]Entry[T], error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	back, err := t.takeBack("return", seq)
+	if err != nil {
+		return nil, err
+	}
+	t.unreport(seq)
+	return back, nil
+}
+
+// takeBack removes the in-flight events from seq on and makes seq the next
+// expected sequence, awaited again.
+func (t *Tracker[T]) takeBack(op string, seq int64) ([]Entry[T], error) {
+	i := slices.IndexFunc(t.inflight, func(e Entry[T]) bool { return e.Seq == seq })
+	if i < 0 {
+		return nil, fmt.Errorf("%s %d of session %s: %w", op, seq, t.sessionID, ErrNotInFlight)
+	}
+	back := slices.Clone(t.inflight[i:])
 	t.inflight = slices.Clip(t.inflight[:i])
 	t.next = seq
 	t.requeued = seq
-	// The hole at seq is ours, not the transport's: do not report it.
+	return back, nil
+}
+
+// unreport marks the hole from seq to the buffered events as already
+// reported: it is the caller's, not the transport's.
+func (t *Tracker[T]) unreport(seq int64) {
 	if lo, ok := t.lowestBuffered(); ok {
 		t.reported = Range{seq, lo - 1}
 	}
-	return nil
 }
 
 // Reset drops the buffered events and returns them, for use after the AMQP

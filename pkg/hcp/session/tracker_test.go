@@ -461,3 +461,34 @@ func TestTrackerUnbuffer(t *testing.T) {
 		t.Fatalf("Unbuffer with nothing buffered = %v", got)
 	}
 }
+
+// TestTrackerReturn: in-flight events handed back (their deliveries
+// nacked) are awaited again from the first of them, never skipped on
+// overflow, and their hole is not reported as a gap; the events before
+// them stay in flight.
+func TestTrackerReturn(t *testing.T) {
+	tr := newTracker(t, TrackerOptions{MaxBuffer: 2})
+	offer(t, tr, 1, Deliver, 1)
+	offer(t, tr, 2, Deliver, 2)
+	offer(t, tr, 3, Deliver, 3)
+	offer(t, tr, 5, Buffered)
+	back, err := tr.Return(2)
+	if err != nil || !slices.Equal(seqs(back), []int64{2, 3}) {
+		t.Fatalf("Return(2) = %v, %v; want [2 3]", seqs(back), err)
+	}
+	if tr.NextExpected() != 2 || tr.InFlight() != 1 || tr.Buffered() != 1 {
+		t.Fatalf("after Return: next %d, in flight %d, buffered %d", tr.NextExpected(), tr.InFlight(), tr.Buffered())
+	}
+	for _, s := range []int64{6, 7} {
+		if out := offer(t, tr, s, Buffered); out.Skipped != nil || out.Gap != nil {
+			t.Fatalf("offer %d: skipped %v, gap %v; a returned event is awaited", s, out.Skipped, out.Gap)
+		}
+	}
+	commit(t, tr, 1)
+	offer(t, tr, 3, Buffered)
+	offer(t, tr, 2, Deliver, 2, 3)
+	offer(t, tr, 4, Deliver, 4, 5, 6, 7)
+	if _, err := tr.Return(9); !errors.Is(err, ErrNotInFlight) {
+		t.Fatalf("Return of a sequence not in flight: %v", err)
+	}
+}
