@@ -82,7 +82,7 @@ declare -A value_sets=(
   [default]=""
   [scoped]="--set watchNamespaces={team-a,team-b} --set defaultBroker.secret.create=true --set defaultBroker.secret.uri=http://rabbitmq.rabbitmq-system.svc:15672 --set defaultBroker.secret.username=hcp --set defaultBroker.secret.password=secret --set defaultBroker.secret.amqpURL=amqp://rabbitmq.rabbitmq-system.svc:5672"
   [existing-secret]="--set defaultBroker.existingSecret=rabbitmq-system/rabbitmq-default-user --set watchNamespaces={team-a} --set replicaCount=2"
-  [monitoring]="--set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prometheus --set metrics.serviceMonitor.interval=30s --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+  [monitoring]="--set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prometheus --set metrics.serviceMonitor.interval=30s --set sidecarPodMonitor.enabled=true --set prometheusRule.enabled=true --set prometheusRule.labels.release=prometheus --set grafanaDashboard.enabled=true --set grafanaDashboard.annotations.grafana_folder=HCP --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
   [minimal]="--set metrics.enabled=false --set leaderElection.enabled=false --set serviceAccount.create=false --set serviceAccount.name=hcp --set logEncoder=console --set priorityClassName=system-cluster-critical --set podAnnotations.a=b --set nodeSelector.kubernetes\.io/os=linux --set tolerations[0].operator=Exists"
 )
 set_names=(default scoped existing-secret monitoring minimal)
@@ -151,6 +151,11 @@ expect_line scoped "watch namespaces flag" '--watch-namespaces=team-a,team-b$'
 expect_object existing-secret "Secret reader Role in the default broker's namespace" Role hcp-operator-default-broker-reader rabbitmq-system
 expect_line existing-secret "two replicas" '^  replicas: 2$'
 expect_object monitoring "ServiceMonitor" ServiceMonitor hcp-operator-metrics hcp-system
+expect_object monitoring "PodMonitor for the sidecars" PodMonitor hcp-operator-sidecars hcp-system
+expect_object monitoring "PrometheusRule" PrometheusRule hcp-operator hcp-system
+expect_object monitoring "Grafana dashboard ConfigMap" ConfigMap hcp-operator-dashboard hcp-system
+expect_line monitoring "dashboard labelled for the Grafana sidecar" '^    grafana_dashboard: "1"$'
+expect_no_object default "no PrometheusRule by default" PrometheusRule hcp-operator
 expect_line monitoring "digest pins both images" '--sidecar-image=ghcr.io/hcp-io/hcp-operator@sha256:'
 expect_no_object minimal "no metrics Service without metrics" Service hcp-operator-metrics
 expect_line minimal "metrics off" '--metrics-bind-address=0$'
@@ -223,14 +228,15 @@ done
 "$kubectl" get --raw /readyz >/dev/null || { tail -20 "$work/kube-apiserver.log"; die "kube-apiserver is not ready"; }
 ok "kube-apiserver $("$kubectl" version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1) ready on 127.0.0.1:$api_port"
 
-step "CRDs: the chart's, the topology operator's, ServiceMonitor"
+step "CRDs: the chart's, the topology operator's, ServiceMonitor, PodMonitor, PrometheusRule"
 mto_dir=$(go list -m -f '{{.Dir}}' github.com/rabbitmq/messaging-topology-operator)
 [ -n "$mto_dir" ] && [ -d "$mto_dir/config/crd/bases" ] || mto_dir=$(go mod download -json github.com/rabbitmq/messaging-topology-operator | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
 prom_dir=$(go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
 [ -n "$prom_dir" ] || die "cannot download github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION for its ServiceMonitor CRD"
 # The dry-runs below use the same field manager: config/default's CRDs are
 # these plus a label, and must not conflict with them.
-for f in "$chart/crds/" "$mto_dir/config/crd/bases/" "$prom_dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"; do
+for f in "$chart/crds/" "$mto_dir/config/crd/bases/" "$prom_dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
+  "$prom_dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" "$prom_dir/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"; do
   "$kubectl" apply --server-side --field-manager check-install -f "$f" >/dev/null
 done
 "$kubectl" wait --for condition=Established --timeout 60s crd --all >/dev/null

@@ -40,20 +40,29 @@ type sessionCollector struct {
 // controller-runtime's registry (served at the manager's /metrics). A
 // second manager in the same process (tests) takes it over.
 func registerSessionMetrics(c client.Reader, clk clock.PassiveClock) error {
-	if clk == nil {
-		clk = clock.RealClock{}
-	}
-	col := &sessionCollector{c: c, clk: clk}
+	col := NewSessionCollector(c, clk)
 	err := crmetrics.Registry.Register(col)
 	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
 		if old, ok := are.ExistingCollector.(*sessionCollector); ok {
+			nc := col.(*sessionCollector)
 			old.mu.Lock()
-			old.c, old.clk = c, clk
+			old.c, old.clk = nc.c, nc.clk
 			old.mu.Unlock()
 			return nil
 		}
 	}
 	return err
+}
+
+// NewSessionCollector returns the collector of hcp_operator_sessions and
+// hcp_operator_session_idle_seconds_max over c (the manager's cached
+// client); clk nil means the real clock. The manager registers one
+// (SetupWithManager); tools and tests use it to list the metric names.
+func NewSessionCollector(c client.Reader, clk clock.PassiveClock) prometheus.Collector {
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	return &sessionCollector{c: c, clk: clk}
 }
 
 func (s *sessionCollector) Describe(ch chan<- *prometheus.Desc) {
