@@ -601,7 +601,7 @@ func TestTopologyCommand(t *testing.T) {
 	}
 	callee.Status = hcpv1alpha1.CalleeStatus{CalleeID: "lab-cvd", Vhost: "/hcp", CommandQueue: "hcp.cmd.lab-cvd", Username: "callee.lab-cvd@/hcp",
 		CredentialsSecret: "hcp-callee-lab-cvd-credentials",
-		Conditions: []metav1.Condition{{Type: hcpv1alpha1.ConditionTopologyReady, Status: "True", Reason: "Reconciled", LastTransitionTime: metav1.Now()}}}
+		Conditions:        []metav1.Condition{{Type: hcpv1alpha1.ConditionTopologyReady, Status: "True", Reason: "Reconciled", LastTransitionTime: metav1.Now()}}}
 	if err := e.Client.Status().Update(ctx, callee); err != nil {
 		t.Fatal(err)
 	}
