@@ -130,10 +130,14 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
 ##@ Build
 
 .PHONY: build
-build: ## Build the manager, hcp-sidecar and hcp-conformance binaries into bin/.
+build: kubectl-hcp ## Build the manager, hcp-sidecar, hcp-conformance and kubectl-hcp binaries into bin/.
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/manager ./cmd/manager
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/hcp-sidecar ./cmd/hcp-sidecar
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/hcp-conformance ./cmd/hcp-conformance
+
+.PHONY: kubectl-hcp
+kubectl-hcp: ## Build the kubectl plugin into bin/kubectl-hcp (put it on PATH: kubectl hcp; docs/kubectl-plugin.md).
+	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/kubectl-hcp ./cmd/kubectl-hcp
 
 ##@ Install checks
 
