@@ -1,0 +1,309 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+)
+
+// TestKubectlPlugin runs the real kubectl-hcp binary against the samples
+// on the cluster, as a user would after `make demo`: doctor, topology,
+// submit through the Caller's sidecar, watch under a pseudo-terminal
+// (progress bars) until it exits 0 with COMPLETED, submit --watch, sessions
+// and describe, a rejection (exit 4) and an abort (exit 3).
+//
+// How submit reaches the Caller sidecar: its API listens on the caller
+// pod's 127.0.0.1:9090 only. kubectl-hcp's default is a port-forward through
+// the API server, which the local stack's pod runner does not serve; there
+// the suite runs kubectl-hcp inside the pod's network namespace (ip netns
+// exec hcp-<pod UID>) with --sidecar-url http://127.0.0.1:9090, and reaches
+// the API server from there through the kubernetes Service's ClusterIP
+// (--server https://<ClusterIP>:443, which the API server's certificate
+// names). On another cluster the default port-forward is used.
+func TestKubectlPlugin(t *testing.T) {
+	s := newSuite(t)
+	t.Logf("run %s: namespace %s, vhost %s", s.id, s.ns, s.vhost)
+	s.install(t)
+	s.dumpOnFailure(t)
+	r := &samplesRun{suite: s, parent: t}
+	if !t.Run("SamplesReady", r.samplesReady) {
+		t.FailNow()
+	}
+	p := newPlugin(t, r)
+	inputs := `{"recipe":"s3://lab/recipes/e2e.yaml","steps":12,"step_ms":400,"checkpoint_every":4}`
+
+	t.Run("Doctor", func(t *testing.T) {
+		res := p.run(t, "doctor", "-n", r.ns)
+		for _, want := range []string{
+			"✓ hcp.io CRDs: callees, callers, capabilitypolicies, hcpsessions established",
+			"✓ rabbitmq.com CRDs:",
+			"✓ hcp-operator: " + r.opNS + "/",
+			"✓ topology operator:",
+			"✓ broker connection Secret ",
+			"✓ credentials Secrets: present with username, password and uri for 2 harnesses",
+			"✓ policies: every Callee is selected by a CapabilityPolicy",
+		} {
+			if !strings.Contains(res.out, want) {
+				t.Errorf("doctor lacks %q", want)
+			}
+		}
+		if res.code != 0 && !strings.Contains(res.out, "✗") {
+			t.Errorf("exit %d without a failed check", res.code)
+		}
+		if res.code == 0 && strings.Contains(res.out, "✗") {
+			t.Error("exit 0 with a failed check")
+		}
+	})
+
+	t.Run("Topology", func(t *testing.T) {
+		res := p.run(t, "topology", "-n", r.ns, calleeID, "--management-url", r.cfg.managementURL)
+		if res.code != 0 {
+			t.Fatalf("exit %d", res.code)
+		}
+		for _, want := range []string{
+			"Callee " + r.ns + "/" + calleeID + " (id " + calleeID + "): TopologyReady=True",
+			"vhost " + r.vhost,
+			"answers",
+		} {
+			if !strings.Contains(res.out, want) {
+				t.Errorf("topology lacks %q", want)
+			}
+		}
+		row := regexp.MustCompile(`(?m)^\s+queue\s+hcp\.cmd\.lab-cvd\s+Queue/\S+\s+True\s+quorum, \d+ messages \(\d+ ready, \d+ unacked\), 1 consumers$`)
+		if !row.MatchString(res.out) {
+			t.Error("no Ready queue row with its depth and one consumer")
+		}
+		for _, what := range []string{"exchange    hcp.commands", "exchange    hcp.events", "binding", "user        callee.lab-cvd@" + r.vhost, "permission"} {
+			if !strings.Contains(res.out, what) {
+				t.Errorf("topology lacks the %s row", what)
+			}
+		}
+	})
+
+	var sessionID string
+	t.Run("SubmitAndWatchInATerminal", func(t *testing.T) {
+		res := p.submit(t, "--capability", synthesis, "--intent", "kubectl hcp e2e", "--inputs", inputs, "--data-class", "T2")
+		if res.code != 0 {
+			t.Fatalf("submit: exit %d", res.code)
+		}
+		m := regexp.MustCompile(`accepted: session ([0-9a-f-]{36})`).FindStringSubmatch(res.out)
+		if m == nil {
+			t.Fatal("submit did not say the session was accepted")
+		}
+		sessionID = m[1]
+		out, code := p.runPTY(t, "watch", "-n", r.ns, sessionID)
+		if code != 0 {
+			t.Errorf("watch under a terminal: exit %d, want 0 (COMPLETED)", code)
+		}
+		plain := stripANSI(out)
+		for _, want := range []string{"session " + sessionID + ": " + synthesis + " on " + calleeID + " for " + callerID, "RUNNING → COMPLETED", "session " + sessionID + " COMPLETED after"} {
+			if !strings.Contains(plain, want) {
+				t.Errorf("watch output lacks %q", want)
+			}
+		}
+		if !strings.Contains(out, "\x1b[") {
+			t.Error("no terminal escape sequences: watch did not draw progress bars on a terminal")
+		}
+		if !regexp.MustCompile(`\[[=>\-_ ]{10,}\]`).MatchString(plain) {
+			t.Error("no progress bar in the output")
+		}
+	})
+
+	t.Run("SubmitWatch", func(t *testing.T) {
+		// The whole flow in one command, stdout not a terminal: plain lines.
+		res := p.submit(t, "--capability", synthesis, "--inputs", `{"steps":4,"step_ms":200}`, "--data-class", "T1", "--watch")
+		if res.code != 0 {
+			t.Errorf("submit --watch: exit %d, want 0", res.code)
+		}
+		for _, want := range []string{"accepted: session ", "RUNNING → COMPLETED", " COMPLETED after"} {
+			if !strings.Contains(res.out, want) {
+				t.Errorf("submit --watch lacks %q", want)
+			}
+		}
+	})
+
+	t.Run("SessionsAndDescribe", func(t *testing.T) {
+		if sessionID == "" {
+			t.Skip("no session from the earlier step")
+		}
+		res := p.run(t, "sessions", "-n", r.ns, "--state", "completed")
+		row := regexp.MustCompile(`(?m)^` + sessionID + `\s+lab-cvd\s+alpha\s+cvd\.run-synthesis\s+COMPLETED\s+100%\s+\S+\s+\d+s\s+#\d+ `)
+		if res.code != 0 || !row.MatchString(res.out) {
+			t.Errorf("sessions: exit %d, no COMPLETED 100%% row for %s", res.code, sessionID)
+		}
+		hs := &hcpv1alpha1.HCPSession{}
+		if err := r.c.Get(t.Context(), client.ObjectKey{Namespace: r.ns, Name: sessionID}, hs); err != nil {
+			t.Fatal(err)
+		}
+		res = p.run(t, "describe", "-n", r.ns, sessionID[:8])
+		flat := regexp.MustCompile(`[ \t]+`).ReplaceAllString(res.out, " ")
+		for _, want := range []string{
+			"Name: " + sessionID, "State: COMPLETED", "Intent: kubectl hcp e2e", "Verdict: admitted", "Risk: " + string(hs.Spec.RiskLevel) + " (assessed)",
+			"Decided by: pod " + hs.Status.PodName, "Name: " + hs.Status.PodName, "Status: Running, ready",
+			"created PENDING: task_submit received", "RUNNING: admitted", "last checkpoint ", "COMPLETED",
+		} {
+			if !strings.Contains(flat, want) {
+				t.Errorf("describe lacks %q", want)
+			}
+		}
+	})
+
+	t.Run("Rejected", func(t *testing.T) {
+		res := p.submit(t, "--capability", bakeout, "--data-class", "T1")
+		if res.code != 4 || !strings.Contains(res.out, "rejected: not_authorized:") {
+			t.Errorf("a task no policy admits: exit %d, want 4 and the reason", res.code)
+		}
+	})
+
+	t.Run("Abort", func(t *testing.T) {
+		res := p.submit(t, "--capability", synthesis, "--inputs", `{"steps":600,"step_ms":100}`, "--data-class", "T1")
+		m := regexp.MustCompile(`accepted: session ([0-9a-f-]{36})`).FindStringSubmatch(res.out)
+		if m == nil {
+			t.Fatalf("submit: exit %d, no accepted session", res.code)
+		}
+		res = p.run(t, "abort", "-n", r.ns, m[1], "--reason", "e2e abort", "--wait", "--timeout", "2m")
+		if res.code != 3 || !strings.Contains(res.out, "reason recorded in the annotation hcp.io/abort-reason") || !strings.Contains(res.out, " ABORTED") {
+			t.Errorf("abort --wait: exit %d, want 3 (ABORTED)", res.code)
+		}
+	})
+}
+
+// plugin runs bin/kubectl-hcp.
+type plugin struct {
+	r   *samplesRun
+	bin string
+	// netns is the caller pod's network namespace on the local stack
+	// ("" elsewhere); server the API server as reached from inside it.
+	netns, server string
+}
+
+func newPlugin(t *testing.T, r *samplesRun) *plugin {
+	t.Helper()
+	p := &plugin{r: r, bin: filepath.Join(r.cfg.root, "bin", "kubectl-hcp")}
+	build := exec.CommandContext(t.Context(), "make", "-s", "--no-print-directory", "kubectl-hcp")
+	build.Dir = r.cfg.root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("make kubectl-hcp: %v\n%s", err, out)
+	}
+	netns := netnsDir + "/hcp-" + string(r.callerPod.UID)
+	if _, err := os.Stat(netns); err == nil && r.cfg.podAccess != "port-forward" {
+		p.netns = "hcp-" + string(r.callerPod.UID)
+		svc := &corev1.Service{}
+		if err := r.c.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "kubernetes"}, svc); err != nil {
+			t.Fatal(err)
+		}
+		p.server = "https://" + svc.Spec.ClusterIP + ":443"
+	}
+	return p
+}
+
+type pluginResult struct {
+	out, err string
+	code     int
+}
+
+func (p *plugin) exec(t *testing.T, inNetns bool, args ...string) pluginResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	name, argv := p.bin, args
+	if inNetns {
+		name, argv = "ip", append([]string{"netns", "exec", p.netns, p.bin, "--server", p.server}, args...)
+	}
+	cmd := exec.CommandContext(ctx, name, argv...)
+	cmd.Env = os.Environ()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	res := pluginResult{out: out.String(), err: errOut.String(), code: cmd.ProcessState.ExitCode()}
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("%s %s: %v", name, strings.Join(argv, " "), err)
+	}
+	t.Logf("$ %s %s\n%s%s(exit %d)", strings.TrimPrefix(name, p.r.cfg.root+"/"), strings.Join(argv, " "), res.out, res.err, res.code)
+	return res
+}
+
+// run runs kubectl-hcp here, with the suite's KUBECONFIG.
+func (p *plugin) run(t *testing.T, args ...string) pluginResult {
+	t.Helper()
+	return p.exec(t, false, args...)
+}
+
+// submit submits as the Caller alpha to lab-cvd: on the local stack from
+// inside the caller pod's network namespace (the first time, it also shows
+// that the default port-forward is not served there); elsewhere with the
+// default port-forward.
+func (p *plugin) submit(t *testing.T, args ...string) pluginResult {
+	t.Helper()
+	base := []string{"submit", "-n", p.r.ns, "--caller", callerID, "--callee", calleeID, "--decision-timeout", "90s"}
+	if p.netns == "" {
+		return p.exec(t, false, append(base, args...)...)
+	}
+	if !triedPortForward {
+		triedPortForward = true
+		res := p.exec(t, false, append(base, args...)...)
+		if res.code != 1 || !strings.Contains(res.err, "port-forward") || !strings.Contains(res.err, "--sidecar-url") {
+			t.Errorf("the default port-forward on the local stack: exit %d; want 1 and an error that says to use --sidecar-url", res.code)
+		}
+	}
+	return p.exec(t, true, append(append(base, "--sidecar-url", fmt.Sprintf("http://127.0.0.1:%d", sidecarPort)), args...)...)
+}
+
+var triedPortForward bool
+
+// runPTY runs kubectl-hcp with its stdout on a pseudo-terminal, as in a
+// user's shell, and returns what it wrote and its exit code.
+func (p *plugin) runPTY(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, p.bin, args...)
+	cmd.Env = append(os.Environ(), "TERM=xterm-256color")
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 140})
+	if err != nil {
+		t.Fatalf("start under a pty: %v", err)
+	}
+	var out bytes.Buffer
+	copied := make(chan struct{})
+	go func() {
+		// Reading ends with EIO once the process and its terminal are gone.
+		_, _ = io.Copy(&out, f)
+		close(copied)
+	}()
+	err = cmd.Wait()
+	select {
+	case <-copied:
+	case <-time.After(5 * time.Second):
+	}
+	_ = f.Close()
+	code := cmd.ProcessState.ExitCode()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) && !errors.Is(err, syscall.EIO) {
+		t.Fatalf("kubectl-hcp %s: %v", strings.Join(args, " "), err)
+	}
+	t.Logf("$ kubectl-hcp %s   (on a terminal)\n%s\n(exit %d)", strings.Join(args, " "), stripANSI(out.String()), code)
+	return out.String(), code
+}
+
+var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]|\r`)
+
+func stripANSI(s string) string { return ansi.ReplaceAllString(s, "") }
