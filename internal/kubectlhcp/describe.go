@@ -60,6 +60,10 @@ type Description struct {
 	Events []corev1.Event
 	// EventsErr says why the Events could not be listed.
 	EventsErr string
+	// Policies are the CapabilityPolicies that select the session's callee
+	// now (status.matchedCallees): where to look when the admitting rule is
+	// no longer recorded.
+	Policies []string
 }
 
 // RunDescribe shows the session named name.
@@ -86,6 +90,14 @@ func RunDescribe(ctx context.Context, env *Env, name string) error {
 			d.PodErr = "gone"
 		default:
 			d.PodErr = err.Error()
+		}
+	}
+	var policies hcpv1alpha1.CapabilityPolicyList
+	if err := c.List(ctx, &policies, client.InNamespace(hs.Namespace)); err == nil {
+		for _, p := range policies.Items {
+			if slices.Contains(p.Status.MatchedCallees, hs.Spec.CalleeID) {
+				d.Policies = append(d.Policies, p.Name)
+			}
 		}
 	}
 	var events corev1.EventList
@@ -351,7 +363,11 @@ func RenderDescription(w io.Writer, d Description, now time.Time) error {
 	if dec.Detail != "" {
 		field("  Rule", dec.Detail)
 	} else if dec.Verdict == "admitted" {
-		field("  Rule", "not recorded any more (status.message names the admitting CapabilityPolicy rule only while the session is RUNNING after admission)")
+		rule := "not recorded any more (status.message names the admitting CapabilityPolicy rule only while the session is RUNNING after admission)"
+		if len(d.Policies) > 0 {
+			rule += "; CapabilityPolicies selecting callee " + hs.Spec.CalleeID + " now: " + strings.Join(d.Policies, ", ")
+		}
+		field("  Rule", rule)
 	}
 	if hs.Spec.RiskLevel != "" {
 		field("  Risk", string(hs.Spec.RiskLevel)+" (assessed)")

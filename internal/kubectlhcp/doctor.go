@@ -256,7 +256,7 @@ func (d *doctor) topologyOperator(ctx context.Context) Check {
 	}
 	switch {
 	case current > 0 && stale == 0:
-		return Check{Name: name, Status: CheckOK, Detail: fmt.Sprintf("no Deployment found, but it is at work: all %d hcp Queue objects are Ready at their current generation (it runs outside the cluster?)", current)}
+		return Check{Name: name, Status: CheckOK, Detail: fmt.Sprintf("no Deployment found, but it is at work: %s Ready at their current generation (it runs outside the cluster?)", plural(current, "hcp Queue object", "hcp Queue objects"))}
 	case current > 0:
 		return Check{Name: name, Status: CheckWarn, Detail: fmt.Sprintf("no Deployment found; %d hcp Queue objects Ready, %d not (yet)", current, stale),
 			Fix: "kubectl get queues.rabbitmq.com -A shows which; their Ready condition says why"}
@@ -356,7 +356,7 @@ func (d *doctor) harnesses(ctx context.Context) []Check {
 		out = append(out, Check{Name: "credentials Secrets", Status: CheckFail, Detail: strings.Join(problems, "; "),
 			Fix: "the operator creates them: kubectl describe the Callee or Caller (its Ready condition) and read the manager's log"})
 	} else {
-		out = append(out, Check{Name: "credentials Secrets", Status: CheckOK, Detail: fmt.Sprintf("present with username, password and uri for %d harnesses (%s)", len(fine), strings.Join(firstN(fine, 4), ", "))})
+		out = append(out, Check{Name: "credentials Secrets", Status: CheckOK, Detail: fmt.Sprintf("present with username, password and uri for %s (%s)", plural(len(fine), "harness", "harnesses"), strings.Join(firstN(fine, 4), ", "))})
 	}
 
 	// Policies: default deny, so a Callee no policy selects runs nothing.
@@ -376,10 +376,17 @@ func (d *doctor) harnesses(ctx context.Context) []Check {
 			out = append(out, Check{Name: "policies", Status: CheckWarn, Detail: "no CapabilityPolicy selects Callee " + strings.Join(unmatched, ", ") + ": every task for it is rejected not_authorized (default deny)",
 				Fix: "apply a CapabilityPolicy whose calleeSelector matches it (docs/policy.md)"})
 		} else if len(callees.Items) > 0 {
-			out = append(out, Check{Name: "policies", Status: CheckOK, Detail: fmt.Sprintf("every Callee is selected by a CapabilityPolicy (%d policies)", len(policies.Items))})
+			out = append(out, Check{Name: "policies", Status: CheckOK, Detail: fmt.Sprintf("every Callee is selected by a CapabilityPolicy (%s)", plural(len(policies.Items), "policy", "policies"))})
 		}
 	}
 	return out
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 func firstN(s []string, n int) []string {

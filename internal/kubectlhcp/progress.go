@@ -37,10 +37,30 @@ type change struct {
 }
 
 // diffSession lists what changed from prev to cur (prev nil: cur is new;
-// nothing is reported but its state). Times come from the status where it
-// records them, else now.
+// nothing is reported but its state). Progress, checkpoint and abort come
+// before a state change seen in the same version: they happened before it.
+// Times come from the status where it records them, else now.
 func diffSession(prev, cur *hcpv1alpha1.HCPSession, now time.Time) []change {
 	var out []change
+	if prev != nil {
+		if progressKey(prev.Status.Progress) != progressKey(cur.Status.Progress) && cur.Status.Progress != nil {
+			at := now
+			if cur.Status.LastEventAt != nil {
+				at = cur.Status.LastEventAt.Time
+			}
+			out = append(out, change{kind: changeProgress, at: at})
+		}
+		if cp := cur.Status.LastCheckpoint; cp != nil && (prev.Status.LastCheckpoint == nil || prev.Status.LastCheckpoint.ID != cp.ID) {
+			at := now
+			if cp.CreatedAt != nil {
+				at = cp.CreatedAt.Time
+			}
+			out = append(out, change{kind: changeCheckpoint, at: at})
+		}
+		if cur.Spec.AbortRequested && !prev.Spec.AbortRequested {
+			out = append(out, change{kind: changeAbortRequested, at: now})
+		}
+	}
 	from := hcpv1alpha1.SessionState("")
 	if prev != nil {
 		from = stateOf(prev)
@@ -56,26 +76,6 @@ func diffSession(prev, cur *hcpv1alpha1.HCPSession, now time.Time) []change {
 			at = cur.CreationTimestamp.Time
 		}
 		out = append(out, change{kind: changeState, from: from, to: to, reason: cur.Status.Reason, at: at})
-	}
-	if prev == nil {
-		return out
-	}
-	if progressKey(prev.Status.Progress) != progressKey(cur.Status.Progress) && cur.Status.Progress != nil {
-		at := now
-		if cur.Status.LastEventAt != nil {
-			at = cur.Status.LastEventAt.Time
-		}
-		out = append(out, change{kind: changeProgress, at: at})
-	}
-	if cp := cur.Status.LastCheckpoint; cp != nil && (prev.Status.LastCheckpoint == nil || prev.Status.LastCheckpoint.ID != cp.ID) {
-		at := now
-		if cp.CreatedAt != nil {
-			at = cp.CreatedAt.Time
-		}
-		out = append(out, change{kind: changeCheckpoint, at: at})
-	}
-	if cur.Spec.AbortRequested && !prev.Spec.AbortRequested {
-		out = append(out, change{kind: changeAbortRequested, at: now})
 	}
 	return out
 }
@@ -307,7 +307,6 @@ func (v *barView) add(hs *hcpv1alpha1.HCPSession) {
 			decor.Any(func(decor.Statistics) string { return padPercent(sb.get().Status.Progress) }, decor.WCSyncSpace),
 			decor.Any(func(decor.Statistics) string { return oneLine(progressText(sb.get().Status.Progress), 48) }, decor.WCSyncSpace),
 		),
-		mpb.BarFillerOnComplete(""),
 	)
 	sb.bar.SetTotal(100, false)
 	sb.bar.SetCurrent(int64(percentOf(hs)))

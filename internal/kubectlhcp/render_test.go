@@ -174,8 +174,10 @@ func TestDiffAndLines(t *testing.T) {
 	end := completed()
 	end.Name = prev.Name
 	changes = diffSession(cur, &end, t0.Add(3*time.Minute))
+	// Progress and checkpoint first, the state change last.
+	changes = changes[len(changes)-1:]
 	if changes[0].kind != changeState || changes[0].from != hcpv1alpha1.SessionRunning || changes[0].to != hcpv1alpha1.SessionCompleted {
-		t.Fatalf("first change %+v, want RUNNING → COMPLETED", changes[0])
+		t.Fatalf("last change %+v, want RUNNING → COMPLETED", changes[0])
 	}
 	if got := changeLine(&end, changes[0]); got != "17:02:06Z 4b1c8f0e RUNNING → COMPLETED (completed)" {
 		t.Errorf("transition line %q (the time is completedAt)", got)
@@ -211,9 +213,9 @@ func TestPlainView(t *testing.T) {
 	v.end(&end, false)
 	want := `session 4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10: cvd.run-synthesis on lab-cvd for alpha, RUNNING 40%
 18:00:00Z 4b1c8f0e  40% heating: step 4 of 10
-17:02:06Z 4b1c8f0e RUNNING → COMPLETED (completed)
 17:02:06Z 4b1c8f0e 100% done
 17:01:30Z 4b1c8f0e checkpoint ckpt-008: after step 8
+17:02:06Z 4b1c8f0e RUNNING → COMPLETED (completed)
 session 4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10 COMPLETED after 2m5s, 31 events: graphene grown: 10 steps [1 artifacts]
 `
 	// The first progress line is dated when it was seen (the session was
@@ -322,8 +324,8 @@ func TestDescription(t *testing.T) {
 	// No rule recorded any more: said so.
 	b.Reset()
 	plain := completed()
-	_ = RenderDescription(&b, Description{Session: &plain, PodErr: "gone"}, t0.Add(time.Hour))
-	if !strings.Contains(b.String(), "not recorded any more") || !strings.Contains(b.String(), "hcp-callee-lab-cvd-7d9f-abcde (gone)") ||
+	_ = RenderDescription(&b, Description{Session: &plain, PodErr: "gone", Policies: []string{"materials-lab"}}, t0.Add(time.Hour))
+	if !strings.Contains(b.String(), "not recorded any more") || !strings.Contains(b.String(), "CapabilityPolicies selecting callee lab-cvd now: materials-lab") || !strings.Contains(b.String(), "hcp-callee-lab-cvd-7d9f-abcde (gone)") ||
 		!strings.Contains(b.String(), "no Kubernetes Events about this session") {
 		t.Errorf("description without rule, pod or events:\n%s", b.String())
 	}

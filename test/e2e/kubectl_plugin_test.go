@@ -158,6 +158,7 @@ func TestKubectlPlugin(t *testing.T) {
 		for _, want := range []string{
 			"Name: " + sessionID, "State: COMPLETED", "Intent: kubectl hcp e2e", "Verdict: admitted", "Risk: " + string(hs.Spec.RiskLevel) + " (assessed)",
 			"Decided by: pod " + hs.Status.PodName, "Name: " + hs.Status.PodName, "Status: Running, ready",
+			"CapabilityPolicies selecting callee " + calleeID + " now: " + r.policy.Name,
 			"created PENDING: task_submit received", "RUNNING: admitted", "last checkpoint ", "COMPLETED",
 		} {
 			if !strings.Contains(flat, want) {
