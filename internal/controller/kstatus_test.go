@@ -31,12 +31,22 @@ func kstatusOf(ctx context.Context, obj client.Object) (*status.Result, error) {
 	return status.Compute(&unstructured.Unstructured{Object: m})
 }
 
-// kstatusIs waits for obj's kstatus to be want with a message containing msg.
+// kstatusIs waits for obj's kstatus to be want with a message containing
+// msg, once the operator has written status for its generation: before
+// that, an object without conditions reads Current (kstatus' caveat,
+// docs/gitops.md).
 func kstatusIs(obj client.Object, want status.Status, msg string) func(context.Context) error {
 	return func(ctx context.Context) error {
 		res, err := kstatusOf(ctx, obj)
 		if err != nil {
 			return err
+		}
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		if err != nil {
+			return err
+		}
+		if observed, _, _ := unstructured.NestedInt64(m, "status", "observedGeneration"); observed != obj.GetGeneration() {
+			return fmt.Errorf("status.observedGeneration %d, generation %d", observed, obj.GetGeneration())
 		}
 		if res.Status != want || !strings.Contains(res.Message, msg) {
 			return fmt.Errorf("kstatus %s %q, want %s containing %q", res.Status, res.Message, want, msg)
