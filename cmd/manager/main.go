@@ -3,11 +3,13 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -26,22 +28,22 @@ func main() {
 		os.Exit(2)
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(cfg); err != nil {
+	if err := run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), cfg); err != nil {
 		ctrl.Log.WithName("setup").Error(err, "Manager failed")
 		os.Exit(1)
 	}
 }
 
-func run(cfg controller.ManagerConfig) error {
+// run builds the manager from cfg and runs it until ctx ends.
+func run(ctx context.Context, restConfig *rest.Config, cfg controller.ManagerConfig) error {
 	scheme := runtime.NewScheme()
 	if err := controller.AddToScheme(scheme); err != nil {
 		return err
 	}
-	mgr, err := ctrl.NewManager(cfg.RESTConfig(ctrl.GetConfigOrDie()), cfg.ManagerOptions(scheme))
+	mgr, err := ctrl.NewManager(cfg.RESTConfig(restConfig), cfg.ManagerOptions(scheme))
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	ctx := ctrl.SetupSignalHandler()
 	if err := controller.Setup(ctx, mgr, cfg.Options); err != nil {
 		return err
 	}
