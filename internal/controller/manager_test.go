@@ -265,7 +265,7 @@ func TestManagerMetrics(t *testing.T) {
 	}
 	httpClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		// The manager's certificate is self-signed, as by default in production.
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // test against a self-signed local server
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
 	}}
 	url := "https://" + suiteManagerConfig.MetricsAddr + "/metrics"
 	scrape := func(bearer string) (int, string) {

@@ -230,7 +230,7 @@ func (f *concurrencyFlag) String() string {
 	if f == nil || *f == nil {
 		return ""
 	}
-	var parts []string
+	parts := make([]string, 0, len(*f))
 	for _, name := range slices.Sorted(maps.Keys(*f)) {
 		parts = append(parts, fmt.Sprintf("%s=%d", name, (*f)[name]))
 	}
