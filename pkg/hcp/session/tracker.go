@@ -255,6 +255,7 @@ func (t *Tracker[T]) SkipThrough(to int64) Outcome[T] {
 		t.remember(gap)
 		out.Skipped = &gap
 		t.next = to + 1
+		t.reported = Range{} // what is left of the gap is reported again
 		if t.requeued != 0 && t.requeued <= to {
 			t.requeued = 0
 		}
@@ -470,7 +471,8 @@ func (t *Tracker[T]) reportGap(out *Outcome[T]) {
 		return
 	}
 	g := Range{t.next, lo - 1}
-	if g != t.reported {
+	// A gap filling from its start is the same gap.
+	if g.To != t.reported.To || g.From < t.reported.From {
 		t.reported = g
 		out.Gap = &g
 	}

@@ -492,3 +492,22 @@ func TestTrackerReturn(t *testing.T) {
 		t.Fatalf("Return of a sequence not in flight: %v", err)
 	}
 }
+
+// TestTrackerGapFillingFromItsStartIsNotANewGap: a gap is reported once;
+// events filling it from its start do not report it again (a long gap
+// filled one event at a time logged one warning per event).
+func TestTrackerGapFillingFromItsStartIsNotANewGap(t *testing.T) {
+	tr := newTracker(t, TrackerOptions{})
+	if out := offer(t, tr, 6, Buffered); out.Gap == nil || *out.Gap != (Range{1, 5}) {
+		t.Fatalf("gap = %v, want 1-5", out.Gap)
+	}
+	for s := int64(1); s <= 3; s++ {
+		if out := offer(t, tr, s, Deliver, s); out.Gap != nil {
+			t.Fatalf("offer %d reported gap %v again", s, *out.Gap)
+		}
+	}
+	if out := offer(t, tr, 5, Buffered); out.Gap == nil || *out.Gap != (Range{4, 4}) {
+		t.Fatalf("gap after 5 arrived = %v, want 4-4 (a different gap)", out.Gap)
+	}
+	offer(t, tr, 4, Deliver, 4, 5, 6)
+}
