@@ -168,7 +168,7 @@ func outcomeLine(hs *hcpv1alpha1.HCPSession) string {
 	st := hs.Status
 	s := fmt.Sprintf("session %s %s", hs.Name, stateOf(hs))
 	if st.StartedAt != nil && st.CompletedAt != nil {
-		s += " after " + shortDuration(st.CompletedAt.Sub(st.StartedAt.Time))
+		s += " after " + spanText(st.CompletedAt.Sub(st.StartedAt.Time))
 	}
 	if st.EventCount > 0 {
 		s += fmt.Sprintf(", %d events", st.EventCount)

@@ -193,6 +193,11 @@ func TestDiffAndLines(t *testing.T) {
 	if got := outcomeLine(&failed); got != "session 4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10 FAILED after 10s, 14 events: timeout: the session reached its max duration PT10S" {
 		t.Errorf("failed outcome %q", got)
 	}
+	quick := failed
+	quick.Status.CompletedAt = mt(t0.Add(time.Second))
+	if got := outcomeLine(&quick); !strings.Contains(got, "FAILED after <1s,") {
+		t.Errorf("a session that ended within its first second: %q", got)
+	}
 	for s, code := range map[hcpv1alpha1.SessionState]int{
 		hcpv1alpha1.SessionCompleted: 0, hcpv1alpha1.SessionFailed: 2, hcpv1alpha1.SessionAborted: 3, hcpv1alpha1.SessionRejected: 4,
 	} {

@@ -227,7 +227,16 @@ func sessionDuration(hs *hcpv1alpha1.HCPSession, now time.Time) string {
 	} else if stateOf(hs).IsTerminal() {
 		return "-"
 	}
-	return shortDuration(end.Sub(start.Time))
+	return spanText(end.Sub(start.Time))
+}
+
+// spanText is a duration between two API timestamps, which have whole
+// seconds: under a second is "<1s", not a made-up number of milliseconds.
+func spanText(d time.Duration) string {
+	if d < time.Second {
+		return "<1s"
+	}
+	return shortDuration(d)
 }
 
 // shortDuration is a duration in at most two units: 850ms, 12s, 2m5s,
