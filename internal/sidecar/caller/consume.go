@@ -295,6 +295,12 @@ func (s *Sidecar) release(w *stream, it *item) {
 	s.settle(it, false)
 }
 
+// Held returns how many deliveries the session workers hold unsettled
+// (for diagnostics and tests: with nothing in flight it is 0; a delivery
+// counted and never settled nor forgotten is a leak that narrows the
+// prefetch window for good).
+func (s *Sidecar) Held() int { return int(s.holding.Load()) }
+
 // forget marks a delivery whose channel is gone as settled without
 // settling it (the broker redelivers it), so that it no longer counts as
 // held.

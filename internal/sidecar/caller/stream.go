@@ -623,6 +623,7 @@ func (w *stream) resolveGap() {
 func (w *stream) swapInFlight(seq int64, it *item) {
 	for i := range w.ready {
 		if w.ready[i].Seq == seq && w.ready[i].Item.stale() {
+			w.s.forget(w.ready[i].Item) // no longer held: it was counted
 			w.ready[i].Item = it
 			return
 		}
