@@ -337,7 +337,11 @@ func RenderDescription(w io.Writer, d Description, now time.Time) error {
 		field("Expires", st.TokenExpiresAt.UTC().Format(time.RFC3339)+" (max duration "+orDash(string(hs.Spec.MaxDuration))+")")
 	}
 	if hs.Spec.AbortRequested {
-		field("Abort requested", "yes")
+		abort := "yes"
+		if r := hs.Annotations[AnnotationAbortReason]; r != "" {
+			abort += ", reason: " + oneLine(r, 200) + " (annotation " + AnnotationAbortReason + ")"
+		}
+		field("Abort requested", abort)
 	}
 	if r := st.Result; r != nil {
 		if r.Summary != "" {
@@ -420,12 +424,17 @@ func timeAndAge(t, now time.Time) string {
 	return t.UTC().Format(time.RFC3339) + " (" + relative(t, now) + ")"
 }
 
-// relative is "5m ago", or "in 3m" for a time ahead.
+// relative is "5m ago", or "in 3m" for a time ahead; API timestamps have
+// whole seconds, so within a second it is "just now".
 func relative(t, now time.Time) string {
-	if t.After(now) {
-		return "in " + shortDuration(t.Sub(now))
+	switch d := now.Sub(t); {
+	case d > -time.Second && d < time.Second:
+		return "just now"
+	case d < 0:
+		return "in " + shortDuration(-d)
+	default:
+		return shortDuration(d) + " ago"
 	}
-	return shortDuration(now.Sub(t)) + " ago"
 }
 
 // podStatus is the pod's phase, readiness and restarts, as one phrase.

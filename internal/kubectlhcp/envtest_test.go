@@ -318,6 +318,10 @@ func TestAbortCommand(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.out, "abort already requested") {
 		t.Errorf("second abort: want it said")
 	}
+	r = kubectlHCP(t, e, "", "describe", "-n", ns, hs.Name)
+	if !strings.Contains(spaces.ReplaceAllString(r.out, " "), "Abort requested: yes, reason: wrong substrate (annotation hcp.io/abort-reason)") {
+		t.Error("describe does not show the abort reason")
+	}
 
 	// --wait follows it to ABORTED: exit 3.
 	out, wait := startHCP(t, e, "abort", "-n", ns, hs.Name, "--wait")
