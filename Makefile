@@ -103,6 +103,10 @@ REJECT_FLOOD ?= 10000
 bench-rejections: testbed ## A flood of REJECT_FLOOD (default 10000) task_submits the gate refuses: the API objects left behind (make test runs 2,000).
 	HCP_REJECT_FLOOD=$(REJECT_FLOOD) KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -count=1 -run '^TestRejectionFloodWritesNothing$$' -v -timeout 20m ./internal/sidecar/callee
 
+.PHONY: dashboard-picture
+dashboard-picture: testbed ## Draw docs/images/dashboard.png: the chart's Grafana dashboard, its queries evaluated by PromQL over metrics scraped from a relay run with real traffic (no Grafana here).
+	HCP_DASHBOARD_PICTURE=$(CURDIR)/docs/images/dashboard.png KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -tags dashboardpicture -count=1 -run '^TestDashboardPicture$$' -v -timeout 15m ./test/relay
+
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end suite (test/e2e): chart install, samples, sessions on the local stack (root; brought up if not running) or, with HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.
 	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...

@@ -221,7 +221,14 @@ func TestChartMonitoring(t *testing.T) {
 	on := render(t, "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=kube-prometheus",
 		"--set", "grafanaDashboard.enabled=true", "--set", "grafanaDashboard.namespace=monitoring",
 		"--set", "grafanaDashboard.sidecarLabel=dashboards.example.com/load", "--set", "grafanaDashboard.sidecarLabelValue=yes",
-		"--set", "sidecarPodMonitor.enabled=true", "--set", "watchNamespaces={lab-a,lab-b}")
+		"--set", "sidecarPodMonitor.enabled=true", "--set", "watchNamespaces={lab-a,lab-b}", "--set", "metrics.serviceMonitor.enabled=true")
+
+	// The manager's hcp_operator_* series keep their own namespace label.
+	if sm := find(on, "ServiceMonitor"); sm == nil {
+		t.Error("no ServiceMonitor")
+	} else if eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints"); len(eps) != 1 || eps[0].(map[string]any)["honorLabels"] != true {
+		t.Errorf("ServiceMonitor endpoints %v: want honorLabels", eps)
+	}
 
 	pr := find(on, "PrometheusRule")
 	if pr == nil {
