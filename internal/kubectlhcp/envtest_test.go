@@ -410,6 +410,9 @@ func TestWatchCommand(t *testing.T) {
 		setStatus(t, e, old, ended(hcpv1alpha1.SessionCompleted, "completed"))
 		out, wait := startHCP(t, e, "watch", "-n", ns, "--all")
 		waitFor(t, out, b.Name)
+		// A session that had ended before is not shown when its status
+		// changes (the caller sidecar acknowledges after the end).
+		setStatus(t, e, old, func(s *hcpv1alpha1.HCPSessionStatus) { s.CallerAckedSequence = 3 })
 		// A session that starts while watching is followed too.
 		c := newSession(t, e, ns, "", "lab-cvd", "gamma", runningStatus(5))
 		waitFor(t, out, c.Name)

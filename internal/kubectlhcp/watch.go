@@ -91,7 +91,7 @@ func RunWatch(ctx context.Context, env *Env, o WatchOptions) error {
 	} else {
 		v = newBarView(env.Streams.Out, env.now)
 	}
-	w := &watcher{env: env, c: c, v: v, seen: map[string]*hcpv1alpha1.HCPSession{}, codes: map[string]int{}}
+	w := &watcher{env: env, c: c, v: v, seen: map[string]*hcpv1alpha1.HCPSession{}, codes: map[string]int{}, ended: map[string]bool{}}
 	code, err := w.run(ctx, o)
 	v.close()
 	if err != nil {
@@ -109,6 +109,10 @@ type watcher struct {
 	// of those that ended.
 	seen  map[string]*hcpv1alpha1.HCPSession
 	codes map[string]int
+	// ended (--all) are the sessions that had ended when the watch began:
+	// never shown, even when their status changes later (the caller's
+	// acknowledgements are written after the end).
+	ended map[string]bool
 }
 
 func (w *watcher) run(ctx context.Context, o WatchOptions) (int, error) {
@@ -173,7 +177,7 @@ func (w *watcher) run(ctx context.Context, o WatchOptions) (int, error) {
 			// --all follows sessions running when it starts, and every
 			// session that appears later.
 			if first && o.All && stateOf(hs).IsTerminal() {
-				continue
+				w.ended[key(hs)] = true
 			}
 			w.observe(hs)
 		}
@@ -256,7 +260,7 @@ func key(hs *hcpv1alpha1.HCPSession) string { return hs.Namespace + "/" + hs.Nam
 // observe shows a version of a session.
 func (w *watcher) observe(hs *hcpv1alpha1.HCPSession) {
 	k := key(hs)
-	if _, ended := w.codes[k]; ended {
+	if _, ended := w.codes[k]; ended || w.ended[k] {
 		return
 	}
 	prev, known := w.seen[k]
