@@ -10,8 +10,6 @@ import (
 
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 )
 
 // Conn owns one AMQP connection and keeps it up: a supervisor goroutine
@@ -35,7 +33,6 @@ type Conn struct {
 	opts Options
 	uri  amqp.URI
 	log  logr.Logger
-	m    *metrics.Metrics
 	// lastURL is the URL of the last dial (the supervisor's alone).
 	lastURL string
 
@@ -78,7 +75,6 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		opts:      opts,
 		uri:       uri,
 		log:       opts.Logger.WithValues("amqp", redactedURL(uri), "connectionName", opts.ConnectionName),
-		m:         opts.Metrics,
 		stopped:   make(chan struct{}),
 		ready:     make(chan struct{}),
 		unblocked: make(chan struct{}),
@@ -90,9 +86,7 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	// The supervisor outlives the ctx that Dial was called with; only Close
 	// stops it. Values (loggers, tracing) are kept.
 	c.stopCtx, c.stop = context.WithCancel(context.WithoutCancel(ctx))
-	if c.m != nil {
-		c.m.Connected.WithLabelValues(c.opts.Role).Set(0)
-	}
+	c.opts.Metrics.SetConnected(c.opts.Role, false)
 	go c.supervise()
 	return c, nil
 }
@@ -283,9 +277,7 @@ func (c *Conn) supervise() {
 		upSince := c.opts.Clock.Now()
 		c.setConnected(conn)
 		if everConnected {
-			if c.m != nil {
-				c.m.Reconnects.WithLabelValues(c.opts.Role).Inc()
-			}
+			c.opts.Metrics.Reconnected(c.opts.Role)
 			c.log.Info("Reconnected to the AMQP broker", "failedAttempts", failures)
 		} else {
 			c.log.Info("Connected to the AMQP broker")
@@ -343,9 +335,7 @@ func (c *Conn) setConnected(conn *amqp.Connection) {
 	c.lost = make(chan struct{})
 	c.lastErr = nil
 	close(c.ready)
-	if c.m != nil {
-		c.m.Connected.WithLabelValues(c.opts.Role).Set(1)
-	}
+	c.opts.Metrics.SetConnected(c.opts.Role, true)
 }
 
 func (c *Conn) setDisconnected(err error) {
@@ -364,9 +354,7 @@ func (c *Conn) setDisconnected(err error) {
 	default:
 		close(c.unblocked) // a new connection starts unblocked
 	}
-	if c.m != nil {
-		c.m.Connected.WithLabelValues(c.opts.Role).Set(0)
-	}
+	c.opts.Metrics.SetConnected(c.opts.Role, false)
 }
 
 func (c *Conn) setBlocked(b amqp.Blocking) {

@@ -252,8 +252,8 @@ func (k *consumer) drain(ch *amqp.Channel, deliveries <-chan amqp.Delivery, clos
 }
 
 func (k *consumer) dispatch(ctx context.Context, ch *amqp.Channel, t *tracker, d amqp.Delivery) {
-	if d.Redelivered && k.c.m != nil {
-		k.c.m.Redeliveries.Inc()
+	if d.Redelivered {
+		k.c.opts.Metrics.Redelivered()
 	}
 	t.add(d.DeliveryTag)
 	d.Acknowledger = &acker{ch: ch, t: t, log: k.log}

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
@@ -70,7 +69,7 @@ func TestConsumerManualAckAndRedelivery(t *testing.T) {
 		}
 	}
 	// FIFO: the requeued messages come first.
-	if got := testutil.ToFloat64(m.Redeliveries); got != 2 {
+	if got := m.redeliveryCount(); got != 2 {
 		t.Errorf("redeliveries metric = %v, want 2", got)
 	}
 	eventually(t, 5*time.Second, "the queue to empty", func() bool { return e.ready("hcp.evt.alpha") == 0 })
@@ -178,10 +177,10 @@ func TestStaleAckAfterReconnect(t *testing.T) {
 		t.Fatalf("ack of the redelivery: %v", err)
 	}
 	eventually(t, 5*time.Second, "the queue to empty", func() bool { return e.ready("hcp.evt.alpha") == 0 })
-	if got := testutil.ToFloat64(m.Reconnects.WithLabelValues("amqp")); got != 1 {
+	if got := m.reconnectCount("amqp"); got != 1 {
 		t.Errorf("reconnects = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.Redeliveries); got != 1 {
+	if got := m.redeliveryCount(); got != 1 {
 		t.Errorf("redeliveries = %v, want 1", got)
 	}
 	// The new channel is healthy: the next message is delivered and acked.
@@ -300,14 +299,14 @@ func TestReconnectNoLoss(t *testing.T) {
 	// reconnected once more.
 	for round := 1; round <= 2; round++ {
 		eventually(t, 60*time.Second, "more messages consumed", func() bool { return distinct() >= round*1000 })
-		for testutil.ToFloat64(pm.Reconnects.WithLabelValues("amqp")) < float64(round) || testutil.ToFloat64(cm.Reconnects.WithLabelValues("amqp")) < float64(round) {
+		for pm.reconnectCount("amqp") < round || cm.reconnectCount("amqp") < round {
 			n, err := e.broker.CloseConnections(ctx, e.vhost, "")
 			if err != nil {
 				t.Fatalf("closing connections: %v", err)
 			}
 			t.Logf("round %d: closed %d connections after %d messages consumed", round, n, distinct())
 			deadline := time.Now().Add(3 * time.Second)
-			for time.Now().Before(deadline) && (testutil.ToFloat64(pm.Reconnects.WithLabelValues("amqp")) < float64(round) || testutil.ToFloat64(cm.Reconnects.WithLabelValues("amqp")) < float64(round)) {
+			for time.Now().Before(deadline) && (pm.reconnectCount("amqp") < round || cm.reconnectCount("amqp") < round) {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}
@@ -326,7 +325,7 @@ func TestReconnectNoLoss(t *testing.T) {
 	nLost := 0
 	lost.Range(func(any, any) bool { nLost++; return true })
 	t.Logf("sent %d, received %d distinct, %d duplicate deliveries, %d publishes retried after ErrConnectionLost; reconnects: publisher %v, consumer %v",
-		total, distinct(), dups, nLost, testutil.ToFloat64(pm.Reconnects.WithLabelValues("amqp")), testutil.ToFloat64(cm.Reconnects.WithLabelValues("amqp")))
+		total, distinct(), dups, nLost, pm.reconnectCount("amqp"), cm.reconnectCount("amqp"))
 	eventually(t, 10*time.Second, "the queue to empty", func() bool { return e.ready("hcp.evt.alpha") == 0 })
 }
 

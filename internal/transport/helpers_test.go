@@ -11,10 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/internal/transport/transporttest"
 )
@@ -124,24 +122,90 @@ func testLogger(t *testing.T) logr.Logger {
 	}, funcr.Options{Verbosity: 1})
 }
 
-func newMetrics() *metrics.Metrics { return metrics.New(prometheus.NewRegistry()) }
+// recorder is a transport.Metrics that keeps what it is told, for
+// assertions.
+type recorder struct {
+	mu          sync.Mutex
+	connected   map[string]bool
+	reconnects  map[string]int
+	confirms    map[string]int
+	redelivered int
+}
+
+func newMetrics() *recorder {
+	return &recorder{connected: map[string]bool{}, reconnects: map[string]int{}, confirms: map[string]int{}}
+}
+
+func (r *recorder) SetConnected(role string, up bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.connected[role] = up
+}
+
+func (r *recorder) Reconnected(role string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reconnects[role]++
+}
+
+func (r *recorder) Confirmed(result string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.confirms[result]++
+}
+
+func (r *recorder) Redelivered() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.redelivered++
+}
+
+// isConnected is the last state reported for role.
+func (r *recorder) isConnected(role string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.connected[role]
+}
+
+// reconnectCount is how many recoveries were reported for role.
+func (r *recorder) reconnectCount(role string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reconnects[role]
+}
+
+// confirmCount is how many confirms had result.
+func (r *recorder) confirmCount(result string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.confirms[result]
+}
+
+// redeliveryCount is how many redelivered deliveries were reported.
+func (r *recorder) redeliveryCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.redelivered
+}
 
 // dial opens a Conn with fast backoff and closes it when the test ends.
-func (e *env) dial(name string, m *metrics.Metrics, mod ...func(*transport.Options)) *transport.Conn {
+func (e *env) dial(name string, m *recorder, mod ...func(*transport.Options)) *transport.Conn {
 	e.t.Helper()
 	return e.dialURL(e.url, name, m, mod...)
 }
 
-func (e *env) dialURL(url, name string, m *metrics.Metrics, mod ...func(*transport.Options)) *transport.Conn {
+func (e *env) dialURL(url, name string, m *recorder, mod ...func(*transport.Options)) *transport.Conn {
 	e.t.Helper()
 	opts := transport.Options{
 		URL:            url,
 		ConnectionName: name,
 		Logger:         testLogger(e.t).WithName(name),
-		Metrics:        m,
 		BackoffMin:     50 * time.Millisecond,
 		BackoffMax:     500 * time.Millisecond,
 		DrainTimeout:   2 * time.Second,
+	}
+	if m != nil { // a nil *recorder is not a nil transport.Metrics
+		opts.Metrics = m
 	}
 	for _, f := range mod {
 		f(&opts)

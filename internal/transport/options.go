@@ -14,8 +14,6 @@ import (
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"k8s.io/utils/clock"
-
-	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 )
 
 // Defaults for Options.
@@ -57,9 +55,9 @@ type Options struct {
 	Role string
 	// Logger receives structured logs; the zero value discards them.
 	Logger logr.Logger
-	// Metrics, when set, receives Reconnects, Connected, Confirms and
-	// Redeliveries.
-	Metrics *metrics.Metrics
+	// Metrics, when set, receives the connection's state, its recoveries,
+	// publisher confirm outcomes and redeliveries.
+	Metrics Metrics
 	// BackoffMin and BackoffMax bound the exponential redial backoff
 	// (defaults 1s and 60s); Jitter is the ± fraction applied to each delay
 	// (default 0.2; negative means none).
@@ -121,6 +119,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Rand == nil {
 		o.Rand = rand.Float64
+	}
+	if o.Metrics == nil {
+		o.Metrics = noMetrics{}
 	}
 	if o.Role == "" {
 		o.Role = "amqp"

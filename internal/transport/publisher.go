@@ -356,16 +356,16 @@ func (p *ConfirmPublisher) collect(pc *pubChannel, returns <-chan amqp.Return, c
 }
 
 func (p *ConfirmPublisher) resolve(pc *pubChannel, f *confirmation) {
-	result := "ack"
+	result := ConfirmAck
 	switch {
 	case f.returned != nil:
-		result = "returned"
+		result = ConfirmReturned
 		f.err = fmt.Errorf("%w: exchange %q, routing key %q: %d %s", ErrUnroutable, f.exchange, f.routingKey, f.returned.ReplyCode, f.returned.ReplyText)
 	case f.dc.Acked():
 	case pc.ch.IsClosed():
 		// amqp091-go resolves the confirmations pending on a closing channel
 		// as nacks; the channel is marked closed before it does.
-		result = "lost"
+		result = ConfirmLost
 		if pc.closeErr != nil {
 			// The broker's *amqp.Error stays reachable with errors.As:
 			// 404 (no such exchange), 403 (no write permission) or 406
@@ -376,16 +376,14 @@ func (p *ConfirmPublisher) resolve(pc *pubChannel, f *confirmation) {
 			f.err = ErrConnectionLost
 		}
 	default:
-		result = "nack"
+		result = ConfirmNack
 		f.err = fmt.Errorf("%w: exchange %q, routing key %q", ErrNacked, f.exchange, f.routingKey)
 	}
 	pc.unregister(f)
 	close(f.done)
 	<-p.win
 	p.inflight.Done()
-	if m := p.c.m; m != nil {
-		m.Confirms.WithLabelValues(result).Inc()
-	}
+	p.c.opts.Metrics.Confirmed(result)
 }
 
 // confirmation implements Confirmation.

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/hcp-io/hcp-operator/internal/transport"
@@ -41,7 +40,7 @@ func TestPublishConfirmAndConsume(t *testing.T) {
 	if err := pub.Publish(ctx, "hcp.events", "alpha.s1.event", msg); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	if got := testutil.ToFloat64(m.Confirms.WithLabelValues("ack")); got != 1 {
+	if got := m.confirmCount("ack"); got != 1 {
 		t.Errorf("confirms{ack} = %v, want 1", got)
 	}
 	if got := e.ready("hcp.evt.alpha"); got != 1 {
@@ -142,7 +141,7 @@ func TestUnroutableIsAnErrorPerMessage(t *testing.T) {
 			wantReturned++
 		}
 	}
-	if got := testutil.ToFloat64(m.Confirms.WithLabelValues("returned")); int(got) != wantReturned+1 {
+	if got := m.confirmCount("returned"); got != wantReturned+1 {
 		t.Errorf("confirms{returned} = %v, want %d", got, wantReturned+1)
 	}
 	if got, want := e.ready("hcp.evt.alpha"), len(all)-wantReturned; got != want {
@@ -168,7 +167,7 @@ func TestNackedWhenQueueRejectsPublish(t *testing.T) {
 	if !errors.Is(err, transport.ErrNacked) {
 		t.Fatalf("publish to a full reject-publish queue: %v, want ErrNacked", err)
 	}
-	if got := testutil.ToFloat64(m.Confirms.WithLabelValues("nack")); got != 1 {
+	if got := m.confirmCount("nack"); got != 1 {
 		t.Errorf("confirms{nack} = %v, want 1", got)
 	}
 	// The channel survives a nack.
@@ -253,8 +252,8 @@ func TestPublishAcrossConnectionLoss(t *testing.T) {
 	if err := pub.Publish(ctx, "hcp.commands", "lab", persistent("before", "{}")); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.Connected.WithLabelValues("amqp")); got != 1 {
-		t.Errorf("connected gauge = %v, want 1", got)
+	if !m.isConnected("amqp") {
+		t.Error("reported disconnected while publishing, want connected")
 	}
 
 	proxy.Pause()
@@ -274,12 +273,12 @@ func TestPublishAcrossConnectionLoss(t *testing.T) {
 			t.Errorf("pending confirmation %d after a cut: %v, want ErrConnectionLost", i, err)
 		}
 	}
-	if got := testutil.ToFloat64(m.Confirms.WithLabelValues("lost")); got != 5 {
+	if got := m.confirmCount("lost"); got != 5 {
 		t.Errorf("confirms{lost} = %v, want 5", got)
 	}
 	eventually(t, 5*time.Second, "Ready() to turn false", func() bool { return !c.Ready() })
-	if got := testutil.ToFloat64(m.Connected.WithLabelValues("amqp")); got != 0 {
-		t.Errorf("connected gauge = %v while down, want 0", got)
+	if m.isConnected("amqp") {
+		t.Error("reported connected while down, want disconnected")
 	}
 
 	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -304,7 +303,7 @@ func TestPublishAcrossConnectionLoss(t *testing.T) {
 	if !c.Ready() {
 		t.Error("Ready() is false after a successful publish")
 	}
-	if got := testutil.ToFloat64(m.Reconnects.WithLabelValues("amqp")); got != 1 {
+	if got := m.reconnectCount("amqp"); got != 1 {
 		t.Errorf("reconnects = %v, want 1", got)
 	}
 	// before + after; the five lost ones may or may not have arrived.

@@ -77,3 +77,43 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.Released, m.Latency)
 	return m
 }
+
+// The methods below make *Metrics the Metrics of internal/transport
+// (transport.Options.Metrics): the transport reports what happened and
+// the series stay named here. A nil *Metrics records nothing.
+
+// SetConnected sets hcp_sidecar_amqp_connected{connection=role} to 1 or 0.
+func (m *Metrics) SetConnected(role string, up bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.Connected.WithLabelValues(role).Set(v)
+}
+
+// Reconnected counts hcp_sidecar_amqp_reconnects_total{connection=role}.
+func (m *Metrics) Reconnected(role string) {
+	if m == nil {
+		return
+	}
+	m.Reconnects.WithLabelValues(role).Inc()
+}
+
+// Confirmed counts hcp_sidecar_publisher_confirms_total{result}.
+func (m *Metrics) Confirmed(result string) {
+	if m == nil {
+		return
+	}
+	m.Confirms.WithLabelValues(result).Inc()
+}
+
+// Redelivered counts hcp_sidecar_redeliveries_total.
+func (m *Metrics) Redelivered() {
+	if m == nil {
+		return
+	}
+	m.Redeliveries.Inc()
+}
