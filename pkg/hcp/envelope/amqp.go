@@ -131,8 +131,21 @@ func Identity(d amqp.Delivery) string { return d.UserId }
 // as L2 says: wait for a while, then log and continue.
 const HeaderConfirmedThrough = "hcp-confirmed-through"
 
+// W3C Trace Context as AMQP headers (an extension of L1, outside the
+// envelope, like HeaderConfirmedThrough): the traceparent and tracestate of
+// the work a message belongs to, with the values and rules of the HTTP
+// headers of the same names. A task_submit carries the caller's; every
+// message a callee publishes for a session carries the session's. A
+// receiver that does not know them ignores them; a malformed one is
+// ignored, never a reason to refuse the message.
+const (
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+)
+
 // SetConfirmedThrough sets HeaderConfirmedThrough on p to seq, copying the
-// header table (p may share it with an earlier publishing).
+// header table (p may share it with an earlier publishing, or carry a
+// session's shared trace headers).
 func SetConfirmedThrough(p *amqp.Publishing, seq int64) {
 	h := make(amqp.Table, len(p.Headers)+1)
 	for k, v := range p.Headers {
