@@ -70,8 +70,8 @@ func children(namespace string) ([]client.Object, error) {
 	ref := topologyv1beta1.RabbitmqClusterReference{Name: "rabbitmq"}
 	cb := resource.BrokerFromCluster(ref, callee.Spec.Broker, namespace)
 	rb := resource.BrokerFromCluster(ref, caller.Spec.Broker, namespace)
-	objs := []client.Object{resource.Vhost(namespace, cb, resource.DeletionPolicyRetain)}
-	commandsX, eventsX := resource.Exchanges(namespace, cb)
+	objs := []client.Object{resource.Vhost(namespace, cb, cb.Reference, resource.DeletionPolicyRetain)}
+	commandsX, eventsX := resource.Exchanges(namespace, cb, cb.Reference)
 	objs = append(objs, commandsX, eventsX)
 
 	for _, v := range []struct {
@@ -91,12 +91,19 @@ func children(namespace string) ([]client.Object, error) {
 			resource.Binding(v.s, v.b), resource.User(v.s, v.b), resource.Permission(v.s, v.b))
 		if v.s.Role == topology.RoleCallee {
 			objs = append(objs, resource.TokenSecret(v.s, resource.TokenKeys{PrivatePEM: []byte("dry-run"), PublicPEM: []byte("dry-run"), VerifyPEM: []byte("dry-run")}), resource.CalleeQueue(callee, v.b))
+			if p := resource.CalleeLimitsPolicy(callee, v.b); p != nil {
+				objs = append(objs, p)
+			}
 		} else {
 			q, err := resource.CallerQueue(caller, v.b)
 			if err != nil {
 				return nil, err
 			}
-			objs = append(objs, q)
+			p, err := resource.CallerLimitsPolicy(caller, v.b)
+			if err != nil {
+				return nil, err
+			}
+			objs = append(objs, q, p)
 		}
 		if v.harness != nil {
 			objs = append(objs, resource.Deployment(resource.HarnessParams{

@@ -38,7 +38,7 @@ import (
 // +kubebuilder:rbac:groups=hcp.io,resources=hcpsessions,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=hcp.io,resources=hcpsessions/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=hcp.io,resources=capabilitypolicies,verbs=get;list;watch
-// +kubebuilder:rbac:groups=rabbitmq.com,resources=vhosts;exchanges;queues;bindings;users;permissions,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rabbitmq.com,resources=vhosts;exchanges;queues;bindings;users;permissions;policies,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
@@ -80,7 +80,7 @@ func topologyObjects(s resource.Subject) []client.Object {
 		o.SetName(s.BaseName())
 		return o
 	}
-	return []client.Object{key(&topologyv1beta1.Binding{}), key(&topologyv1beta1.Permission{}), key(&topologyv1beta1.Queue{}), key(&topologyv1beta1.User{})}
+	return []client.Object{key(&topologyv1beta1.Binding{}), key(&topologyv1beta1.Permission{}), key(&topologyv1beta1.Policy{}), key(&topologyv1beta1.Queue{}), key(&topologyv1beta1.User{})}
 }
 
 // Reconcile follows the usual skeleton: get, finalizer/delete branch,
@@ -168,15 +168,23 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	}
 	binding := resource.Binding(v.sub, b)
 	binding.Annotations = r.core.redeclareAnnotations(key)
+	queue, args, err := r.core.queueAsDeclared(ctx, resource.CalleeQueue(callee, b))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	topo := shared
-	for _, desired := range []client.Object{resource.CalleeQueue(callee, b), binding, resource.User(v.sub, b), resource.Permission(v.sub, b)} {
+	for _, desired := range []client.Object{queue, binding, resource.User(v.sub, b), resource.Permission(v.sub, b)} {
 		live, err := r.core.apply(ctx, callee, desired)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		topo = append(topo, live)
 	}
-	r.core.setTopologyReady(v, topo)
+	pol, err := r.core.ensureLimitsPolicy(ctx, v, resource.CalleeLimitsPolicy(callee, b), args, resource.CalleeQueueLimits(callee.Spec.CommandQueue))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	r.core.setTopologyReadyWithPolicy(v, topo, pol)
 
 	load, err := r.sessionLoad(ctx, callee)
 	if err != nil {
@@ -278,6 +286,7 @@ func (c *core) watchChildren(b *builder.Builder) *builder.Builder {
 		Owns(&topologyv1beta1.Binding{}).
 		Owns(&topologyv1beta1.User{}).
 		Owns(&topologyv1beta1.Permission{}).
+		Owns(&topologyv1beta1.Policy{}).
 		Owns(&corev1.Secret{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.Role{}).

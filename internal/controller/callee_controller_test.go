@@ -20,6 +20,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -65,8 +66,7 @@ func TestCalleeLifecycle(t *testing.T) {
 	// Topology objects as DESIGN section 3 says.
 	q := topo[0].(*topologyv1beta1.Queue)
 	vhost := testVhost(ns)
-	if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Vhost != vhost ||
-		!reflect.DeepEqual(queueArgs(q), map[string]any{"x-max-length": float64(100), "x-delivery-limit": float64(5), "x-overflow": "reject-publish"}) {
+	if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Vhost != vhost || q.Spec.Arguments != nil {
 		t.Errorf("queue %+v args %v", q.Spec, queueArgs(q))
 	}
 	if !managedBy(q, resource.FieldManager) {
@@ -102,7 +102,8 @@ func TestCalleeLifecycle(t *testing.T) {
 		t.Errorf("deployment pod spec %+v", dep.Spec.Template.Spec)
 	}
 
-	// Shared exchanges: in the namespace, labelled, owned by no one.
+	// Shared exchanges: in the operator's namespace (the suite's is the
+	// default broker's), labelled, owned by no one.
 	exchanges, err := sharedExchanges(t.Context(), vhostKey)
 	if err != nil {
 		t.Fatal(err)
@@ -111,9 +112,16 @@ func TestCalleeLifecycle(t *testing.T) {
 		t.Fatalf("want 2 shared exchanges, got %d", len(exchanges))
 	}
 	for _, x := range exchanges {
-		if len(x.OwnerReferences) != 0 || x.Namespace != ns {
+		if len(x.OwnerReferences) != 0 || x.Namespace != suiteBrokerNamespace {
 			t.Errorf("exchange %s/%s owners %v", x.Namespace, x.Name, x.OwnerReferences)
 		}
+	}
+	// The queue is declared without limits; they are its Policy.
+	pol := limitsPolicy(ns, base)
+	eventually(t, "the limits Policy", exists(pol, callee))
+	if want := map[string]any{"max-length": float64(100), "delivery-limit": float64(5), "overflow": "reject-publish"}; !reflect.DeepEqual(policyDefinition(pol), want) ||
+		pol.Spec.Pattern != `^hcp\.cmd\.lab-cvd$` || pol.Spec.ApplyTo != "queues" {
+		t.Errorf("policy %+v definition %v, want %v", pol.Spec, policyDefinition(pol), want)
 	}
 
 	// Honest status while nothing is declared and no pod runs.
@@ -139,7 +147,10 @@ func TestCalleeLifecycle(t *testing.T) {
 	for i := range exchanges {
 		setTopologyStatus(t, &exchanges[i], true, "")
 	}
-	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "6 topology objects ready"))
+	eventually(t, "TopologyReady waits for the Policy", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending,
+		"Policy "+base+": not yet declared by the messaging-topology-operator"))
+	setTopologyStatus(t, pol, true, "")
+	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "7 topology objects ready"))
 	setDeploymentAvailable(t, dep, 1)
 	eventually(t, "Ready once the Deployment is available", all(
 		calleeCondition(callee, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionTrue, hcpv1alpha1.ReasonDeploymentAvailable, "1/1 replicas ready"),
@@ -168,18 +179,27 @@ func TestCalleeLifecycle(t *testing.T) {
 		c.Spec.CommandQueue.MaxLength = new(int64(250))
 		c.Spec.CommandQueue.MaxLengthBytes = new(int64(1 << 20))
 	})
-	eventually(t, "new limits in the Queue", func(ctx context.Context) error {
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(q), q); err != nil {
+	// Limits edited in the Callee reach the Policy, never the Queue.
+	queueGeneration := q.Generation
+	eventually(t, "new limits in the Policy", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pol), pol); err != nil {
 			return err
 		}
-		want := map[string]any{"x-max-length": float64(250), "x-max-length-bytes": float64(1 << 20), "x-delivery-limit": float64(5), "x-overflow": "reject-publish"}
-		if got := queueArgs(q); !reflect.DeepEqual(got, want) {
-			return fmt.Errorf("arguments %v, want %v", got, want)
+		want := map[string]any{"max-length": float64(250), "max-length-bytes": float64(1 << 20), "delivery-limit": float64(5), "overflow": "reject-publish"}
+		if got := policyDefinition(pol); !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("definition %v, want %v", got, want)
 		}
 		return nil
 	})
 	eventually(t, "the new generation is pending until declared", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
-		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "Queue "+base+": not yet declared at generation 2"))
+		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "Policy "+base+": not yet declared at generation 2"))
+	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(q), q); err != nil {
+		t.Fatal(err)
+	}
+	if q.Generation != queueGeneration || q.Spec.Arguments != nil {
+		t.Errorf("a limit change updated the Queue: generation %d -> %d, arguments %v", queueGeneration, q.Generation, q.Spec.Arguments)
+	}
+	setTopologyStatus(t, pol, true, "")
 	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(dep), dep); err != nil {
 		t.Fatal(err)
 	}
@@ -440,12 +460,16 @@ func eventReasons(ctx context.Context, ns, kind, name string) map[string]string 
 	return seen
 }
 
-// TestSharedExchanges: two users of one vhost in two namespaces; the
-// exchanges survive the first deletion and go with the last.
+// TestSharedExchanges: two users of one vhost in two namespaces. The
+// shared exchanges and vhost live in the operator's namespace (the
+// suite's: the default broker's), not in either tenant's, reach the broker
+// through the operator's own copy of the connection Secret, survive the
+// first user's deletion and go with the last.
 func TestSharedExchanges(t *testing.T) {
 	ns1, ns2 := newNamespace(t, "shared-a-"), newNamespace(t, "shared-b-")
 	dumpOnFailure(t, ns1)
 	dumpOnFailure(t, ns2)
+	dumpOnFailure(t, suiteBrokerNamespace)
 	callee := newCallee(ns1, "worker", func(c *hcpv1alpha1.Callee) {
 		c.Spec.Broker = hcpv1alpha1.BrokerSpec{Vhost: "/shared-" + ns1, CreateVhost: true}
 	})
@@ -470,33 +494,71 @@ func TestSharedExchanges(t *testing.T) {
 		return nil
 	})
 	cmd, evt := resource.ExchangeNames(key)
-	objs := make([]client.Object, 0, 6)
-	for _, ns := range []string{ns1, ns2} {
-		objs = append(objs,
-			&topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cmd}},
-			&topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: evt}},
-			&topologyv1beta1.Vhost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: resource.VhostObjectName(key)}})
+	home := suiteBrokerNamespace
+	vh := &topologyv1beta1.Vhost{ObjectMeta: metav1.ObjectMeta{Namespace: home, Name: resource.VhostObjectName(key)}}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: home, Name: resource.SharedConnectionSecretName(key)}}
+	objs := []client.Object{
+		&topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: home, Name: cmd}},
+		&topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: home, Name: evt}},
+		vh, secret,
 	}
 	checks := make([]func(context.Context) error, 0, len(objs))
 	for _, o := range objs {
 		checks = append(checks, exists(o, nil))
 	}
-	eventually(t, "each namespace has the exchanges and the vhost", all(checks...))
-	// retain in ns1 (the Callee did not ask for delete), delete in ns2.
-	eventually(t, "vhost deletion policies", func(ctx context.Context) error {
-		for i, want := range map[int]string{2: "retain", 5: "delete"} {
-			v := objs[i].(*topologyv1beta1.Vhost)
-			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(v), v); err != nil {
-				return err
+	eventually(t, "the operator's namespace has the exchanges, the vhost and the connection Secret copy", all(checks...))
+	for _, ns := range []string{ns1, ns2} {
+		var xs topologyv1beta1.ExchangeList
+		var vs topologyv1beta1.VhostList
+		if err := k8sClient.List(t.Context(), &xs, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if err := k8sClient.List(t.Context(), &vs, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if len(xs.Items)+len(vs.Items) != 0 {
+			t.Errorf("tenant namespace %s holds shared objects: %d Exchanges, %d Vhosts", ns, len(xs.Items), len(vs.Items))
+		}
+	}
+	for _, o := range objs[:3] {
+		if len(o.GetOwnerReferences()) != 0 {
+			t.Errorf("%T %s has owners %v", o, o.GetName(), o.GetOwnerReferences())
+		}
+	}
+	x := objs[0].(*topologyv1beta1.Exchange)
+	if r := x.Spec.RabbitmqClusterReference; r.ConnectionSecret == nil || r.ConnectionSecret.Name != secret.Name || r.Namespace != "" {
+		t.Errorf("shared exchange reaches the broker through %+v, want the Secret copy %s", r, secret.Name)
+	}
+	// Garbage collection takes the copy after the last shared object (the
+	// topology operator needs it to delete them on the broker).
+	eventually(t, "the copy is owned by every shared object", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(secret), secret); err != nil {
+			return err
+		}
+		var uids []types.UID
+		for _, r := range secret.OwnerReferences {
+			if r.Controller != nil && *r.Controller {
+				return fmt.Errorf("the copy has a controller: %+v", r)
 			}
-			if v.Spec.DeletionPolicy != want || v.Spec.Name != "/shared-"+ns1 {
-				return fmt.Errorf("vhost %s/%s: policy %s name %s, want %s", v.Namespace, v.Name, v.Spec.DeletionPolicy, v.Spec.Name, want)
+			uids = append(uids, r.UID)
+		}
+		for _, o := range objs[:3] {
+			if !slices.Contains(uids, o.GetUID()) {
+				return fmt.Errorf("owner references %+v lack %T %s", secret.OwnerReferences, o, o.GetName())
 			}
 		}
 		return nil
 	})
+	if secret.Annotations[resource.AnnotationCopiedFrom] != suiteBrokerNamespace+"/"+suiteBrokerSecret ||
+		string(secret.Data["uri"]) != "http://rabbitmq.hcp-system.svc:15672" || secret.Labels[resource.LabelTopologyOperator] != "true" {
+		t.Errorf("connection Secret copy %+v data keys %v", secret.ObjectMeta, slices.Sorted(maps.Keys(secret.Data)))
+	}
+	// One user does not ask for delete: retain, whatever the other asks.
+	if vh.Spec.DeletionPolicy != "retain" || vh.Spec.Name != "/shared-"+ns1 {
+		t.Errorf("vhost: policy %s name %s, want retain", vh.Spec.DeletionPolicy, vh.Spec.Name)
+	}
 
-	// The first user goes: everything shared stays, in both namespaces.
+	// The first user goes (as with its namespace): everything shared stays.
 	if err := k8sClient.Delete(t.Context(), callee); err != nil {
 		t.Fatal(err)
 	}
@@ -509,16 +571,49 @@ func TestSharedExchanges(t *testing.T) {
 			t.Errorf("%T %s/%s is being deleted while still in use", o, o.GetNamespace(), o.GetName())
 		}
 	}
-
-	// The last user goes: everything shared goes, everywhere.
+	// The last user goes: everything shared goes.
 	if err := k8sClient.Delete(t.Context(), caller); err != nil {
 		t.Fatal(err)
 	}
 	checks = append(make([]func(context.Context) error, 0, 1+len(objs)), gone(caller))
-	for _, o := range objs {
+	for _, o := range objs[:3] {
 		checks = append(checks, gone(o))
 	}
 	eventually(t, "the last user took the shared objects with it", all(checks...))
+}
+
+// TestLegacySharedObjectsAdopted: shared objects an earlier version made
+// in a tenant namespace, with the topology operator's finalizer, are
+// deleted without that finalizer ever running (it would delete the
+// broker's exchanges and vhost), once the shared topology lives in the
+// operator's namespace.
+func TestLegacySharedObjectsAdopted(t *testing.T) {
+	ns := newNamespace(t, "legacy-")
+	dumpOnFailure(t, ns)
+	vhost := "/legacy-" + ns
+	b := resource.Broker{Identity: "rabbitmq.hcp-system.svc:15672", Vhost: vhost,
+		Reference: topologyv1beta1.RabbitmqClusterReference{Namespace: suiteBrokerNamespace, ConnectionSecret: &corev1.LocalObjectReference{Name: suiteBrokerSecret}}}
+	key := b.Key()
+	const mtoExchangeFinalizer, mtoVhostFinalizer = "deletion.finalizers.exchanges.rabbitmq.com", "deletion.finalizers.vhosts.rabbitmq.com"
+	cmd, evt := resource.Exchanges(ns, b, b.Reference)
+	vh := resource.Vhost(ns, b, b.Reference, resource.DeletionPolicyDelete)
+	cmd.Finalizers, evt.Finalizers, vh.Finalizers = []string{mtoExchangeFinalizer}, []string{mtoExchangeFinalizer}, []string{mtoVhostFinalizer}
+	create(t, cmd, evt, vh)
+
+	callee := newCallee(ns, "old", func(c *hcpv1alpha1.Callee) { c.Spec.Broker = hcpv1alpha1.BrokerSpec{Vhost: vhost, CreateVhost: true} })
+	create(t, callee)
+	homeCmd := &topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: suiteBrokerNamespace, Name: cmd.Name}}
+	eventually(t, "the shared objects move to the operator's namespace; the legacy ones go without their finalizer running",
+		all(exists(homeCmd, nil), gone(cmd), gone(evt), gone(vh)))
+	eventually(t, "the Callee holds its id", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(callee), callee); err != nil {
+			return err
+		}
+		if callee.Labels[hcpv1alpha1.LabelVhostKey] != key {
+			return fmt.Errorf("vhost key %q, want %q (the test's broker identity is wrong)", callee.Labels[hcpv1alpha1.LabelVhostKey], key)
+		}
+		return nil
+	})
 }
 
 // TestIDConflict: ids are unique per vhost and broker across namespaces.
@@ -687,7 +782,7 @@ func TestExchangeLossRecovery(t *testing.T) {
 		key = callee.Labels[hcpv1alpha1.LabelVhostKey]
 	}
 	cmd, _ := resource.ExchangeNames(key)
-	x := &topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cmd}}
+	x := &topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: suiteBrokerNamespace, Name: cmd}}
 	eventually(t, "exchange exists", exists(x, nil))
 	oldUID := x.UID
 	if err := k8sClient.Delete(t.Context(), x); err != nil {

@@ -117,6 +117,10 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	}
 	binding := resource.Binding(v.sub, b)
 	binding.Annotations = r.core.redeclareAnnotations(key)
+	queue, args, err := r.core.queueAsDeclared(ctx, queue)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	topo := shared
 	for _, desired := range []client.Object{queue, binding, resource.User(v.sub, b), resource.Permission(v.sub, b)} {
 		live, err := r.core.apply(ctx, caller, desired)
@@ -125,7 +129,14 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		}
 		topo = append(topo, live)
 	}
-	r.core.setTopologyReady(v, topo)
+	// CallerQueue has checked the limits: no error here.
+	limits, _ := resource.CallerQueueLimits(caller.Spec.EventQueue)
+	desiredPolicy, _ := resource.CallerLimitsPolicy(caller, b)
+	pol, err := r.core.ensureLimitsPolicy(ctx, v, desiredPolicy, args, limits)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	r.core.setTopologyReadyWithPolicy(v, topo, pol)
 
 	st.EventQueue = v.sub.QueueName()
 	st.Username = v.sub.Username(b.Vhost)

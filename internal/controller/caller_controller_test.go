@@ -42,8 +42,13 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 	q := topo[0].(*topologyv1beta1.Queue)
-	if want := map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true}; !reflect.DeepEqual(queueArgs(q), want) {
-		t.Errorf("event queue arguments %v, want the defaults %v", queueArgs(q), want)
+	if want := map[string]any{"x-single-active-consumer": true}; !reflect.DeepEqual(queueArgs(q), want) {
+		t.Errorf("event queue arguments %v, want only %v (the limits are a policy)", queueArgs(q), want)
+	}
+	pol := limitsPolicy(ns, base)
+	eventually(t, "the limits Policy", exists(pol, caller))
+	if want := map[string]any{"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head"}; !reflect.DeepEqual(policyDefinition(pol), want) {
+		t.Errorf("event queue policy %v, want the defaults %v", policyDefinition(pol), want)
 	}
 	if b := topo[1].(*topologyv1beta1.Binding).Spec; b.Source != "hcp.events" || b.RoutingKey != "alpha.#" || b.Destination != "hcp.evt.alpha" {
 		t.Errorf("binding %+v", b)
@@ -66,10 +71,9 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range exchanges {
-		if exchanges[i].Namespace == ns {
-			setTopologyStatus(t, &exchanges[i], true, "")
-		}
+		setTopologyStatus(t, &exchanges[i], true, "")
 	}
+	setTopologyStatus(t, pol, true, "")
 	eventually(t, "external caller Ready", callerCondition(caller, hcpv1alpha1.ConditionReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, ""))
 
 	// TTL and limits edited reach the queue.
@@ -77,16 +81,23 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		c.Spec.EventQueue.MessageTTL = "PT2H"
 		c.Spec.EventQueue.Overflow = "reject-publish"
 	})
-	eventually(t, "edited event queue", func(ctx context.Context) error {
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(q), q); err != nil {
+	queueGeneration := q.Generation
+	eventually(t, "edited event queue policy", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pol), pol); err != nil {
 			return err
 		}
-		want := map[string]any{"x-message-ttl": float64(7200000), "x-max-length": float64(100000), "x-overflow": "reject-publish", "x-single-active-consumer": true}
-		if got := queueArgs(q); !reflect.DeepEqual(got, want) {
-			return fmt.Errorf("arguments %v want %v", got, want)
+		want := map[string]any{"message-ttl": float64(7200000), "max-length": float64(100000), "overflow": "reject-publish"}
+		if got := policyDefinition(pol); !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("definition %v want %v", got, want)
 		}
 		return nil
 	})
+	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(q), q); err != nil {
+		t.Fatal(err)
+	}
+	if q.Generation != queueGeneration || !reflect.DeepEqual(queueArgs(q), map[string]any{"x-single-active-consumer": true}) {
+		t.Errorf("a limit change updated the Queue: generation %d -> %d, arguments %v", queueGeneration, q.Generation, queueArgs(q))
+	}
 
 	// A harness: caller-mode sidecar with the app's URL and the prefetch.
 	update(t, caller, func(c *hcpv1alpha1.Caller) {

@@ -31,7 +31,7 @@ func eventually(t *testing.T, what string, check func(context.Context) error) {
 func dumpOnFailure(t *testing.T, ns string) {
 	testbed.DumpOnFailure(t, testbed.Dump{Client: k8sClient, Namespace: ns, Lists: []client.ObjectList{
 		&hcpv1alpha1.CalleeList{}, &hcpv1alpha1.CallerList{}, &topologyv1beta1.QueueList{}, &topologyv1beta1.BindingList{},
-		&topologyv1beta1.UserList{}, &topologyv1beta1.PermissionList{}, &topologyv1beta1.ExchangeList{}, &topologyv1beta1.VhostList{},
+		&topologyv1beta1.UserList{}, &topologyv1beta1.PermissionList{}, &topologyv1beta1.PolicyList{}, &topologyv1beta1.ExchangeList{}, &topologyv1beta1.VhostList{},
 		&appsv1.DeploymentList{}, &hcpv1alpha1.HCPSessionList{},
 	}})
 }
@@ -171,6 +171,32 @@ func topologyChildren(ns, base string) []client.Object {
 	}
 }
 
+// limitsPolicy is a subject's queue limits Policy.
+func limitsPolicy(ns, base string) *topologyv1beta1.Policy {
+	return &topologyv1beta1.Policy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+}
+
+func policyDefinition(p *topologyv1beta1.Policy) map[string]any {
+	var m map[string]any
+	if p.Spec.Definition != nil {
+		_ = json.Unmarshal(p.Spec.Definition.Raw, &m)
+	}
+	return m
+}
+
+// setSharedReady plays the topology operator for the shared objects of a
+// vhost key, wherever they are.
+func setSharedReady(t *testing.T, key string) {
+	t.Helper()
+	exchanges, err := sharedExchanges(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range exchanges {
+		setTopologyStatus(t, &exchanges[i], true, "")
+	}
+}
+
 func harnessChildren(ns, base string) []client.Object {
 	return []client.Object{
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
@@ -207,6 +233,8 @@ func setTopologyStatus(t *testing.T, o client.Object, ready bool, msg string) {
 		case *topologyv1beta1.Exchange:
 			x.Status.Conditions, x.Status.ObservedGeneration = conds, gen
 		case *topologyv1beta1.Vhost:
+			x.Status.Conditions, x.Status.ObservedGeneration = conds, gen
+		case *topologyv1beta1.Policy:
 			x.Status.Conditions, x.Status.ObservedGeneration = conds, gen
 		default:
 			return fmt.Errorf("not a topology object: %T", o)

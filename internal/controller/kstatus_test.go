@@ -85,9 +85,7 @@ func TestKstatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range exchanges {
-		if exchanges[i].Namespace == ns {
-			setTopologyStatus(t, &exchanges[i], true, "")
-		}
+		setTopologyStatus(t, &exchanges[i], true, "")
 	}
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
 	setDeploymentAvailable(t, dep, 1)
@@ -130,7 +128,7 @@ func TestKstatus(t *testing.T) {
 	create(t, caller)
 	eventually(t, "pending Caller is InProgress", kstatusIs(caller, status.InProgressStatus, ""))
 	cbase, _, _ := childNames("caller", "alpha")
-	for _, o := range topologyChildren(ns, cbase) {
+	for _, o := range append(topologyChildren(ns, cbase), limitsPolicy(ns, cbase)) {
 		setTopologyStatus(t, o, true, "")
 	}
 	eventually(t, "ready Caller is Current", kstatusIs(caller, status.CurrentStatus, ""))

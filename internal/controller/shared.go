@@ -1,8 +1,11 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -11,10 +14,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -26,27 +31,121 @@ import (
 
 // Shared per-vhost objects.
 //
-// The exchanges hcp.commands and hcp.events belong to a (broker, vhost)
-// pair, which Callees and Callers of several namespaces may use. The
-// topology operator has no retain policy for exchanges: deleting an Exchange
-// object deletes the exchange on the broker with all its bindings. So:
+// The exchanges hcp.commands and hcp.events (and the vhost, when a user
+// asks the operator to create it) belong to a (broker, vhost) pair, which
+// Callees and Callers of several namespaces may use. The topology operator
+// has no retain policy for exchanges: deleting an Exchange object deletes
+// the exchange on the broker with all its bindings, and it deletes it
+// whatever other finalizers the object carries. So the objects must not
+// live where a tenant's namespace deletion would take them:
 //
-//   - every namespace with a user of the pair gets its own pair of Exchange
-//     objects (hcp-commands-KEY, hcp-events-KEY), labelled with the vhost
-//     key and owned by no one (garbage collection must not take them when
-//     one user goes);
-//   - a user's finalizer deletes them, in every namespace, only when no other
-//     Callee or Caller anywhere still holds an id in the pair; otherwise they
-//     stay (also in namespaces with no user left: harmless, and gone with
-//     the last user);
-//   - if an Exchange object is deleted anyway (say, with its namespace)
-//     while the pair is still used, the remaining users re-create theirs and
-//     make the topology operator declare exchanges and bindings again
-//     (annotationRedeclare).
+//   - they live in the shared topology's home, the operator's namespace
+//     (operatorNamespace), one set per vhost key, owned by no one, and
+//     reach the broker through the home's own copy of a connection Secret
+//     (resource.SharedConnectionSecret) or the RabbitmqCluster itself;
+//   - they are reference-counted by the Callees and Callers that hold an id
+//     in the pair (the hcp.io/vhost-key label plus the topology finalizer):
+//     a user's finalizer deletes them only when no other user is left,
+//     counted on the API server, not the cache;
+//   - shared objects that an earlier version kept in tenant namespaces are
+//     adopted: their topology operator finalizer is removed and they are
+//     deleted without the topology operator ever seeing a deletion, so the
+//     broker's exchanges and vhost stay (orphanLegacy);
+//   - if a shared Exchange object is deleted anyway while the pair is in
+//     use, the remaining users re-create it and make the topology operator
+//     declare exchanges and bindings again (annotationRedeclare).
 //
-// A Vhost object (spec.broker.createVhost) is shared the same way; its
-// deletionPolicy is retain unless every user in the namespace that asked for
-// it asked for delete.
+// Without a known operator namespace (out of cluster, no POD_NAMESPACE, no
+// namespaced default broker) each user's namespace is its own home, as in
+// earlier versions, with their hazard (docs/operations.md, "Shared
+// topology").
+//
+// The Vhost object's deletionPolicy is retain unless every user of the
+// pair that asked for the vhost asked for delete.
+
+// annotationOrphaned marks a legacy shared object the operator deletes
+// without the topology operator: its deletion is no loss.
+const annotationOrphaned = "hcp.io/orphaned"
+
+// envPodNamespace names the operator's namespace (the downward API's
+// metadata.namespace); in a pod the service account's namespace file
+// gives it too.
+const envPodNamespace = "POD_NAMESPACE"
+
+const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+var inClusterNamespace = sync.OnceValue(func() string {
+	b, err := os.ReadFile(serviceAccountNamespaceFile)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+})
+
+// operatorNamespace is the shared topology's home: $POD_NAMESPACE, else
+// the namespace of the pod's service account, else the namespace of the
+// default connection Secret (--default-connection-secret=NAMESPACE/NAME:
+// the chart puts it in the release namespace). Empty when none is known.
+func (c *core) operatorNamespace() string {
+	if ns := strings.TrimSpace(os.Getenv(envPodNamespace)); ns != "" {
+		return ns
+	}
+	if ns := inClusterNamespace(); ns != "" {
+		return ns
+	}
+	if d := c.opts.DefaultBroker; d != nil {
+		return d.Namespace
+	}
+	return ""
+}
+
+// home is where v's shared objects live, and whether it is the operator's
+// namespace (dedicated) or, failing one, v's own.
+func (c *core) home(v view) (string, bool) {
+	if ns := c.operatorNamespace(); ns != "" {
+		return ns, true
+	}
+	return v.obj.GetNamespace(), false
+}
+
+// sharedNamespaces are the namespaces where shared objects and their users
+// may be: all (""), or the watched ones plus home.
+func (c *core) sharedNamespaces(home string) []string {
+	if len(c.opts.WatchNamespaces) == 0 {
+		return []string{""}
+	}
+	nss := slices.Clone(c.opts.WatchNamespaces)
+	if !slices.Contains(nss, home) {
+		nss = append(nss, home)
+	}
+	return nss
+}
+
+// readThrough reads from the API server and writes through the client: for
+// a home namespace outside the manager's cache (--watch-namespaces).
+type readThrough struct {
+	client.Client
+	r client.Reader
+}
+
+func (x readThrough) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	return x.r.Get(ctx, key, obj, opts...)
+}
+
+func (x readThrough) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	return x.r.List(ctx, list, opts...)
+}
+
+// in returns the core to use for objects in namespace ns: c itself when the
+// cache holds ns, else one reading around the cache.
+func (c *core) in(ns string) *core {
+	if len(c.opts.WatchNamespaces) == 0 || slices.Contains(c.opts.WatchNamespaces, ns) {
+		return c
+	}
+	cc := *c
+	cc.Client = readThrough{Client: c.Client, r: c.apiReader}
+	return &cc
+}
 
 // epochs remembers, per vhost key, the UID of the last shared Exchange
 // object deleted while the key was still in use.
@@ -70,42 +169,123 @@ func (e *epochs) set(key, v string) {
 	e.m[key] = v
 }
 
-// ensureShared applies the vhost's shared objects in v's namespace and
-// returns those v depends on (for TopologyReady).
+// ensureShared applies the vhost's shared objects in their home, adopts
+// what earlier versions left in tenant namespaces, and returns the objects
+// v depends on (for TopologyReady).
 func (c *core) ensureShared(ctx context.Context, v view, b resource.Broker) ([]client.Object, error) {
-	ns := v.obj.GetNamespace()
+	home, dedicated := c.home(v)
+	hc := c.in(home)
 	key := b.Key()
+	ref := b.Reference
+	if dedicated {
+		ref = resource.SharedReference(home, v.obj.GetNamespace(), b)
+	}
 	var out []client.Object
 	if b.CreateVhost {
-		policy, err := c.vhostDeletionPolicy(ctx, key, ns)
+		policy, err := c.vhostDeletionPolicy(ctx, key, home, dedicated)
 		if err != nil {
 			return nil, err
 		}
-		vh, err := c.apply(ctx, nil, resource.Vhost(ns, b, policy))
+		vh, err := hc.apply(ctx, nil, resource.Vhost(home, b, ref, policy))
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, vh)
 	}
-	cmd, evt := resource.Exchanges(ns, b)
+	cmd, evt := resource.Exchanges(home, b, ref)
 	for _, x := range []*topologyv1beta1.Exchange{cmd, evt} {
 		if e := c.epochs.get(key); e != "" {
 			x.Annotations = map[string]string{annotationRedeclare: e}
 		}
-		live, err := c.apply(ctx, nil, x)
+		live, err := hc.apply(ctx, nil, x)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, live)
 	}
+	if dedicated {
+		if b.Reference.ConnectionSecret != nil {
+			if err := hc.ensureSharedSecret(ctx, c, v, b, home, out); err != nil {
+				return nil, err
+			}
+		}
+		if err := c.orphanLegacy(ctx, key, home); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
 }
 
-// vhostDeletionPolicy is delete only if every user of key in namespace that
-// asks for the vhost asks for delete; deleting a vhost deletes everything
-// in it.
-func (c *core) vhostDeletionPolicy(ctx context.Context, key, namespace string) (string, error) {
-	users, err := c.usersOfKey(ctx, key, namespace, "")
+// ensureSharedSecret keeps the home's copy of a connection Secret of the
+// pair: copied from v's, and refreshed from it (a rotation), unless it
+// was copied from another user's Secret that still exists (users with
+// different Secrets for one broker must not make it flap). user is the
+// core with the cache of v's namespace.
+//
+// The copy is owned (not controlled) by the shared objects that use it,
+// so garbage collection deletes it once the last of them is gone: after
+// the topology operator has used it to delete them on the broker. The
+// manager needs no permission to delete Secrets.
+func (c *core) ensureSharedSecret(ctx context.Context, user *core, v view, b resource.Broker, home string, owners []client.Object) error {
+	srcKey := types.NamespacedName{Namespace: cmp.Or(b.Reference.Namespace, v.obj.GetNamespace()), Name: b.Reference.ConnectionSecret.Name}
+	src := &corev1.Secret{}
+	if err := user.Get(ctx, srcKey, src); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return err
+		}
+		// Not cached (another namespace): resolveBroker has checked it.
+		if err := c.apiReader.Get(ctx, srcKey, src); err != nil {
+			return err
+		}
+	}
+	desired := resource.SharedConnectionSecret(home, b.Key(), src)
+	live := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: desired.Namespace, Name: desired.Name}}
+	res, err := controllerutil.CreateOrUpdate(ctx, c.Client, live, func() error {
+		if from := live.Annotations[resource.AnnotationCopiedFrom]; !live.CreationTimestamp.IsZero() && from != "" && from != srcKey.String() {
+			ns, name, _ := strings.Cut(from, "/")
+			err := c.apiReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{})
+			switch {
+			case err == nil:
+				desired.Data, desired.Annotations = live.Data, nil // another user's Secret feeds it
+			case !apierrors.IsNotFound(err):
+				return err
+			}
+		}
+		mergeMetadata(live, desired)
+		if live.CreationTimestamp.IsZero() {
+			live.Type = desired.Type
+		}
+		live.Data = desired.Data
+		for _, o := range owners {
+			gvk, err := apiutil.GVKForObject(o, c.scheme)
+			if err != nil {
+				return err
+			}
+			ref := metav1.OwnerReference{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind, Name: o.GetName(), UID: o.GetUID()}
+			if !slices.ContainsFunc(live.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == ref.UID }) {
+				live.OwnerReferences = append(live.OwnerReferences, ref)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("Secret %s: %w", klog.KObj(desired), err)
+	}
+	if res != controllerutil.OperationResultNone {
+		ctrl.LoggerFrom(ctx).Info("Applied the shared connection Secret", "secret", klog.KObj(live), "copiedFrom", live.Annotations[resource.AnnotationCopiedFrom], "operation", res)
+	}
+	return nil
+}
+
+// vhostDeletionPolicy is delete only if every user of key (anywhere, or in
+// the home namespace when each namespace is its own home) that asks for
+// the vhost asks for delete; deleting a vhost deletes everything in it.
+func (c *core) vhostDeletionPolicy(ctx context.Context, key, home string, dedicated bool) (string, error) {
+	ns := home
+	if dedicated {
+		ns = ""
+	}
+	users, err := c.usersOfKey(ctx, key, ns, "")
 	if err != nil {
 		return "", err
 	}
@@ -121,6 +301,95 @@ func (c *core) vhostDeletionPolicy(ctx context.Context, key, namespace string) (
 		policy = resource.DeletionPolicyDelete
 	}
 	return policy, nil
+}
+
+// mtoFinalizerPrefix starts the topology operator's finalizers
+// (deletion.finalizers.exchanges.rabbitmq.com, ...vhosts...).
+const mtoFinalizerPrefix = "deletion.finalizers."
+
+// orphanLegacy deletes the shared objects of key that an earlier version
+// kept outside home (in tenant namespaces) without deleting what they
+// declared: the topology operator's finalizer is removed first, then the
+// object is deleted on the condition that it did not change since, so it
+// goes at once and the topology operator never runs its deletion (which
+// would delete the exchange, and with it every binding, or the vhost).
+// If the topology operator re-added its finalizer in between, the
+// deletion is refused and tried again at the next reconcile (the
+// topology operator's write is an event that brings one). A legacy object
+// already being deleted (its namespace is going) only loses the
+// finalizer: the topology operator may already have deleted the exchange,
+// and its deletion event then makes the users re-declare.
+func (c *core) orphanLegacy(ctx context.Context, key, home string) error {
+	sel := client.MatchingLabels{hcpv1alpha1.LabelVhostKey: key, hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue}
+	for _, l := range []client.ObjectList{&topologyv1beta1.ExchangeList{}, &topologyv1beta1.VhostList{}} {
+		if err := c.List(ctx, l, sel); err != nil {
+			return err
+		}
+		for _, o := range listItems(l) {
+			if o.GetNamespace() == home {
+				continue
+			}
+			done, err := c.orphanDelete(ctx, o)
+			if err != nil {
+				return fmt.Errorf("adopt legacy %s %s: %w", c.kindOf(o), klog.KObj(o), err)
+			}
+			if !done {
+				ctrl.LoggerFrom(ctx).V(1).Info("Legacy shared object changed while being adopted; retrying at the next reconcile", "kind", c.kindOf(o), "object", klog.KObj(o))
+			}
+		}
+	}
+	return nil
+}
+
+// orphanDelete removes the topology operator's finalizers from o and
+// deletes it unchanged; false when o changed in between.
+func (c *core) orphanDelete(ctx context.Context, o client.Object) (bool, error) {
+	log := ctrl.LoggerFrom(ctx)
+	orig := o.DeepCopyObject().(client.Object)
+	terminating := !o.GetDeletionTimestamp().IsZero()
+	var keep []string
+	for _, f := range o.GetFinalizers() {
+		if !strings.HasPrefix(f, mtoFinalizerPrefix) {
+			keep = append(keep, f)
+		}
+	}
+	o.SetFinalizers(keep)
+	if !terminating {
+		a := o.GetAnnotations()
+		if a == nil {
+			a = map[string]string{}
+		}
+		a[annotationOrphaned] = "true"
+		o.SetAnnotations(a)
+		if vh, ok := o.(*topologyv1beta1.Vhost); ok {
+			vh.Spec.DeletionPolicy = resource.DeletionPolicyRetain
+		}
+	}
+	if err := c.Patch(ctx, o, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if apierrors.IsConflict(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	if terminating {
+		log.Info("Removed the topology operator's finalizer from a terminating legacy shared object", "kind", c.kindOf(o), "object", klog.KObj(o))
+		return true, nil
+	}
+	rv, uid := o.GetResourceVersion(), o.GetUID()
+	err := c.Delete(ctx, o, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case apierrors.IsConflict(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	log.Info("Adopted a legacy shared object: deleted it without deleting what it declared on the broker", "kind", c.kindOf(o), "object", klog.KObj(o))
+	return true, nil
 }
 
 // redeclareAnnotations are set on a user's Binding after its exchange was
@@ -162,16 +431,25 @@ func (c *core) exchangeLossHandler() handler.EventHandler {
 			q.Add(r)
 		}
 	}
+	// The users of an object in the home namespace are everywhere.
+	usersNamespace := func(o client.Object) string {
+		if o.GetNamespace() == c.operatorNamespace() {
+			return ""
+		}
+		return o.GetNamespace()
+	}
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			add(q, users(ctx, e.Object.GetLabels()[hcpv1alpha1.LabelVhostKey], e.Object.GetNamespace(), false))
+			add(q, users(ctx, e.Object.GetLabels()[hcpv1alpha1.LabelVhostKey], usersNamespace(e.Object), false))
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			add(q, users(ctx, e.ObjectNew.GetLabels()[hcpv1alpha1.LabelVhostKey], e.ObjectNew.GetNamespace(), false))
+			add(q, users(ctx, e.ObjectNew.GetLabels()[hcpv1alpha1.LabelVhostKey], usersNamespace(e.ObjectNew), false))
 		},
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			key := e.Object.GetLabels()[hcpv1alpha1.LabelVhostKey]
-			if key == "" {
+			if key == "" || e.Object.GetAnnotations()[annotationOrphaned] == "true" {
+				// An adopted legacy object: nothing was deleted on the
+				// broker.
 				return
 			}
 			// Users not being deleted: none means this is the last
@@ -246,37 +524,85 @@ func (c *core) finalize(ctx context.Context, v view, owned []client.Object) (ctr
 	}
 
 	if key != "" {
-		others, err := c.usersOfKey(ctx, key, "", v.obj.GetUID())
+		others, err := c.liveUsersOfKey(ctx, v, key)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		if len(others) == 0 {
-			if err := c.deleteShared(ctx, v, key); err != nil {
+			pending, err := c.deleteShared(ctx, v, key)
+			if err != nil {
 				return ctrl.Result{}, err
 			}
+			if len(pending) > 0 {
+				c.setDeletingCondition(v, "last user of vhost "+resource.VhostOf(v.broker)+" on this broker: waiting for the messaging-topology-operator to delete the shared "+strings.Join(pending, "; "))
+				return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+			}
 		} else {
-			log.Info("Kept the shared exchanges: the vhost is still in use", "vhostKey", key, "users", len(others), "example", describe(others[0]))
+			log.Info("Kept the shared topology: the vhost is still in use", "vhostKey", key, "users", len(others), "example", describe(others[0]))
 		}
 	}
 	return ctrl.Result{}, c.removeFinalizer(ctx, v)
 }
 
-// deleteShared deletes every shared object of key, in every namespace.
-func (c *core) deleteShared(ctx context.Context, v view, key string) error {
-	sel := client.MatchingLabels{hcpv1alpha1.LabelVhostKey: key, hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue}
-	var deleted []string
-	for _, l := range []client.ObjectList{&topologyv1beta1.ExchangeList{}, &topologyv1beta1.VhostList{}} {
-		if err := c.List(ctx, l, sel); err != nil {
-			return err
+// liveUsersOfKey counts the other users of key on the API server, not in
+// the cache: the shared topology goes only when none is left, and a
+// user that has just claimed the pair may not be in the cache yet.
+func (c *core) liveUsersOfKey(ctx context.Context, v view, key string) ([]client.Object, error) {
+	home, _ := c.home(v)
+	var out []client.Object
+	for _, ns := range c.sharedNamespaces(home) {
+		for _, l := range []client.ObjectList{&hcpv1alpha1.CalleeList{}, &hcpv1alpha1.CallerList{}} {
+			opts := []client.ListOption{client.MatchingLabels{hcpv1alpha1.LabelVhostKey: key}}
+			if ns != "" {
+				opts = append(opts, client.InNamespace(ns))
+			}
+			if err := c.apiReader.List(ctx, l, opts...); err != nil {
+				return nil, err
+			}
+			for _, o := range listItems(l) {
+				if o.GetUID() != v.obj.GetUID() && o.GetDeletionTimestamp().IsZero() && claimed(o, key) {
+					out = append(out, o)
+				}
+			}
 		}
-		for _, o := range listItems(l) {
-			if !o.GetDeletionTimestamp().IsZero() {
-				continue
+	}
+	return out, nil
+}
+
+// deleteShared deletes every shared object of key (its home's and any left
+// in other namespaces) and returns those still waiting for the topology
+// operator to remove them from the broker.
+func (c *core) deleteShared(ctx context.Context, v view, key string) ([]string, error) {
+	home, _ := c.home(v)
+	sel := client.MatchingLabels{hcpv1alpha1.LabelVhostKey: key, hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue}
+	var deleted, pending []string
+	for _, ns := range c.sharedNamespaces(home) {
+		for _, l := range []client.ObjectList{&topologyv1beta1.ExchangeList{}, &topologyv1beta1.VhostList{}} {
+			opts := []client.ListOption{sel}
+			if ns != "" {
+				opts = append(opts, client.InNamespace(ns))
 			}
-			if err := c.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
-				return err
+			if err := c.apiReader.List(ctx, l, opts...); err != nil {
+				return nil, err
 			}
-			deleted = append(deleted, c.kindOf(o)+" "+klog.KObj(o).String())
+			for _, o := range listItems(l) {
+				name := c.kindOf(o) + " " + klog.KObj(o).String()
+				pending = append(pending, name+notReadyDetail(o))
+				if !o.GetDeletionTimestamp().IsZero() {
+					continue
+				}
+				if vh, ok := o.(*topologyv1beta1.Vhost); ok {
+					// The last user decides (the policy was computed while
+					// others were left).
+					if err := c.setLastVhostPolicy(ctx, v, vh); err != nil {
+						return nil, err
+					}
+				}
+				if err := c.Delete(ctx, o, client.Preconditions{UID: new(o.GetUID())}); client.IgnoreNotFound(err) != nil {
+					return nil, err
+				}
+				deleted = append(deleted, name)
+			}
 		}
 	}
 	if len(deleted) > 0 {
@@ -284,7 +610,23 @@ func (c *core) deleteShared(ctx context.Context, v view, key string) error {
 		c.recorder.Eventf(v.obj, nil, corev1.EventTypeNormal, "DeletedSharedTopology", "Delete",
 			"Last user of vhost %q on this broker: deleted %s", resource.VhostOf(v.broker), strings.Join(deleted, ", "))
 	}
-	return nil
+	// The connection Secret copy goes by garbage collection after them.
+	return pending, nil
+}
+
+// setLastVhostPolicy gives the Vhost object the deletion policy its last
+// user asks for: delete only when it asked for the vhost and for delete.
+func (c *core) setLastVhostPolicy(ctx context.Context, v view, vh *topologyv1beta1.Vhost) error {
+	want := resource.DeletionPolicyRetain
+	if v.broker.CreateVhost && v.broker.VhostDeletionPolicy == resource.DeletionPolicyDelete {
+		want = resource.DeletionPolicyDelete
+	}
+	if vh.Spec.DeletionPolicy == want {
+		return nil
+	}
+	orig := vh.DeepCopy()
+	vh.Spec.DeletionPolicy = want
+	return client.IgnoreNotFound(c.Patch(ctx, vh, client.MergeFrom(orig)))
 }
 
 // orphan removes owner's controller reference from o so that garbage

@@ -163,15 +163,15 @@ func TestCalleeGolden(t *testing.T) {
 	c.Spec.Broker.TLS = &hcpv1alpha1.BrokerTLS{CASecret: "rabbitmq-ca", ClientCertSecret: "lab-cvd-amqp-client"}
 	b := sampleBroker(t, c.Spec.Broker)
 	s := ForCallee(c)
-	cmd, evt := Exchanges(c.Namespace, b)
+	cmd, evt := Exchanges(c.Namespace, b, b.Reference)
 	creds, err := CredentialsSecret(s, b, "p@ss/word")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Image: "ghcr.io/hcp-io/hcp-operator:v1", Prefetch: 4, SecretsHash: "h1", TLS: c.Spec.Broker.TLS})
 	golden(t, "callee.golden.yaml",
-		Vhost(c.Namespace, b, DeletionPolicyRetain), cmd, evt,
-		CalleeQueue(c, b), Binding(s, b), User(s, b), Permission(s, b),
+		Vhost(c.Namespace, b, b.Reference, DeletionPolicyRetain), cmd, evt,
+		CalleeQueue(c, b), CalleeLimitsPolicy(c, b), Binding(s, b), User(s, b), Permission(s, b),
 		creds, TokenSecret(s, TokenKeys{PrivatePEM: []byte("PRIVATE"), PublicPEM: []byte("PUBLIC"), VerifyPEM: []byte("PUBLIC"), Rotation: "2026-11-25"}),
 		ServiceAccount(s), Role(s), RoleBinding(s), dep,
 		PodDisruptionBudget(s, hcpv1alpha1.PodDisruptionBudgetSpec{MinAvailable: new(intstr.FromInt32(1))}))
@@ -190,5 +190,9 @@ func TestCallerGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	dep := Deployment(HarnessParams{Subject: s, Harness: *c.Spec.Harness, Vhost: b.Vhost, Prefetch: 10, SecretsHash: "h2"})
-	golden(t, "caller.golden.yaml", q, Binding(s, b), User(s, b), Permission(s, b), creds, ServiceAccount(s), Role(s), RoleBinding(s), dep)
+	p, err := CallerLimitsPolicy(c, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "caller.golden.yaml", q, p, Binding(s, b), User(s, b), Permission(s, b), creds, ServiceAccount(s), Role(s), RoleBinding(s), dep)
 }

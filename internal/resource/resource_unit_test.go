@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -29,59 +31,121 @@ func args(t *testing.T, q *topologyv1beta1.Queue) map[string]any {
 	return m
 }
 
-func TestCalleeQueueArguments(t *testing.T) {
+func policyDefinition(t *testing.T, p *topologyv1beta1.Policy) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(p.Spec.Definition.Raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// The command queue is declared without arguments; its limits are a
+// policy matching exactly that queue.
+func TestCalleeQueueLimitsArePolicy(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		spec hcpv1alpha1.CommandQueueSpec
-		want map[string]any
+		want map[string]any // nil: no policy
 	}{
-		{"no limits: no arguments, no TTL", hcpv1alpha1.CommandQueueSpec{}, map[string]any{}},
+		{"no limits: no policy, no TTL", hcpv1alpha1.CommandQueueSpec{}, nil},
 		{"max length rejects publishes", hcpv1alpha1.CommandQueueSpec{MaxLength: new(int64(10))},
-			map[string]any{"x-max-length": float64(10), "x-overflow": "reject-publish"}},
+			map[string]any{"max-length": float64(10), "overflow": "reject-publish"}},
 		{"max bytes rejects publishes", hcpv1alpha1.CommandQueueSpec{MaxLengthBytes: new(int64(1 << 20))},
-			map[string]any{"x-max-length-bytes": float64(1 << 20), "x-overflow": "reject-publish"}},
+			map[string]any{"max-length-bytes": float64(1 << 20), "overflow": "reject-publish"}},
 		{"delivery limit alone sets no overflow", hcpv1alpha1.CommandQueueSpec{DeliveryLimit: new(int32(3))},
-			map[string]any{"x-delivery-limit": float64(3)}},
+			map[string]any{"delivery-limit": float64(3)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := sampleCallee()
 			c.Spec.CommandQueue = tc.spec
-			q := CalleeQueue(c, sampleBroker(t, c.Spec.Broker))
-			if got := args(t, q); !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("arguments = %v, want %v", got, tc.want)
+			b := sampleBroker(t, c.Spec.Broker)
+			q := CalleeQueue(c, b)
+			if q.Spec.Arguments != nil {
+				t.Errorf("queue arguments = %s, want none", q.Spec.Arguments.Raw)
 			}
 			if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Durable == nil || !*q.Spec.Durable || q.Spec.Vhost != "/hcp" {
 				t.Errorf("queue spec = %+v", q.Spec)
+			}
+			p := CalleeLimitsPolicy(c, b)
+			if tc.want == nil {
+				if p != nil {
+					t.Errorf("policy %+v, want none", p.Spec)
+				}
+				return
+			}
+			if got := policyDefinition(t, p); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("policy definition = %v, want %v", got, tc.want)
+			}
+			if p.Name != "hcp-callee-lab-cvd" || p.Spec.Name != "hcp-limits.hcp.cmd.lab-cvd" || p.Spec.Pattern != `^hcp\.cmd\.lab-cvd$` ||
+				p.Spec.ApplyTo != "queues" || p.Spec.Priority != LimitsPolicyPriority || p.Spec.Vhost != "/hcp" ||
+				!reflect.DeepEqual(p.Spec.RabbitmqClusterReference, b.Reference) || !metav1IsControlledBy(p, c.UID) {
+				t.Errorf("policy = %+v %+v", p.ObjectMeta, p.Spec)
+			}
+			// The same arguments as a declaration would carry them.
+			want := map[string]any{}
+			for k, v := range tc.want {
+				want["x-"+k] = v
+			}
+			if got := roundTrip(t, CalleeQueueArguments(tc.spec)); !reflect.DeepEqual(got, want) {
+				t.Errorf("CalleeQueueArguments = %v, want %v", got, want)
 			}
 		})
 	}
 }
 
-func TestCallerQueueArguments(t *testing.T) {
+func metav1IsControlledBy(o metav1.Object, uid types.UID) bool {
+	ref := metav1.GetControllerOf(o)
+	return ref != nil && ref.UID == uid
+}
+
+func roundTrip(t *testing.T, m map[string]any) map[string]any {
+	t.Helper()
+	var out map[string]any
+	if err := json.Unmarshal(RawJSON(m).Raw, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// The event queue is declared with x-single-active-consumer only; TTL,
+// length and overflow are a policy.
+func TestCallerQueueLimitsArePolicy(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		spec hcpv1alpha1.EventQueueSpec
 		want map[string]any
 	}{
 		{"defaults: 24h TTL, 100000 messages, drop-head", hcpv1alpha1.EventQueueSpec{},
-			map[string]any{"x-message-ttl": float64(86400000), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true}},
+			map[string]any{"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head"}},
 		{"explicit", hcpv1alpha1.EventQueueSpec{MessageTTL: "PT1H30M", MaxLength: new(int64(5)), MaxLengthBytes: new(int64(4096)), Overflow: "reject-publish"},
-			map[string]any{"x-message-ttl": float64(5400000), "x-max-length": float64(5), "x-max-length-bytes": float64(4096), "x-overflow": "reject-publish", "x-single-active-consumer": true}},
+			map[string]any{"message-ttl": float64(5400000), "max-length": float64(5), "max-length-bytes": float64(4096), "overflow": "reject-publish"}},
 		{"days", hcpv1alpha1.EventQueueSpec{MessageTTL: "P2D"},
-			map[string]any{"x-message-ttl": float64(172800000), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true}},
+			map[string]any{"message-ttl": float64(172800000), "max-length": float64(100000), "overflow": "drop-head"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := sampleCaller()
 			c.Spec.EventQueue = tc.spec
-			q, err := CallerQueue(c, sampleBroker(t, c.Spec.Broker))
+			b := sampleBroker(t, c.Spec.Broker)
+			q, err := CallerQueue(c, b)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := args(t, q); !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("arguments = %v, want %v", got, tc.want)
+			if got := args(t, q); !reflect.DeepEqual(got, map[string]any{"x-single-active-consumer": true}) {
+				t.Errorf("arguments = %v, want only x-single-active-consumer", got)
 			}
 			if q.Spec.Name != "hcp.evt.alpha" {
 				t.Errorf("queue name %q", q.Spec.Name)
+			}
+			p, err := CallerLimitsPolicy(c, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := policyDefinition(t, p); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("policy definition = %v, want %v", got, tc.want)
+			}
+			if p.Spec.Pattern != `^hcp\.evt\.alpha$` || p.Spec.Name != "hcp-limits.hcp.evt.alpha" {
+				t.Errorf("policy spec = %+v", p.Spec)
 			}
 		})
 	}
@@ -89,6 +153,93 @@ func TestCallerQueueArguments(t *testing.T) {
 	c.Spec.EventQueue.MessageTTL = "P1M"
 	if _, err := CallerQueue(c, sampleBroker(t, c.Spec.Broker)); err == nil || !strings.Contains(err.Error(), "messageTTL") {
 		t.Errorf("month TTL: err = %v, want a messageTTL error", err)
+	}
+	if _, err := CallerLimitsPolicy(c, sampleBroker(t, c.Spec.Broker)); err == nil {
+		t.Error("month TTL: CallerLimitsPolicy gave no error")
+	}
+}
+
+// The pattern matches its queue and no other, whatever the id holds.
+func TestLimitsPolicyPatternMatchesOnlyItsQueue(t *testing.T) {
+	for _, q := range []string{"hcp.cmd.lab", "hcp.cmd.a-b_c", "hcp.evt.x"} {
+		re := regexp.MustCompile(LimitsPolicyPattern(q))
+		if !re.MatchString(q) {
+			t.Errorf("%s does not match %s", re, q)
+		}
+		for _, other := range []string{q + "2", "x" + q, strings.Replace(q, ".", "x", 1), q + ".dlq"} {
+			if re.MatchString(other) {
+				t.Errorf("%s matches %s", re, other)
+			}
+		}
+	}
+}
+
+// RabbitMQ's rule for quorum queues: the lower of argument and policy for
+// numeric limits, the policy for overflow.
+func TestPinnedLimits(t *testing.T) {
+	legacy := map[string]any{"x-queue-type": "quorum", "x-max-length": float64(1000), "x-delivery-limit": float64(5), "x-overflow": "reject-publish"}
+	for _, tc := range []struct {
+		name   string
+		limits map[string]any
+		want   []string
+	}{
+		{"same as declared: nothing pinned", map[string]any{"max-length": int64(1000), "delivery-limit": int64(5), "overflow": "reject-publish"}, nil},
+		{"lowered: the policy wins", map[string]any{"max-length": int64(10), "delivery-limit": int64(2), "overflow": "reject-publish"}, nil},
+		{"raised: the argument pins it", map[string]any{"max-length": int64(2000), "delivery-limit": int64(5)},
+			[]string{"x-max-length=1000 (the spec asks for 2000)"}},
+		{"removed: the argument stays", map[string]any{"overflow": "drop-head"},
+			[]string{"x-delivery-limit=5 (the spec sets none)", "x-max-length=1000 (the spec sets none)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, p := range PinnedLimits(legacy, tc.limits) {
+				got = append(got, p.String())
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("pinned = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if got := PinnedLimits(map[string]any{"x-single-active-consumer": true}, map[string]any{"max-length": int64(1)}); len(got) != 0 {
+		t.Errorf("a queue without limit arguments pins %v", got)
+	}
+	if got := LimitArguments(legacy); !slices.Equal(got, []string{"x-delivery-limit", "x-max-length", "x-overflow"}) {
+		t.Errorf("LimitArguments = %v", got)
+	}
+}
+
+// Shared objects live in the home namespace and reach the broker through
+// the home's copy of the connection Secret, or the cluster by name.
+func TestSharedReferenceAndSecret(t *testing.T) {
+	c := sampleCallee()
+	b := sampleBroker(t, c.Spec.Broker)
+	ref := SharedReference("hcp-system", "tenant-a", b)
+	if ref.ConnectionSecret == nil || ref.ConnectionSecret.Name != "hcp-broker-"+b.Key() || ref.Namespace != "" || ref.Name != "" {
+		t.Errorf("connection-Secret broker: shared reference %+v", ref)
+	}
+	src := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "rmq"}, Data: map[string][]byte{
+		"uri": []byte("http://rmq:15672"), "username": []byte("admin"), "password": []byte("pw"), "amqpURL": []byte("amqp://rmq:5672"), "other": []byte("x"),
+	}}
+	s := SharedConnectionSecret("hcp-system", b.Key(), src)
+	if s.Namespace != "hcp-system" || s.Name != "hcp-broker-"+b.Key() || s.Labels[LabelTopologyOperator] != "true" || s.Labels[hcpv1alpha1.LabelVhostKey] != b.Key() ||
+		s.Annotations[AnnotationCopiedFrom] != "tenant-a/rmq" || len(s.OwnerReferences) != 0 {
+		t.Errorf("shared Secret metadata %+v", s.ObjectMeta)
+	}
+	if got := slices.Sorted(maps.Keys(s.Data)); !slices.Equal(got, []string{"password", "uri", "username"}) {
+		t.Errorf("shared Secret keys %v, want exactly what the topology operator reads", got)
+	}
+
+	cl := BrokerFromCluster(topologyv1beta1.RabbitmqClusterReference{Name: "rabbit"}, c.Spec.Broker, "tenant-a")
+	if ref := SharedReference("hcp-system", "tenant-a", cl); ref.Name != "rabbit" || ref.Namespace != "tenant-a" || ref.ConnectionSecret != nil {
+		t.Errorf("cluster in the tenant's namespace: %+v", ref)
+	}
+	cl = BrokerFromCluster(topologyv1beta1.RabbitmqClusterReference{Name: "rabbit", Namespace: "hcp-system"}, c.Spec.Broker, "tenant-a")
+	if ref := SharedReference("hcp-system", "tenant-a", cl); ref.Name != "rabbit" || ref.Namespace != "" {
+		t.Errorf("cluster in the home namespace: %+v", ref)
+	}
+	x, _ := Exchanges("hcp-system", b, ref)
+	if x.Namespace != "hcp-system" || len(x.OwnerReferences) != 0 || !reflect.DeepEqual(x.Spec.RabbitmqClusterReference, ref) {
+		t.Errorf("shared exchange %+v", x)
 	}
 }
 
@@ -136,8 +287,8 @@ func TestOwnership(t *testing.T) {
 	}
 	// Shared objects have no owner: the topology operator deletes the
 	// broker's exchange with the object, and others may still use it.
-	cmd, evt := Exchanges("labs", b)
-	for _, o := range []metav1.Object{cmd, evt, Vhost("labs", b, "retain")} {
+	cmd, evt := Exchanges("labs", b, b.Reference)
+	for _, o := range []metav1.Object{cmd, evt, Vhost("labs", b, b.Reference, "retain")} {
 		if len(o.GetOwnerReferences()) != 0 || o.GetLabels()[hcpv1alpha1.LabelVhostKey] != b.Key() {
 			t.Errorf("%s: owners %v labels %v", o.GetName(), o.GetOwnerReferences(), o.GetLabels())
 		}

@@ -2,7 +2,6 @@ package resource
 
 import (
 	"encoding/json"
-	"fmt"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	corev1 "k8s.io/api/core/v1"
@@ -10,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
@@ -52,23 +50,25 @@ func sharedMeta(name, namespace, key string) metav1.ObjectMeta {
 	}
 }
 
-// Vhost is the Vhost object of a broker's vhost in namespace, for subjects
-// that ask the operator to create it. deletionPolicy is retain unless every
-// subject sharing it asked for delete (the caller decides).
-func Vhost(namespace string, b Broker, deletionPolicy string) *topologyv1beta1.Vhost {
+// Vhost is the Vhost object of a broker's vhost, kept in namespace (the
+// shared topology's home, see SharedTopology) and reaching the broker
+// through ref. deletionPolicy is retain unless every subject sharing it
+// asked for delete (the caller decides).
+func Vhost(namespace string, b Broker, ref topologyv1beta1.RabbitmqClusterReference, deletionPolicy string) *topologyv1beta1.Vhost {
 	return &topologyv1beta1.Vhost{
 		ObjectMeta: sharedMeta(VhostObjectName(b.Key()), namespace, b.Key()),
 		Spec: topologyv1beta1.VhostSpec{
 			Name:                     b.Vhost,
-			RabbitmqClusterReference: b.Reference,
+			RabbitmqClusterReference: ref,
 			DeletionPolicy:           deletionPolicy,
 		},
 	}
 }
 
 // Exchanges are the shared hcp.commands (direct) and hcp.events (topic)
-// exchanges of a broker's vhost, as objects in namespace.
-func Exchanges(namespace string, b Broker) (commands, events *topologyv1beta1.Exchange) {
+// exchanges of a broker's vhost, as objects in namespace reaching the
+// broker through ref.
+func Exchanges(namespace string, b Broker, ref topologyv1beta1.RabbitmqClusterReference) (commands, events *topologyv1beta1.Exchange) {
 	cn, en := ExchangeNames(b.Key())
 	mk := func(objName, name, typ string) *topologyv1beta1.Exchange {
 		return &topologyv1beta1.Exchange{
@@ -78,7 +78,7 @@ func Exchanges(namespace string, b Broker) (commands, events *topologyv1beta1.Ex
 				Vhost:                    b.Vhost,
 				Type:                     typ,
 				Durable:                  true,
-				RabbitmqClusterReference: b.Reference,
+				RabbitmqClusterReference: ref,
 			},
 		}
 	}
@@ -86,59 +86,48 @@ func Exchanges(namespace string, b Broker) (commands, events *topologyv1beta1.Ex
 		mk(en, topology.EventsExchange, topology.EventsExchangeType)
 }
 
-// CalleeQueueArguments are the arguments of hcp.cmd.{calleeID}: the
-// configured limits, and x-overflow reject-publish whenever a length limit
-// is set (a caller learns of a full queue from its publisher confirm
-// instead of the oldest command being dropped). No TTL (L1).
+// CalleeQueueArguments are the limits of hcp.cmd.{calleeID} as queue
+// declaration arguments (CalleeQueueLimits with the x- prefix). The
+// operator no longer declares its queues with them (arguments are
+// immutable; the limits are a policy, see LimitsPolicy); benchmarks that
+// declare an equivalent queue by hand still use them.
 func CalleeQueueArguments(q hcpv1alpha1.CommandQueueSpec) map[string]any {
-	args := map[string]any{}
-	if q.MaxLength != nil {
-		args[ArgMaxLength] = *q.MaxLength
-	}
-	if q.MaxLengthBytes != nil {
-		args[ArgMaxLengthBytes] = *q.MaxLengthBytes
-	}
-	if q.DeliveryLimit != nil {
-		args[ArgDeliveryLimit] = int64(*q.DeliveryLimit)
-	}
-	if q.MaxLength != nil || q.MaxLengthBytes != nil {
-		args[ArgOverflow] = OverflowRejectPublish
-	}
-	return args
+	return asArguments(CalleeQueueLimits(q), nil)
 }
 
-// CallerQueueArguments are the arguments of hcp.evt.{callerID}:
-// x-message-ttl in milliseconds (default PT24H), x-max-length (default
-// 100000), x-max-length-bytes when set, x-overflow (default drop-head), and
-// x-single-active-consumer.
+// CallerQueueArguments are the limits of hcp.evt.{callerID} as queue
+// declaration arguments, plus the declaration arguments the queue always
+// has (CallerQueueDeclaration): what an equivalent queue declared by hand
+// carries.
 func CallerQueueArguments(q hcpv1alpha1.EventQueueSpec) (map[string]any, error) {
-	ttl := topology.DefaultEventMessageTTL
-	if q.MessageTTL != "" {
-		d, err := task.ParseDuration(string(q.MessageTTL))
-		if err != nil {
-			return nil, fmt.Errorf("spec.eventQueue.messageTTL: %w", err)
-		}
-		ttl = d
+	limits, err := CallerQueueLimits(q)
+	if err != nil {
+		return nil, err
 	}
-	maxLen := DefaultEventQueueMaxLength
-	if q.MaxLength != nil {
-		maxLen = *q.MaxLength
-	}
-	overflow := q.Overflow
-	if overflow == "" {
-		overflow = OverflowDropHead
-	}
-	args := map[string]any{
-		ArgMessageTTL: ttl.Milliseconds(),
-		ArgMaxLength:  maxLen,
-		ArgOverflow:   overflow,
+	return asArguments(limits, CallerQueueDeclaration()), nil
+}
 
-		ArgSingleActiveConsumer: true,
+// CalleeQueueDeclaration is what hcp.cmd.{calleeID} is declared with
+// besides its type (quorum) and durability: nothing. Every limit is a
+// policy, so that it can change on a live queue.
+func CalleeQueueDeclaration() map[string]any { return map[string]any{} }
+
+// CallerQueueDeclaration is what hcp.evt.{callerID} is declared with
+// besides its type and durability: x-single-active-consumer, the one
+// setting a policy cannot give.
+func CallerQueueDeclaration() map[string]any {
+	return map[string]any{ArgSingleActiveConsumer: true}
+}
+
+func asArguments(limits, base map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range base {
+		out[k] = v
 	}
-	if q.MaxLengthBytes != nil {
-		args[ArgMaxLengthBytes] = *q.MaxLengthBytes
+	for k, v := range limits {
+		out["x-"+k] = v
 	}
-	return args, nil
+	return out
 }
 
 // RawJSON encodes v as a RawExtension (map keys sorted).
@@ -150,34 +139,41 @@ func RawJSON(v any) *runtime.RawExtension {
 	return &runtime.RawExtension{Raw: raw}
 }
 
-// Queue is the subject's quorum queue with arguments args.
+// Queue is the subject's quorum queue with declaration arguments args
+// (none: no arguments field at all).
 func Queue(s Subject, b Broker, args map[string]any) *topologyv1beta1.Queue {
-	return &topologyv1beta1.Queue{
+	q := &topologyv1beta1.Queue{
 		ObjectMeta: s.meta(s.BaseName()),
 		Spec: topologyv1beta1.QueueSpec{
 			Name:                     s.QueueName(),
 			Vhost:                    b.Vhost,
 			Type:                     QueueTypeQuorum,
 			Durable:                  new(true),
-			Arguments:                RawJSON(args),
 			RabbitmqClusterReference: b.Reference,
 			DeletionPolicy:           DeletionPolicyDelete,
 		},
 	}
+	if len(args) > 0 {
+		q.Spec.Arguments = RawJSON(args)
+	}
+	return q
 }
 
-// CalleeQueue is hcp.cmd.{calleeID}.
+// CalleeQueue is hcp.cmd.{calleeID}, declared without limits (see
+// CalleeLimitsPolicy).
 func CalleeQueue(c *hcpv1alpha1.Callee, b Broker) *topologyv1beta1.Queue {
-	return Queue(ForCallee(c), b, CalleeQueueArguments(c.Spec.CommandQueue))
+	return Queue(ForCallee(c), b, CalleeQueueDeclaration())
 }
 
-// CallerQueue is hcp.evt.{callerID}.
+// CallerQueue is hcp.evt.{callerID}, declared with
+// x-single-active-consumer only (see CallerLimitsPolicy). The error is the
+// limits' (an unparsable messageTTL), so that a Caller with one gets no
+// queue either.
 func CallerQueue(c *hcpv1alpha1.Caller, b Broker) (*topologyv1beta1.Queue, error) {
-	args, err := CallerQueueArguments(c.Spec.EventQueue)
-	if err != nil {
+	if _, err := CallerQueueLimits(c.Spec.EventQueue); err != nil {
 		return nil, err
 	}
-	return Queue(ForCaller(c), b, args), nil
+	return Queue(ForCaller(c), b, CallerQueueDeclaration()), nil
 }
 
 // Binding binds the subject's queue: hcp.cmd.{id} to hcp.commands with key

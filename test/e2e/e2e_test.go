@@ -320,19 +320,39 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 		return nil
 	})
 
-	// Expected arguments: the sample's limits, passed through, plus the
-	// operator's fixed choices (DESIGN section 3): quorum queues;
+	// Expected declaration: quorum queues, and a single active consumer
+	// on the event queue, nothing else. The limits are each queue's
+	// policy (they can change on a live queue): the sample's, passed
+	// through, plus the operator's fixed choices (DESIGN section 3):
 	// reject-publish on a length-limited command queue; on the event
-	// queue the sample's TTL, the default length limit, drop-head and a
-	// single active consumer.
+	// queue the sample's TTL, the default length limit and drop-head.
 	cq := r.callee.Spec.CommandQueue
 	ttl, err := task.ParseDuration(string(r.caller.Spec.EventQueue.MessageTTL))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantQueues := map[string]map[string]any{
-		topology.CommandQueue(calleeID): {"x-queue-type": "quorum", "x-max-length": float64(*cq.MaxLength), "x-delivery-limit": float64(*cq.DeliveryLimit), "x-overflow": "reject-publish"},
-		topology.EventQueue(callerID):   {"x-queue-type": "quorum", "x-message-ttl": float64(ttl.Milliseconds()), "x-max-length": float64(100000), "x-overflow": "drop-head", "x-single-active-consumer": true},
+		topology.CommandQueue(calleeID): {"x-queue-type": "quorum"},
+		topology.EventQueue(callerID):   {"x-queue-type": "quorum", "x-single-active-consumer": true},
+	}
+	wantPolicies := map[string]map[string]any{
+		"hcp-limits." + topology.CommandQueue(calleeID): {"max-length": float64(*cq.MaxLength), "delivery-limit": float64(*cq.DeliveryLimit), "overflow": "reject-publish"},
+		"hcp-limits." + topology.EventQueue(callerID):   {"message-ttl": float64(ttl.Milliseconds()), "max-length": float64(100000), "overflow": "drop-head"},
+	}
+	ps, err := b.API.ListPoliciesIn(r.vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if want, ok := wantPolicies[p.Name]; ok {
+			if got := map[string]any(p.Definition); !reflect.DeepEqual(got, want) {
+				t.Errorf("policy %s: definition %v, want %v", p.Name, got, want)
+			}
+			delete(wantPolicies, p.Name)
+		}
+	}
+	if len(wantPolicies) > 0 {
+		t.Errorf("limits policies missing: %v", wantPolicies)
 	}
 	qs, err := b.Queues(r.vhost)
 	if err != nil {

@@ -1,0 +1,157 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
+)
+
+// Live limits: a queue's limits are its Policy (resource.LimitsPolicy);
+// its declaration never changes after creation.
+
+// reasonQueueArgumentsPinLimits is the Warning Event of a queue whose
+// declaration arguments (an earlier version's) keep a limit from taking
+// effect as asked.
+const reasonQueueArgumentsPinLimits = "QueueArgumentsPinLimits"
+
+// queueAsDeclared returns desired with the declaration arguments of the
+// live Queue, when there is one: RabbitMQ cannot change a queue's
+// arguments and the topology operator's webhook refuses the update, so the
+// operator never asks (an earlier version declared queues with their
+// limits as arguments; those stay). It also returns the live arguments.
+func (c *core) queueAsDeclared(ctx context.Context, desired *topologyv1beta1.Queue) (*topologyv1beta1.Queue, map[string]any, error) {
+	live := &topologyv1beta1.Queue{}
+	err := c.Get(ctx, client.ObjectKeyFromObject(desired), live)
+	if apierrors.IsNotFound(err) {
+		return desired, argumentsOf(desired.Spec.Arguments), nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	desired.Spec.Arguments = live.Spec.Arguments
+	return desired, argumentsOf(live.Spec.Arguments), nil
+}
+
+func argumentsOf(raw *runtime.RawExtension) map[string]any {
+	m := map[string]any{}
+	if raw != nil {
+		_ = json.Unmarshal(raw.Raw, &m)
+	}
+	return m
+}
+
+// ensureLimitsPolicy applies the queue's limits Policy (deleting it when
+// the spec sets no limits: nil desired) and warns, by Event, when the
+// queue's declaration arguments keep a limit from taking effect. It
+// returns the live Policy for TopologyReady (nil without one).
+func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topologyv1beta1.Policy, args map[string]any, limits map[string]any) (*topologyv1beta1.Policy, error) {
+	if desired == nil {
+		pol := &topologyv1beta1.Policy{ObjectMeta: metav1.ObjectMeta{Namespace: v.sub.Namespace, Name: v.sub.BaseName()}}
+		return nil, c.deleteOwned(ctx, v.obj, pol)
+	}
+	live := &topologyv1beta1.Policy{ObjectMeta: metav1.ObjectMeta{Namespace: desired.Namespace, Name: desired.Name}}
+	res, err := controllerutil.CreateOrUpdate(ctx, c.Client, live, func() error {
+		mergeMetadata(live, desired)
+		if err := controllerutil.SetControllerReference(v.obj, live, c.scheme); err != nil {
+			return err
+		}
+		created := live.CreationTimestamp.IsZero()
+		name, vhost, ref := live.Spec.Name, live.Spec.Vhost, live.Spec.RabbitmqClusterReference
+		def := live.Spec.Definition
+		live.Spec = desired.Spec
+		if !created {
+			// Immutable for the topology operator's webhook (they never
+			// change for one subject anyway).
+			live.Spec.Name, live.Spec.Vhost, live.Spec.RabbitmqClusterReference = name, vhost, ref
+		}
+		if rawEqual(def, desired.Spec.Definition) {
+			live.Spec.Definition = def // keep the stored encoding: no spurious update
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("Policy %s: %w", klog.KObj(desired), err)
+	}
+	if res != controllerutil.OperationResultNone {
+		verb := "Updated"
+		if res == controllerutil.OperationResultCreated {
+			verb = "Created"
+		}
+		ctrl.LoggerFrom(ctx).Info("Applied child", "kind", "Policy", "child", klog.KObj(live), "operation", res, "definition", string(desired.Spec.Definition.Raw))
+		c.recorder.Eventf(v.obj, live, corev1.EventTypeNormal, verb, "Apply", "%s Policy %s (queue limits %s)", verb, live.Name, desired.Spec.Definition.Raw)
+	}
+	if pinned := resource.PinnedLimits(args, limits); len(pinned) > 0 && res != controllerutil.OperationResultNone {
+		parts := make([]string, len(pinned))
+		for i, p := range pinned {
+			parts[i] = p.String()
+		}
+		c.recorder.Eventf(v.obj, nil, corev1.EventTypeWarning, reasonQueueArgumentsPinLimits, "Apply",
+			"queue %s was declared by an earlier version with limit arguments, which RabbitMQ applies over the policy where they are lower: %s; to apply the spec's limits, delete and recreate the %s (its queue and messages go with it)",
+			v.sub.QueueName(), strings.Join(parts, ", "), v.sub.Kind())
+	}
+	return live, nil
+}
+
+// policyReady reads a Policy's own Ready condition, as topologyObjectReady
+// does for the other topology objects.
+func policyReady(p *topologyv1beta1.Policy) (bool, string) {
+	for _, c := range p.Status.Conditions {
+		if c.Type != "Ready" {
+			continue
+		}
+		if c.Status != corev1.ConditionTrue {
+			return false, c.Message
+		}
+		if p.Status.ObservedGeneration < p.Generation {
+			return false, fmt.Sprintf("not yet declared at generation %d (declared: %d)", p.Generation, p.Status.ObservedGeneration)
+		}
+		return true, ""
+	}
+	return false, "not yet declared by the messaging-topology-operator"
+}
+
+// setTopologyReadyWithPolicy is setTopologyReady over objs plus the
+// limits Policy (nil: none): a Policy that is not ready makes TopologyReady
+// false and is named in its message.
+func (c *core) setTopologyReadyWithPolicy(v view, objs []client.Object, pol *topologyv1beta1.Policy) {
+	c.setTopologyReady(v, objs)
+	if pol == nil {
+		return
+	}
+	ready, msg := policyReady(pol)
+	if ready {
+		if cur := meta.FindStatusCondition(*v.conditions, hcpv1alpha1.ConditionTopologyReady); cur != nil && cur.Status == metav1.ConditionTrue {
+			setCondition(v, hcpv1alpha1.ConditionTopologyReady, true, hcpv1alpha1.ReasonReconciled,
+				fmt.Sprintf("%d topology objects ready", len(objs)+1))
+		}
+		return
+	}
+	reason := hcpv1alpha1.ReasonTopologyFailed
+	if strings.HasPrefix(msg, "not yet") {
+		reason = hcpv1alpha1.ReasonTopologyPending
+	}
+	detail := fmt.Sprintf("Policy %s: %s", pol.Name, msg)
+	cur := meta.FindStatusCondition(*v.conditions, hcpv1alpha1.ConditionTopologyReady)
+	if cur != nil && cur.Status == metav1.ConditionFalse {
+		if cur.Reason == hcpv1alpha1.ReasonTopologyFailed {
+			reason = cur.Reason
+		}
+		detail = cur.Message + "; " + detail
+	}
+	setCondition(v, hcpv1alpha1.ConditionTopologyReady, false, reason, detail)
+}

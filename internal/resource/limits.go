@@ -1,0 +1,214 @@
+package resource
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+)
+
+// Live limits.
+//
+// RabbitMQ cannot change the declaration arguments of a queue, and the
+// topology operator's admission webhook refuses any change of a Queue's
+// spec.arguments. So HCP queues are declared with no limit arguments, and
+// their TTL, length limits, overflow and delivery limit are a RabbitMQ
+// policy: one Policy object per queue, whose pattern matches exactly that
+// queue. A policy's definition can change at any time; the broker applies
+// it to the live queue, messages included.
+//
+// A normal policy, not an operator policy: RabbitMQ (3.10 to 3.12) does
+// not accept overflow in an operator policy, and an operator policy is
+// the platform team's guardrail, which merges with ours (the stricter
+// value of each limit wins). Only one normal policy applies to a queue, the
+// one of highest priority: ours has LimitsPolicyPriority, above the
+// default 0 of vhost-wide policies.
+
+// Policy definition keys (the queue arguments without their x- prefix).
+const (
+	PolicyMaxLength      = "max-length"
+	PolicyMaxLengthBytes = "max-length-bytes"
+	PolicyDeliveryLimit  = "delivery-limit"
+	PolicyOverflow       = "overflow"
+	PolicyMessageTTL     = "message-ttl"
+)
+
+// LimitsPolicyPriority is the priority of a queue's limits policy: above
+// the default (0) of vhost-wide policies, so that ours applies to HCP
+// queues. A policy with a higher priority that matches an HCP queue
+// replaces ours on it entirely (RabbitMQ applies one policy per queue).
+const LimitsPolicyPriority = 100
+
+// policyApplyToQueues restricts a policy to queues (classic and quorum).
+const policyApplyToQueues = "queues"
+
+// CalleeQueueLimits is the policy definition of hcp.cmd.{calleeID}: the
+// configured limits, and overflow reject-publish whenever a length limit is
+// set (a caller learns of a full queue from its publisher confirm instead
+// of the oldest command being dropped). No TTL (L1). Empty when nothing is
+// set.
+func CalleeQueueLimits(q hcpv1alpha1.CommandQueueSpec) map[string]any {
+	def := map[string]any{}
+	if q.MaxLength != nil {
+		def[PolicyMaxLength] = *q.MaxLength
+	}
+	if q.MaxLengthBytes != nil {
+		def[PolicyMaxLengthBytes] = *q.MaxLengthBytes
+	}
+	if q.DeliveryLimit != nil {
+		def[PolicyDeliveryLimit] = int64(*q.DeliveryLimit)
+	}
+	if q.MaxLength != nil || q.MaxLengthBytes != nil {
+		def[PolicyOverflow] = OverflowRejectPublish
+	}
+	return def
+}
+
+// CallerQueueLimits is the policy definition of hcp.evt.{callerID}:
+// message-ttl in milliseconds (default PT24H), max-length (default
+// 100000), max-length-bytes when set, overflow (default drop-head).
+func CallerQueueLimits(q hcpv1alpha1.EventQueueSpec) (map[string]any, error) {
+	ttl := topology.DefaultEventMessageTTL
+	if q.MessageTTL != "" {
+		d, err := task.ParseDuration(string(q.MessageTTL))
+		if err != nil {
+			return nil, fmt.Errorf("spec.eventQueue.messageTTL: %w", err)
+		}
+		ttl = d
+	}
+	maxLen := DefaultEventQueueMaxLength
+	if q.MaxLength != nil {
+		maxLen = *q.MaxLength
+	}
+	overflow := q.Overflow
+	if overflow == "" {
+		overflow = OverflowDropHead
+	}
+	def := map[string]any{
+		PolicyMessageTTL: ttl.Milliseconds(),
+		PolicyMaxLength:  maxLen,
+		PolicyOverflow:   overflow,
+	}
+	if q.MaxLengthBytes != nil {
+		def[PolicyMaxLengthBytes] = *q.MaxLengthBytes
+	}
+	return def, nil
+}
+
+// LimitsPolicyName is the broker-side name of the policy of queue.
+func LimitsPolicyName(queue string) string { return "hcp-limits." + queue }
+
+// LimitsPolicyPattern matches exactly queue and nothing else.
+func LimitsPolicyPattern(queue string) string { return "^" + regexp.QuoteMeta(queue) + "$" }
+
+// LimitsPolicy is the Policy carrying the subject's queue limits def; nil
+// when def is empty (no limits: no policy).
+func LimitsPolicy(s Subject, b Broker, def map[string]any) *topologyv1beta1.Policy {
+	if len(def) == 0 {
+		return nil
+	}
+	return &topologyv1beta1.Policy{
+		ObjectMeta: s.meta(s.BaseName()),
+		Spec: topologyv1beta1.PolicySpec{
+			Name:                     LimitsPolicyName(s.QueueName()),
+			Vhost:                    b.Vhost,
+			Pattern:                  LimitsPolicyPattern(s.QueueName()),
+			ApplyTo:                  policyApplyToQueues,
+			Priority:                 LimitsPolicyPriority,
+			Definition:               RawJSON(def),
+			RabbitmqClusterReference: b.Reference,
+		},
+	}
+}
+
+// CalleeLimitsPolicy is the Policy of hcp.cmd.{calleeID}, nil without
+// limits.
+func CalleeLimitsPolicy(c *hcpv1alpha1.Callee, b Broker) *topologyv1beta1.Policy {
+	return LimitsPolicy(ForCallee(c), b, CalleeQueueLimits(c.Spec.CommandQueue))
+}
+
+// CallerLimitsPolicy is the Policy of hcp.evt.{callerID}.
+func CallerLimitsPolicy(c *hcpv1alpha1.Caller, b Broker) (*topologyv1beta1.Policy, error) {
+	def, err := CallerQueueLimits(c.Spec.EventQueue)
+	if err != nil {
+		return nil, err
+	}
+	return LimitsPolicy(ForCaller(c), b, def), nil
+}
+
+// PinnedLimit is a limit a queue's declaration argument holds against its
+// policy: the queue was declared by an earlier version of the operator
+// with its limits as arguments, which can never change.
+type PinnedLimit struct {
+	// Key is the policy key (max-length, ...).
+	Key string
+	// Argument is the queue's declaration argument; Policy what the spec
+	// asks for (nil: nothing).
+	Argument, Policy any
+}
+
+func (p PinnedLimit) String() string {
+	if p.Policy == nil {
+		return fmt.Sprintf("x-%s=%v (the spec sets none)", p.Key, p.Argument)
+	}
+	return fmt.Sprintf("x-%s=%v (the spec asks for %v)", p.Key, p.Argument, p.Policy)
+}
+
+// PinnedLimits compares a live queue's declaration arguments with the
+// limits its policy gives and returns the limits that do not take effect
+// as asked, by RabbitMQ's rule for quorum queues when both an argument and
+// a policy set a key (rabbit_quorum_queue, RabbitMQ 3.10 to 4.x): the lower
+// of the two numbers for max-length, max-length-bytes, delivery-limit and
+// message-ttl; the policy for overflow. So an argument pins a limit when
+// it is lower than what is asked, or when nothing is asked. Sorted by key.
+func PinnedLimits(args, limits map[string]any) []PinnedLimit {
+	var out []PinnedLimit
+	for _, key := range []string{PolicyDeliveryLimit, PolicyMaxLength, PolicyMaxLengthBytes, PolicyMessageTTL} {
+		a, ok := number(args["x-"+key])
+		if !ok {
+			continue
+		}
+		p, asked := number(limits[key])
+		if !asked || a < p {
+			pin := PinnedLimit{Key: key, Argument: args["x-"+key]}
+			if asked {
+				pin.Policy = limits[key]
+			}
+			out = append(out, pin)
+		}
+	}
+	slices.SortFunc(out, func(a, b PinnedLimit) int { return strings.Compare(a.Key, b.Key) })
+	return out
+}
+
+// LimitArguments are the limit arguments among a queue's declaration
+// arguments (those a policy could give): what an earlier version declared.
+func LimitArguments(args map[string]any) []string {
+	var out []string
+	for _, key := range []string{PolicyDeliveryLimit, PolicyMaxLength, PolicyMaxLengthBytes, PolicyMessageTTL, PolicyOverflow} {
+		if _, ok := args["x-"+key]; ok {
+			out = append(out, "x-"+key)
+		}
+	}
+	return slices.Sorted(slices.Values(out))
+}
+
+func number(v any) (float64, bool) {
+	switch n := v.(type) {
+	case float64:
+		return n, true
+	case int64:
+		return float64(n), true
+	case int:
+		return float64(n), true
+	case int32:
+		return float64(n), true
+	}
+	return 0, false
+}
