@@ -323,5 +323,6 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 	// unconfirmed event, which it republishes.)
 	ss.confirmed.Store(last)
 	ss.gauge(m.State(), 1)
+	ss.startTrace(hs, true)
 	return ss
 }

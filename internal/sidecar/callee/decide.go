@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -156,6 +157,10 @@ func (s *Sidecar) recount(ctx context.Context, c *command, v policy.Verdict, me 
 // RUNNING), replies, and acknowledges the command once the reply is
 // confirmed.
 func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.Callee, v policy.Verdict, depth int) {
+	if c.span.Recording() {
+		c.span.SetAttributes(attribute.Bool("hcp.admitted", v.Admitted), attribute.String("hcp.reason_code", string(v.Reason)),
+			attribute.String("hcp.risk_level", string(v.Risk)))
+	}
 	if !v.Admitted {
 		s.rejectUnrecorded(ctx, c, v)
 		return
@@ -163,6 +168,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 	d, log, callerID, sid, msgID, ts := c.d, c.log, c.callerID, c.sid, c.msgID, c.ts
 	now := s.clk.Now().UTC().Truncate(time.Second)
 	hs := s.newHCPSession(cl, sid, callerID, msgID, ts, v)
+	traceAnnotations(hs, c.trace)
 	if err := s.c.Create(ctx, hs, client.FieldOwner(status.FieldOwner)); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			s.duplicate(ctx, c, depth)

@@ -117,7 +117,7 @@ func (ss *sess) handTask(raw []byte, attempts int) *handError {
 		if ss.ended() {
 			return nil
 		}
-		status, msg, err := s.callHarness(s.life, "/hcp/v1/tasks", raw)
+		status, msg, err := s.callHarness(withTrace(s.life, ss.trace.ctx), "/hcp/v1/tasks", raw)
 		switch {
 		case err == nil && (status/100 == 2 || status == http.StatusConflict):
 			ss.delivered.Store(true)
@@ -152,6 +152,9 @@ func (s *Sidecar) harnessAbort(id, reason string) {
 	raw, _ := json.Marshal(map[string]string{"session_id": id, "reason": reason})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.life), s.t.HarnessTimeout)
 	defer cancel()
+	if ss := s.session(id); ss != nil {
+		ctx = withTrace(ctx, ss.trace.ctx)
+	}
 	status, msg, err := s.callHarness(ctx, "/hcp/v1/sessions/"+id+"/abort", raw)
 	switch {
 	case err != nil:
@@ -173,13 +176,15 @@ func (s *Sidecar) callHarness(ctx context.Context, path string, body []byte) (in
 	return resp.StatusCode, oneLine(string(b), 500), nil
 }
 
-// postHarness POSTs a JSON body to the harness.
+// postHarness POSTs a JSON body to the harness, with the session's trace
+// context (withTrace) as traceparent and tracestate headers.
 func (s *Sidecar) postHarness(ctx context.Context, path string, body []byte) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.harnessURL(path), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	traceOf(ctx).SetHTTP(req.Header)
 	return s.http.Do(req)
 }
 

@@ -141,6 +141,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	ss.terminal.Store(true)
 	ss.endedAt.Store(now.UnixNano())
 	close(ss.confirmQ)
+	ss.endTrace(string(o.final), o.reason, o.final != session.StateCompleted)
 	ss.log.Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
 	// Keep the session in memory for a while, so late harness calls get a
 	// clear 409 instead of 404; then forget it.

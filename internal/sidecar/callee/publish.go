@@ -40,6 +40,10 @@ func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub a
 // enqueueLocked publishes a message already in the log and queues it for
 // its confirm. Called with lock.
 func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.MessageType, rk string, pub amqp.Publishing, seq int64) (*pending, error) {
+	if pub.Headers == nil {
+		// The session's trace context, shared; SetConfirmedThrough copies it.
+		pub.Headers = ss.trace.headers
+	}
 	if seq > 0 {
 		envelope.SetConfirmedThrough(&pub, ss.confirmed.Load())
 	}

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/tracing"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -143,6 +144,11 @@ func (s *Sidecar) sendRejected(ctx context.Context, d amqp.Delivery, callerID, s
 // exist (retrying cannot help and would block the queue); requeue after a
 // pause on transient failures.
 func (s *Sidecar) sendReply(ctx context.Context, d amqp.Delivery, log logr.Logger, callerID, sid string, t envelope.MessageType, pub amqp.Publishing) {
+	if pub.Headers == nil {
+		// A reply without a session (a rejection) stays in the trace of
+		// the command it answers.
+		pub.Headers = tracing.FromAMQP(d.Headers).AMQPHeaders()
+	}
 	rk := topology.EventRoutingKey(callerID, sid, t)
 	err := s.publishConfirmed(s.life, rk, pub)
 	s.countOut(string(t))

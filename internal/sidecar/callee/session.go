@@ -111,6 +111,8 @@ type sess struct {
 	recovering atomic.Bool
 	// confirmDone is closed when the confirm loop has finished.
 	confirmDone chan struct{}
+	// trace is the session's W3C trace context (see startTrace).
+	trace sessTrace
 }
 
 func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok string, claims token.Claims, body []byte) *sess {
@@ -138,6 +140,7 @@ func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok s
 		task:         body,
 	}
 	ss.seq = session.NewReservingSequencer(0, DefaultSequenceBlock, ss.reserver(DefaultSequenceBlock))
+	ss.startTrace(hs, false)
 	return ss
 }
 
@@ -174,6 +177,7 @@ func (s *Sidecar) unregister(ss *sess) {
 	delete(s.sessions, ss.id)
 	s.mu.Unlock()
 	close(ss.confirmQ)
+	ss.endTrace("", "not_started", false)
 }
 
 func (s *Sidecar) session(id string) *sess {

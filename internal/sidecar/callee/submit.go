@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/policy"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/tracing"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
@@ -108,6 +111,10 @@ type command struct {
 	// gate is what the gate decided on, once it ran.
 	gate *policy.GateInput
 	log  logr.Logger
+	// trace is the W3C trace context the session will be created in: the
+	// task_submit's, or with tracing on the gate span's (span).
+	trace tracing.Context
+	span  tracing.Span
 }
 
 // submit runs the gate for one task_submit.
@@ -130,7 +137,7 @@ func (s *Sidecar) submit(ctx context.Context, d amqp.Delivery, env *envelope.Env
 		s.replyRejected(ctx, d, callerID, sid, msgID, s.clk.Now(), task.ReasonMalformed, oneLine(err.Error(), 1000))
 		return
 	}
-	c := &command{d: d, ts: ts, callerID: callerID, sid: sid, msgID: msgID, log: log}
+	c := &command{d: d, ts: ts, callerID: callerID, sid: sid, msgID: msgID, log: log, trace: tracing.FromAMQP(d.Headers)}
 
 	// A copy of this task_submit being decided on this replica right now:
 	// wait for that decision and answer with it.
@@ -154,6 +161,12 @@ func (s *Sidecar) submit(ctx context.Context, d amqp.Delivery, env *envelope.Env
 		s.mu.Unlock()
 		close(decided)
 	}()
+	if tracing.Enabled() {
+		c.span, c.trace = tracing.StartSpan("hcp.gate", oteltrace.SpanKindConsumer, c.trace,
+			attribute.String("hcp.message_id", msgID), attribute.String("hcp.session_id", sid),
+			attribute.String("hcp.caller_id", callerID), attribute.String("hcp.capability", ts.Capability))
+		defer c.span.End()
+	}
 	s.decideTask(ctx, c, 0)
 }
 

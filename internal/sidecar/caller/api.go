@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/tracing"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -106,6 +107,9 @@ func (s *Sidecar) handleSubmit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
+	// The app's trace context, if any, goes with the task (a malformed
+	// one is ignored).
+	req.trace = tracing.FromHTTP(r.Header)
 	res, aerr := s.submit(r.Context(), req)
 	if aerr != nil {
 		writeError(w, aerr)

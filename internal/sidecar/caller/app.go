@@ -10,6 +10,10 @@ import (
 	"strconv"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
+
+	"github.com/hcp-io/hcp-operator/internal/sidecar/tracing"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 )
 
@@ -42,6 +46,12 @@ type AppMessage struct {
 	// names them: they will never be delivered (see docs/harness-api.md,
 	// "Gaps").
 	Lost *Lost `json:"lost,omitempty"`
+	// Traceparent and Tracestate are the W3C trace context the message
+	// carried from the callee (its AMQP headers: the session's trace), if
+	// any. The request's traceparent header is the same, or, with tracing
+	// on, the caller sidecar's delivery span in that trace.
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
 }
 
 // Lost is a range of a session's sequences that the sidecar gave up on,
@@ -87,6 +97,9 @@ func (s *Sidecar) appMessage(it *item, calleeID, taskMessageID string) AppMessag
 		Payload:       it.env.Payload,
 		Redelivered:   it.d.Redelivered,
 	}
+	if tc := tracing.FromAMQP(it.d.Headers); !tc.IsZero() {
+		m.Traceparent, m.Tracestate = tc.Parent, tc.State
+	}
 	if it.event != nil {
 		m.Sequence = it.event.Sequence
 		m.EventType = string(it.event.EventType)
@@ -113,29 +126,89 @@ func (s *Sidecar) deliver(m AppMessage) error {
 	if err != nil {
 		return fmt.Errorf("encode app message: %w", err)
 	}
-	h := http.Header{}
-	h.Set(HeaderSessionID, m.SessionID)
-	h.Set(HeaderMessageType, m.Type)
-	h.Set(HeaderIdempotencyKey, m.MessageID)
-	if m.Sequence > 0 {
-		h.Set(HeaderSequence, strconv.FormatInt(m.Sequence, 10))
+	trace := tracing.Context{Parent: m.Traceparent, State: m.Tracestate}
+	var span tracing.Span
+	if tracing.Enabled() { // the attributes cost allocations: only when on
+		span, trace = tracing.StartSpan("hcp.deliver "+m.Type, oteltrace.SpanKindClient, trace,
+			attribute.String("hcp.session_id", m.SessionID), attribute.String("hcp.message_id", m.MessageID),
+			attribute.String("hcp.message_type", m.Type), attribute.Int64("hcp.sequence", m.Sequence))
 	}
-	return s.post(EventsPath, h, body, 1)
+	seq := ""
+	if m.Sequence > 0 {
+		seq = strconv.FormatInt(m.Sequence, 10)
+	}
+	err = s.post(EventsPath, appHeaders(m.SessionID, m.Type, m.MessageID, seq, trace), body, 1)
+	endDelivery(span, err)
+	return err
 }
 
 // deliverBatch POSTs ms, events of one session in order, to the app's
-// batch endpoint and reports whether it answered 2xx.
+// batch endpoint and reports whether it answered 2xx. The request's
+// traceparent is the first message's (each message carries its own in the
+// body); with tracing on, the delivery span is in the first message's
+// trace and links to the others'.
 func (s *Sidecar) deliverBatch(ms []AppMessage) error {
 	body, err := json.Marshal(AppBatch{SessionID: ms[0].SessionID, Messages: ms})
 	if err != nil {
 		return fmt.Errorf("encode app messages: %w", err)
 	}
-	h := http.Header{}
-	h.Set(HeaderSessionID, ms[0].SessionID)
-	h.Set(HeaderMessageType, ms[0].Type)
-	h.Set(HeaderIdempotencyKey, ms[0].MessageID+".."+ms[len(ms)-1].MessageID)
-	h.Set(HeaderSequence, strconv.FormatInt(ms[0].Sequence, 10)+"-"+strconv.FormatInt(ms[len(ms)-1].Sequence, 10))
-	return s.post(BatchPath, h, body, len(ms))
+	first, last := ms[0], ms[len(ms)-1]
+	trace := tracing.Context{Parent: first.Traceparent, State: first.Tracestate}
+	var span tracing.Span
+	if tracing.Enabled() {
+		others := make([]tracing.Context, 0, len(ms)-1)
+		for _, m := range ms[1:] {
+			others = append(others, tracing.Context{Parent: m.Traceparent, State: m.Tracestate})
+		}
+		span, trace = tracing.StartSpanLinked("hcp.deliver batch", oteltrace.SpanKindClient, trace, others,
+			attribute.String("hcp.session_id", first.SessionID), attribute.Int("hcp.batch_size", len(ms)),
+			attribute.Int64("hcp.sequence", first.Sequence), attribute.Int64("hcp.last_sequence", last.Sequence))
+	}
+	err = s.post(BatchPath, appHeaders(first.SessionID, first.Type, first.MessageID+".."+last.MessageID,
+		strconv.FormatInt(first.Sequence, 10)+"-"+strconv.FormatInt(last.Sequence, 10), trace), body, len(ms))
+	endDelivery(span, err)
+	return err
+}
+
+func endDelivery(span tracing.Span, err error) {
+	if err != nil {
+		span.Fail(err.Error())
+	}
+	span.End()
+}
+
+// The header names as net/http stores them.
+var (
+	canonSessionID      = http.CanonicalHeaderKey(HeaderSessionID)
+	canonMessageType    = http.CanonicalHeaderKey(HeaderMessageType)
+	canonIdempotencyKey = http.CanonicalHeaderKey(HeaderIdempotencyKey)
+	canonSequence       = http.CanonicalHeaderKey(HeaderSequence)
+)
+
+// appHeaders are the headers of a POST to the app (keys in canonical form,
+// so nothing is re-cased). The values share one backing array: one
+// allocation for all of them, the trace headers included.
+func appHeaders(sessionID, msgType, idempotencyKey, seq string, trace tracing.Context) http.Header {
+	h := make(http.Header, 8)
+	vals := make([]string, 0, 7)
+	set := func(k, v string) {
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	set("Content-Type", "application/json")
+	set(canonSessionID, sessionID)
+	set(canonMessageType, msgType)
+	set(canonIdempotencyKey, idempotencyKey)
+	if seq != "" {
+		set(canonSequence, seq)
+	}
+	if !trace.IsZero() {
+		set(tracing.HTTPTraceparent, trace.Parent)
+		if trace.State != "" {
+			set(tracing.HTTPTracestate, trace.State)
+		}
+	}
+	return h
 }
 
 // post sends body to the app's path, counting n messages. The request is
@@ -151,7 +224,6 @@ func (s *Sidecar) post(path string, h http.Header, body []byte, n int) error {
 		return err
 	}
 	req.Header = h
-	req.Header.Set("Content-Type", "application/json")
 	resp, err := s.http.Do(req)
 	if err != nil {
 		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))

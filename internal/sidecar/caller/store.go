@@ -67,6 +67,11 @@ type TaskRecord struct {
 	// (whose state directory is gone) and learnt from its HCPSession. It has
 	// no Envelope and is never republished.
 	Adopted bool `json:"adopted,omitempty"`
+	// Traceparent and Tracestate are the W3C trace context the task_submit
+	// carries in its AMQP headers (every republish the same), kept with the
+	// Envelope.
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
 }
 
 // SessionRecord is the durable per-session state of the caller sidecar.

@@ -8,7 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
+
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/tracing"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -30,6 +34,10 @@ type SubmitRequest struct {
 	OutputFormat json.RawMessage  `json:"output_format,omitempty"`
 	ExpiresAt    *task.Timestamp  `json:"expires_at,omitempty"`
 	Metadata     json.RawMessage  `json:"metadata,omitempty"`
+
+	// trace is the app's W3C trace context (the traceparent and tracestate
+	// headers of its request).
+	trace tracing.Context
 }
 
 // apiError is an error with its HTTP status and machine-readable code.
@@ -118,6 +126,13 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 		}
 	}
 
+	// With tracing on, the submit is a span of the app's trace and the
+	// task_submit carries the span's context; off, it carries the app's.
+	span, trace := tracing.StartSpan("hcp.task_submit", oteltrace.SpanKindProducer, req.trace,
+		attribute.String("hcp.message_id", env.MessageID), attribute.String("hcp.callee_id", p.CalleeID),
+		attribute.String("hcp.capability", p.Capability), attribute.String("hcp.caller_id", s.cfg.ID))
+	defer span.End()
+
 	if _, ok := s.store.Task(env.MessageID); !ok && req.MessageID != "" {
 		// The app may repeat a submit after this caller's pod moved: if the
 		// callee has decided it, its HCPSession says so, and publishing it
@@ -131,6 +146,7 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 			return submitResult{}, &apiError{status: 409, code: "conflict",
 				msg: "message_id " + env.MessageID + " was already used for another task"}
 		}
+		span.AddEvent("already submitted")
 		return submitResult{rec: old, existing: true}, nil
 	}
 	// Recorded before publishing, as if published: a crash after the publish
@@ -147,14 +163,20 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 			SubmittedAt:   now,
 			LastAttemptAt: now,
 			ExpiresAt:     expires,
+			Traceparent:   trace.Parent,
+			Tracestate:    trace.State,
 		}
 		return true
 	})
 	s.submitMu.Unlock()
 	if err != nil {
+		span.Fail(err.Error())
 		return submitResult{}, &apiError{status: 503, code: "state_unavailable", msg: err.Error()}
 	}
 	perr := s.publishSubmit(ctx, rec)
+	if perr != nil {
+		span.Fail(perr.Error())
+	}
 	if errors.Is(perr, transport.ErrUnroutable) {
 		// Nothing can receive it: no command queue is bound for that callee.
 		if derr := s.store.DeleteTask(rec.MessageID); derr != nil {
@@ -175,6 +197,7 @@ func (s *Sidecar) publishSubmit(ctx context.Context, t TaskRecord) error {
 		return fmt.Errorf("stored task_submit %s does not decode: %w", t.MessageID, err)
 	}
 	pub := envelope.ToPublishing(env, t.Envelope, s.cfg.Username)
+	pub.Headers = tracing.Parse(t.Traceparent, t.Tracestate).AMQPHeaders()
 	pctx, cancel := context.WithTimeout(ctx, s.o.PublishTimeout)
 	defer cancel()
 	err = s.o.Publisher.Publish(pctx, topology.CommandsExchange, topology.CommandRoutingKey(t.CalleeID), pub)
