@@ -43,6 +43,13 @@ type Check struct {
 	Fix    string
 }
 
+// Names of checks that several code paths report.
+const (
+	checkHarnesses         = "harnesses"
+	checkAdmissionPolicies = "admission policies"
+	checkAdmissionWebhooks = "admission webhooks"
+)
+
 // DoctorOptions are the flags of `kubectl hcp doctor`.
 type DoctorOptions struct {
 	// AllNamespaces checks the harnesses of every namespace; else those of
@@ -278,13 +285,13 @@ func (d *doctor) harnesses(ctx context.Context) []Check {
 	var callees hcpv1alpha1.CalleeList
 	var callers hcpv1alpha1.CallerList
 	if err := d.c.List(ctx, &callees, inNS...); err != nil {
-		return []Check{{Name: "harnesses", Status: CheckFail, Detail: "cannot list Callees: " + err.Error()}}
+		return []Check{{Name: checkHarnesses, Status: CheckFail, Detail: "cannot list Callees: " + err.Error()}}
 	}
 	if err := d.c.List(ctx, &callers, inNS...); err != nil {
-		return []Check{{Name: "harnesses", Status: CheckFail, Detail: "cannot list Callers: " + err.Error()}}
+		return []Check{{Name: checkHarnesses, Status: CheckFail, Detail: "cannot list Callers: " + err.Error()}}
 	}
 	if len(callees.Items)+len(callers.Items) == 0 {
-		return []Check{{Name: "harnesses", Status: CheckWarn, Detail: "no Callees or Callers " + where + ": nothing to check the broker and credentials with",
+		return []Check{{Name: checkHarnesses, Status: CheckWarn, Detail: "no Callees or Callers " + where + ": nothing to check the broker and credentials with",
 			Fix: "apply one (kubectl apply -k config/samples), or run kubectl hcp doctor -A"}}
 	}
 	var out []Check
@@ -458,40 +465,48 @@ func amqpCheck(name, raw string) Check {
 // admission checks the sidecar ValidatingAdmissionPolicies and any
 // admission webhook for hcp.io or rabbitmq.com.
 func (d *doctor) admission(ctx context.Context) []Check {
-	var out []Check
+	return []Check{d.admissionPolicies(ctx), d.admissionWebhooks(ctx)}
+}
+
+// admissionPolicies checks the *sidecar-sessions ValidatingAdmissionPolicies
+// and their bindings.
+func (d *doctor) admissionPolicies(ctx context.Context) Check {
 	var policies admissionregistrationv1.ValidatingAdmissionPolicyList
 	var bindings admissionregistrationv1.ValidatingAdmissionPolicyBindingList
 	if err := d.c.List(ctx, &policies); err != nil {
-		out = append(out, Check{Name: "admission policies", Status: CheckWarn, Detail: "cannot list ValidatingAdmissionPolicies: " + oneLine(err.Error(), 150)})
-	} else if err := d.c.List(ctx, &bindings); err != nil {
-		out = append(out, Check{Name: "admission policies", Status: CheckWarn, Detail: "cannot list ValidatingAdmissionPolicyBindings: " + oneLine(err.Error(), 150)})
-	} else {
-		var found, unbound []string
-		for _, p := range policies.Items {
-			if !strings.HasSuffix(p.Name, "sidecar-sessions") {
-				continue
-			}
-			bound := slices.ContainsFunc(bindings.Items, func(b admissionregistrationv1.ValidatingAdmissionPolicyBinding) bool {
-				return b.Spec.PolicyName == p.Name
-			})
-			if bound {
-				found = append(found, p.Name)
-			} else {
-				unbound = append(unbound, p.Name)
-			}
+		return Check{Name: checkAdmissionPolicies, Status: CheckWarn, Detail: "cannot list ValidatingAdmissionPolicies: " + oneLine(err.Error(), 150)}
+	}
+	if err := d.c.List(ctx, &bindings); err != nil {
+		return Check{Name: checkAdmissionPolicies, Status: CheckWarn, Detail: "cannot list ValidatingAdmissionPolicyBindings: " + oneLine(err.Error(), 150)}
+	}
+	var found, unbound []string
+	for _, p := range policies.Items {
+		if !strings.HasSuffix(p.Name, "sidecar-sessions") {
+			continue
 		}
-		switch {
-		case len(unbound) > 0:
-			out = append(out, Check{Name: "admission policies", Status: CheckFail, Detail: "no binding for " + strings.Join(unbound, ", ") + ": the policy is not enforced",
-				Fix: "reinstall them with their bindings: helm upgrade (sidecarAdmissionPolicy.enabled=true) or kubectl apply -k config/admission"})
-		case len(found) == 0:
-			out = append(out, Check{Name: "admission policies", Status: CheckFail, Detail: "no *sidecar-sessions ValidatingAdmissionPolicy: a sidecar's ServiceAccount may write any HCPSession in its namespace, not only its own Callee's (docs/rbac.md)",
-				Fix: "helm upgrade --set sidecarAdmissionPolicy.enabled=true, or kubectl apply -k config/admission (Kubernetes 1.30 or later)"})
-		default:
-			out = append(out, Check{Name: "admission policies", Status: CheckOK, Detail: strings.Join(found, ", ") + " bound"})
+		bound := slices.ContainsFunc(bindings.Items, func(b admissionregistrationv1.ValidatingAdmissionPolicyBinding) bool {
+			return b.Spec.PolicyName == p.Name
+		})
+		if bound {
+			found = append(found, p.Name)
+		} else {
+			unbound = append(unbound, p.Name)
 		}
 	}
+	switch {
+	case len(unbound) > 0:
+		return Check{Name: checkAdmissionPolicies, Status: CheckFail, Detail: "no binding for " + strings.Join(unbound, ", ") + ": the policy is not enforced",
+			Fix: "reinstall them with their bindings: helm upgrade (sidecarAdmissionPolicy.enabled=true) or kubectl apply -k config/admission"}
+	case len(found) == 0:
+		return Check{Name: checkAdmissionPolicies, Status: CheckFail, Detail: "no *sidecar-sessions ValidatingAdmissionPolicy: a sidecar's ServiceAccount may write any HCPSession in its namespace, not only its own Callee's (docs/rbac.md)",
+			Fix: "helm upgrade --set sidecarAdmissionPolicy.enabled=true, or kubectl apply -k config/admission (Kubernetes 1.30 or later)"}
+	}
+	return Check{Name: checkAdmissionPolicies, Status: CheckOK, Detail: strings.Join(found, ", ") + " bound"}
+}
 
+// admissionWebhooks checks that every webhook covering hcp.io or
+// rabbitmq.com is backed by ready endpoints.
+func (d *doctor) admissionWebhooks(ctx context.Context) Check {
 	var vwc admissionregistrationv1.ValidatingWebhookConfigurationList
 	var mwc admissionregistrationv1.MutatingWebhookConfigurationList
 	type hook struct {
@@ -529,7 +544,7 @@ func (d *doctor) admission(ctx context.Context) []Check {
 		}
 	}
 	if len(hooks) == 0 {
-		return append(out, Check{Name: "admission webhooks", Status: CheckOK, Detail: "none for hcp.io or rabbitmq.com (none is needed; the topology operator's are optional)"})
+		return Check{Name: checkAdmissionWebhooks, Status: CheckOK, Detail: "none for hcp.io or rabbitmq.com (none is needed; the topology operator's are optional)"}
 	}
 	var bad, good []string
 	for _, h := range hooks {
@@ -550,10 +565,10 @@ func (d *doctor) admission(ctx context.Context) []Check {
 		}
 	}
 	if len(bad) > 0 {
-		return append(out, Check{Name: "admission webhooks", Status: CheckFail, Detail: strings.Join(bad, "; "),
-			Fix: "start the webhook's pods, or delete a configuration left behind by an uninstalled operator"})
+		return Check{Name: checkAdmissionWebhooks, Status: CheckFail, Detail: strings.Join(bad, "; "),
+			Fix: "start the webhook's pods, or delete a configuration left behind by an uninstalled operator"}
 	}
-	return append(out, Check{Name: "admission webhooks", Status: CheckOK, Detail: strings.Join(good, ", ") + ": backed by ready endpoints"})
+	return Check{Name: checkAdmissionWebhooks, Status: CheckOK, Detail: strings.Join(good, ", ") + ": backed by ready endpoints"}
 }
 
 // serviceReady reports whether a Service has a ready endpoint.

@@ -517,7 +517,7 @@ func TestSubmitCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = kubectlHCP(t, e, "", "submit", "-n", ns, "--caller", "ext", "--callee", "lab-cvd", "--capability", "x")
-	if r.code != 1 || !strings.Contains(r.err, "Caller ext is external (no spec.harness)") {
+	if r.code != 1 || !strings.Contains(r.err, "the Caller ext is external (no spec.harness)") {
 		t.Errorf("external Caller: exit %d", r.code)
 	}
 	withHarness := &hcpv1alpha1.Caller{ObjectMeta: metav1.ObjectMeta{Name: "alpha", Namespace: ns}, Spec: hcpv1alpha1.CallerSpec{
@@ -526,7 +526,7 @@ func TestSubmitCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = kubectlHCP(t, e, "", "submit", "-n", ns, "--caller", "alpha", "--callee", "lab-cvd", "--capability", "x")
-	if r.code != 1 || !strings.Contains(r.err, "Caller alpha: no Ready pod among the 0 pods labelled") {
+	if r.code != 1 || !strings.Contains(r.err, "the Caller alpha: no Ready pod among the 0 pods labelled") {
 		t.Errorf("no pod: exit %d", r.code)
 	}
 }
@@ -620,42 +620,25 @@ func TestTopologyCommand(t *testing.T) {
 	}
 	ready := []topologyv1beta1.Condition{{Type: "Ready", Status: "True", Reason: "SuccessfulCreateOrUpdate", LastTransitionTime: metav1.Now()}}
 	failed := []topologyv1beta1.Condition{{Type: "Ready", Status: "False", Reason: "FailedCreateOrUpdate", Message: "Error 401 (Unauthorized)", LastTransitionTime: metav1.Now()}}
-	objs := []struct {
+	type withStatus struct {
 		obj    client.Object
 		status func()
-	}{}
+	}
+	objs := make([]withStatus, 0, 6)
 	q := &topologyv1beta1.Queue{ObjectMeta: meta("hcp-callee-lab-cvd", own), Spec: topologyv1beta1.QueueSpec{Name: "hcp.cmd.lab-cvd", Vhost: "/hcp", Type: "quorum", RabbitmqClusterReference: ref}}
-	objs = append(objs, struct {
-		obj    client.Object
-		status func()
-	}{q, func() { q.Status.Conditions, q.Status.ObservedGeneration = ready, 1 }})
+	objs = append(objs, withStatus{q, func() { q.Status.Conditions, q.Status.ObservedGeneration = ready, 1 }})
 	b := &topologyv1beta1.Binding{ObjectMeta: meta("hcp-callee-lab-cvd", own), Spec: topologyv1beta1.BindingSpec{Vhost: "/hcp", Source: "hcp.commands", Destination: "hcp.cmd.lab-cvd", DestinationType: "queue", RoutingKey: "lab-cvd", RabbitmqClusterReference: ref}}
-	objs = append(objs, struct {
-		obj    client.Object
-		status func()
-	}{b, func() { b.Status.Conditions = ready }})
+	objs = append(objs, withStatus{b, func() { b.Status.Conditions = ready }})
 	u := &topologyv1beta1.User{ObjectMeta: meta("hcp-callee-lab-cvd", own), Spec: topologyv1beta1.UserSpec{RabbitmqClusterReference: ref}}
-	objs = append(objs, struct {
-		obj    client.Object
-		status func()
-	}{u, func() { u.Status.Conditions, u.Status.Username = ready, "callee.lab-cvd@/hcp" }})
+	objs = append(objs, withStatus{u, func() { u.Status.Conditions, u.Status.Username = ready, "callee.lab-cvd@/hcp" }})
 	p := &topologyv1beta1.Permission{ObjectMeta: meta("hcp-callee-lab-cvd", own), Spec: topologyv1beta1.PermissionSpec{User: "callee.lab-cvd@/hcp", Vhost: "/hcp",
 		Permissions: topologyv1beta1.VhostPermissions{Configure: "^$", Write: `^hcp\.events$`, Read: `^hcp\.cmd\.lab-cvd$`}, RabbitmqClusterReference: ref}}
-	objs = append(objs, struct {
-		obj    client.Object
-		status func()
-	}{p, func() { p.Status.Conditions = failed }})
+	objs = append(objs, withStatus{p, func() { p.Status.Conditions = failed }})
 	x := &topologyv1beta1.Exchange{ObjectMeta: meta("hcp-commands-0123456789", shared), Spec: topologyv1beta1.ExchangeSpec{Name: "hcp.commands", Vhost: "/hcp", Type: "direct", Durable: true, RabbitmqClusterReference: ref}}
-	objs = append(objs, struct {
-		obj    client.Object
-		status func()
-	}{x, func() { x.Status.Conditions = ready }})
+	objs = append(objs, withStatus{x, func() { x.Status.Conditions = ready }})
 	// Another vhost's exchange is not this Callee's.
 	y := &topologyv1beta1.Exchange{ObjectMeta: meta("hcp-commands-9999999999", shared), Spec: topologyv1beta1.ExchangeSpec{Name: "hcp.commands", Vhost: "/other", Type: "direct", RabbitmqClusterReference: ref}}
-	objs = append(objs, struct {
-		obj    client.Object
-		status func()
-	}{y, func() {}})
+	objs = append(objs, withStatus{y, func() {}})
 	for _, o := range objs {
 		if err := e.Client.Create(ctx, o.obj); err != nil {
 			t.Fatalf("create %T: %v", o.obj, err)

@@ -146,7 +146,7 @@ func TestParseStates(t *testing.T) {
 	if err != nil || len(got) != 2 || got[0] != hcpv1alpha1.SessionRunning || got[1] != hcpv1alpha1.SessionPaused {
 		t.Errorf("parseStates = %v, %v", got, err)
 	}
-	if _, err := parseStates("RUNING"); err == nil || !strings.Contains(err.Error(), "not a session state") || !strings.Contains(err.Error(), "COMPLETED") {
+	if _, err := parseStates("RUNNIN"); err == nil || !strings.Contains(err.Error(), "not a session state") || !strings.Contains(err.Error(), "COMPLETED") {
 		t.Errorf("a typo: %v", err)
 	}
 }

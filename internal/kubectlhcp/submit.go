@@ -203,8 +203,8 @@ func RunSubmit(ctx context.Context, env *Env, o SubmitOptions) error {
 	}
 	_, _ = fmt.Fprintln(out, decisionLine(t))
 	switch t.Status {
-	case "accepted":
-	case "rejected":
+	case taskAccepted:
+	case taskRejected:
 		return exitWith(ExitRejected)
 	default:
 		return exitWith(ExitFailure)
@@ -219,16 +219,23 @@ func RunSubmit(ctx context.Context, env *Env, o SubmitOptions) error {
 	return RunWatch(ctx, env, WatchOptions{Session: t.SessionID, Plain: o.Plain, Timeout: o.Timeout})
 }
 
+// Task statuses of the Caller sidecar (TaskView.Status).
+const (
+	taskPending  = "pending"
+	taskAccepted = "accepted"
+	taskRejected = "rejected"
+)
+
 // decisionLine says what the callee answered.
 func decisionLine(t TaskView) string {
 	switch t.Status {
-	case "accepted":
+	case taskAccepted:
 		s := "accepted: session " + t.SessionID
 		if t.RiskLevel != "" {
 			s += ", risk " + t.RiskLevel
 		}
 		return s
-	case "rejected":
+	case taskRejected:
 		return fmt.Sprintf("rejected: %s: %s", t.ReasonCode, t.Message)
 	case "unanswered":
 		return "unanswered: the callee did not answer any of the sidecar's publishes (is it running? kubectl hcp doctor)"
@@ -246,7 +253,7 @@ func waitDecision(ctx context.Context, sc *sidecarClient, t TaskView, timeout ti
 	defer cancel()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	for t.Status == "pending" || t.Status == "" {
+	for t.Status == taskPending || t.Status == "" {
 		select {
 		case <-ctx.Done():
 			return t, fmt.Errorf("no answer from callee %s within %s (the sidecar keeps republishing the task %s; kubectl hcp sessions shows it once accepted)", t.CalleeID, timeout, t.MessageID)
@@ -282,11 +289,11 @@ func forwardToCaller(ctx context.Context, env *Env, name string) (*forward, *cor
 		return nil, nil, apiError("reading Caller "+name, err)
 	}
 	if caller.Spec.Harness == nil {
-		return nil, nil, fmt.Errorf("Caller %s is external (no spec.harness): it has no sidecar in the cluster to submit through; use its credentials Secret %q from your program, or --sidecar-url", name, caller.Status.CredentialsSecret)
+		return nil, nil, fmt.Errorf("the Caller %s is external (no spec.harness): it has no sidecar in the cluster to submit through; use its credentials Secret %q from your program, or --sidecar-url", name, caller.Status.CredentialsSecret)
 	}
 	pod, err := readyPod(ctx, c, ns, client.MatchingLabels{hcpv1alpha1.LabelCaller: name, hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue})
 	if err != nil {
-		return nil, nil, fmt.Errorf("Caller %s: %w", name, err)
+		return nil, nil, fmt.Errorf("the Caller %s: %w", name, err)
 	}
 	cfg, err := env.restConfig()
 	if err != nil {

@@ -116,43 +116,10 @@ type watcher struct {
 }
 
 func (w *watcher) run(ctx context.Context, o WatchOptions) (int, error) {
-	var (
-		listOpts []client.ListOption
-		ns       string
-		err      error
-	)
-	if !o.AllNamespaces {
-		if ns, err = w.env.namespace(); err != nil {
-			return ExitFailure, err
-		}
-		listOpts = append(listOpts, client.InNamespace(ns))
+	listOpts, match, err := w.scope(ctx, o)
+	if err != nil {
+		return ExitFailure, err
 	}
-	// match tells whether a session is one this watch follows.
-	var match func(*hcpv1alpha1.HCPSession) bool
-	if o.All {
-		labels := client.MatchingLabels{}
-		if o.Callee != "" {
-			labels[hcpv1alpha1.LabelCalleeID] = o.Callee
-		}
-		if o.Caller != "" {
-			labels[hcpv1alpha1.LabelCallerID] = o.Caller
-		}
-		if len(labels) > 0 {
-			listOpts = append(listOpts, labels)
-		}
-		match = func(hs *hcpv1alpha1.HCPSession) bool {
-			return (o.Callee == "" || hs.Spec.CalleeID == o.Callee) && (o.Caller == "" || hs.Spec.CallerID == o.Caller)
-		}
-	} else {
-		hs, err := getSession(ctx, w.c, ns, o.Session)
-		if err != nil {
-			return ExitFailure, err
-		}
-		name := hs.Name
-		listOpts = append(listOpts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", name)})
-		match = func(hs *hcpv1alpha1.HCPSession) bool { return hs.Name == name }
-	}
-
 	first := true
 	for {
 		// (Re)list: the current versions, and the resourceVersion to watch
@@ -197,16 +164,55 @@ func (w *watcher) run(ctx context.Context, o WatchOptions) (int, error) {
 		if w.done() {
 			return w.code(), nil
 		}
-		code, again, err := w.follow(ctx, &list, listOpts, match, o.All)
+		code, again, err := w.follow(ctx, &list, listOpts, match)
 		if err != nil || !again {
 			return code, err
 		}
 	}
 }
 
+// scope is what the watch lists and which sessions it follows: one
+// session (by name, resolved from a prefix), or with All every session of
+// the namespace (or all namespaces), narrowed by callee and caller.
+func (w *watcher) scope(ctx context.Context, o WatchOptions) ([]client.ListOption, func(*hcpv1alpha1.HCPSession) bool, error) {
+	var (
+		listOpts []client.ListOption
+		ns       string
+		err      error
+	)
+	if !o.AllNamespaces {
+		if ns, err = w.env.namespace(); err != nil {
+			return nil, nil, err
+		}
+		listOpts = append(listOpts, client.InNamespace(ns))
+	}
+	if !o.All {
+		hs, err := getSession(ctx, w.c, ns, o.Session)
+		if err != nil {
+			return nil, nil, err
+		}
+		name := hs.Name
+		listOpts = append(listOpts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", name)})
+		return listOpts, func(hs *hcpv1alpha1.HCPSession) bool { return hs.Name == name }, nil
+	}
+	labels := client.MatchingLabels{}
+	if o.Callee != "" {
+		labels[hcpv1alpha1.LabelCalleeID] = o.Callee
+	}
+	if o.Caller != "" {
+		labels[hcpv1alpha1.LabelCallerID] = o.Caller
+	}
+	if len(labels) > 0 {
+		listOpts = append(listOpts, labels)
+	}
+	return listOpts, func(hs *hcpv1alpha1.HCPSession) bool {
+		return (o.Callee == "" || hs.Spec.CalleeID == o.Callee) && (o.Caller == "" || hs.Spec.CallerID == o.Caller)
+	}, nil
+}
+
 // follow consumes one watch from list's resourceVersion. again: the watch
 // ended early (expired, closed by the server) and must be re-listed.
-func (w *watcher) follow(ctx context.Context, list *hcpv1alpha1.HCPSessionList, listOpts []client.ListOption, match func(*hcpv1alpha1.HCPSession) bool, all bool) (code int, again bool, err error) {
+func (w *watcher) follow(ctx context.Context, list *hcpv1alpha1.HCPSessionList, listOpts []client.ListOption, match func(*hcpv1alpha1.HCPSession) bool) (code int, again bool, err error) {
 	opts := append([]client.ListOption{&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion, AllowWatchBookmarks: true}}}, listOpts...)
 	wi, err := w.c.Watch(ctx, &hcpv1alpha1.HCPSessionList{}, opts...)
 	if err != nil {
