@@ -23,6 +23,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/util/teststorage"
@@ -211,7 +212,7 @@ func scrape(t *testing.T, st *teststorage.TestStorage, tg scrapeTarget, now time
 		for k, val := range extra {
 			b.Set(k, val)
 		}
-		b.Set(labels.MetricName, name)
+		b.Set(model.MetricNameLabel, name)
 		if _, err := app.Append(0, b.Labels(), ts, v); err != nil {
 			t.Fatalf("append %s: %v", name, err)
 		}
@@ -333,7 +334,7 @@ func drawDashboard(d *pictureDashboard, out string, span time.Duration) error {
 			continue
 		}
 		c.SetColor(panelBG)
-		c.Fill(c.Rectangle.Path())
+		c.Fill(c.Path())
 		if err := drawPanel(c, &p); err != nil {
 			return fmt.Errorf("panel %q: %w", p.Title, err)
 		}
