@@ -1,4 +1,4 @@
-package main
+package runner
 
 import (
 	"context"
@@ -25,7 +25,7 @@ type drainTarget struct {
 	r  drainer
 }
 
-func (d *drainTarget) set(r runner) {
+func (d *drainTarget) set(r mode) {
 	d.mu.Lock()
 	d.r, _ = r.(drainer)
 	d.mu.Unlock()
