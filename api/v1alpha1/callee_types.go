@@ -143,6 +143,16 @@ type SessionsSpec struct {
 	// +kubebuilder:default="PT1S"
 	StatusUpdateInterval ISO8601Duration `json:"statusUpdateInterval,omitempty"`
 
+	// statusWritesPerSecond is each sidecar replica's budget of HCPSession
+	// writes (status and state label, all its sessions together; a token
+	// bucket with bursts of twice as many). State changes go first; progress
+	// beyond the budget is coalesced further. Read when a sidecar starts.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +kubebuilder:default=50
+	StatusWritesPerSecond *int32 `json:"statusWritesPerSecond,omitempty"`
+
 	// ttlAfterFinished deletes HCPSessions this long after they reached a
 	// terminal state.
 	// +optional

@@ -31,6 +31,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	if cl, err := s.callee(ctx); err == nil {
 		s.st.SetInterval(policy.CalleeDuration(cl.Spec.Sessions.StatusUpdateInterval, status.DefaultInterval))
+		if b := cl.Spec.Sessions.StatusWritesPerSecond; b != nil {
+			s.st.SetBudget(float64(*b))
+		}
 	} else {
 		log.Error(err, "Failed to read the Callee; using default session settings for now")
 	}

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,6 +59,14 @@ const DefaultInterval = time.Second
 // DefaultWorkers is the default number of concurrent writes (of different
 // sessions; one session is never written concurrently).
 const DefaultWorkers = 4
+
+// DefaultWritesPerSecond and DefaultWriteBurst are the default API write
+// budget of one Writer (Callee spec.sessions.statusWritesPerSecond): the
+// status and label writes of all its sessions together, a token bucket.
+const (
+	DefaultWritesPerSecond = 50
+	DefaultWriteBurst      = 2 * DefaultWritesPerSecond
+)
 
 // ErrNotFound is returned by Flush when the HCPSession no longer exists.
 var ErrNotFound = errors.New("status: HCPSession not found")
@@ -83,6 +92,9 @@ type Options struct {
 	Workers int
 	// WriteTimeout bounds one write; <= 0 means 10s.
 	WriteTimeout time.Duration
+	// WritesPerSecond is the write budget (see SetBudget); <= 0 means
+	// DefaultWritesPerSecond, with a burst of twice as many.
+	WritesPerSecond float64
 }
 
 // Writer coalesces and writes HCPSession status. It is safe for concurrent
@@ -98,6 +110,11 @@ type Writer struct {
 	workers  int
 	timeout  time.Duration
 	queue    workqueue.TypedDelayingInterface[string]
+	// budget is the token bucket every API write takes a token from;
+	// closing is closed when Run's context ends: the final flush does not
+	// wait for tokens.
+	budget  *rate.Limiter
+	closing chan struct{}
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -170,7 +187,12 @@ func New(o Options) *Writer {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 10 * time.Second
 	}
+	if o.WritesPerSecond <= 0 {
+		o.WritesPerSecond = DefaultWritesPerSecond
+	}
 	return &Writer{
+		budget:   rate.NewLimiter(rate.Limit(o.WritesPerSecond), burstOf(o.WritesPerSecond)),
+		closing:  make(chan struct{}),
 		c:        o.Client,
 		ns:       o.Namespace,
 		interval: o.Interval,
@@ -204,6 +226,24 @@ func (w *Writer) SetInterval(d time.Duration) {
 	w.mu.Unlock()
 }
 
+// SetBudget changes the write budget: perSecond API writes a second on
+// average, with bursts of twice as many (<= 0 is ignored). Writes that make
+// a change visible (a new state, its label, a terminal state, a Flush)
+// wait for a token; a write that only moves progress or sequences is put
+// off while fewer than half the burst's tokens are left, and carries the
+// latest status when it goes. So with many sessions streaming the writer
+// stays within the budget, progress is coalesced further, and state
+// changes still go first.
+func (w *Writer) SetBudget(perSecond float64) {
+	if perSecond <= 0 {
+		return
+	}
+	w.budget.SetLimit(rate.Limit(perSecond))
+	w.budget.SetBurst(burstOf(perSecond))
+}
+
+func burstOf(perSecond float64) int { return max(int(2*perSecond), 2) }
+
 // SetStateLabel makes the writer keep the label key of each session it
 // writes equal to its status.state (see the package documentation); ""
 // turns it off.
@@ -235,6 +275,7 @@ func (w *Writer) Run(ctx context.Context) error {
 		})
 	}
 	<-ctx.Done()
+	close(w.closing)
 	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	err := w.FlushAll(flushCtx)
 	cancel()
@@ -457,10 +498,36 @@ func (w *Writer) processNext() bool {
 		// But a state the caller wrote itself (Seed) gets its label now.
 		statusDue = false
 	}
-	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
+	visible := !statusDue || e.force || e.desired.State != e.base.State
 	labelKey, labelled := w.labelKey, e.label
+	writes := 0
+	if statusDue {
+		writes++
+	}
+	if labelKey != "" && e.desired.State != "" && e.desired.State != labelled {
+		writes++
+	}
+	if !visible && !w.closed() && !w.spare(writes) {
+		// Only progress: it waits for spare budget and then carries the
+		// latest status.
+		w.queue.AddAfter(name, max(w.interval/4, w.spareIn(writes)))
+		w.mu.Unlock()
+		return true
+	}
+	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
 	e.force = false
 	w.mu.Unlock()
+	if visible && writes > 0 {
+		// The burst is at least the two writes of a state change, so the
+		// reservation is always granted.
+		now := w.clk.Now()
+		if d := w.budget.ReserveN(now, writes).DelayFrom(now); d > 0 {
+			select {
+			case <-w.clk.After(d):
+			case <-w.closing:
+			}
+		}
+	}
 
 	var err, labelErr error
 	if statusDue {
@@ -517,6 +584,31 @@ func (w *Writer) processNext() bool {
 		w.schedule(name, e)
 	}
 	return true
+}
+
+func (w *Writer) closed() bool {
+	select {
+	case <-w.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// spare takes n tokens if more than half the burst would be left for the
+// writes that make a change visible. Called with w.mu held.
+func (w *Writer) spare(n int) bool {
+	now := w.clk.Now()
+	if w.budget.TokensAt(now) < float64(n+w.budget.Burst()/2) {
+		return false
+	}
+	return w.budget.AllowN(now, n)
+}
+
+// spareIn is about when spare(n) can next succeed.
+func (w *Writer) spareIn(n int) time.Duration {
+	missing := float64(n+w.budget.Burst()/2) - w.budget.TokensAt(w.clk.Now())
+	return time.Duration(missing / float64(w.budget.Limit()) * float64(time.Second))
 }
 
 func (w *Writer) write(name string, base, target v1alpha1.HCPSessionStatus) error {
