@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 )
 
@@ -540,7 +541,7 @@ func TestDoctorCommand(t *testing.T) {
 	}
 	for _, want := range []string{
 		"✓ hcp.io CRDs: callees, callers, capabilitypolicies, hcpsessions established",
-		"✓ rabbitmq.com CRDs: vhosts, exchanges, queues, bindings, users, permissions established",
+		"✓ rabbitmq.com CRDs: vhosts, exchanges, queues, bindings, users, permissions, policies established",
 		"✗ hcp-operator: no Deployment labelled app.kubernetes.io/name=hcp-operator",
 		"    fix: helm install hcp-operator charts/hcp-operator",
 		"✗ topology operator: no Deployment labelled app.kubernetes.io/name=messaging-topology-operator",
@@ -614,9 +615,23 @@ func TestTopologyCommand(t *testing.T) {
 	}
 	ref := topologyv1beta1.RabbitmqClusterReference{ConnectionSecret: &corev1.LocalObjectReference{Name: "hcp-broker"}}
 	own := map[string]string{hcpv1alpha1.LabelCallee: "lab-cvd", hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue}
-	shared := map[string]string{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue, hcpv1alpha1.LabelVhostKey: "0123456789"}
+	// The shared objects live in the operator's namespace, labelled with
+	// the (broker, vhost) pair's key.
+	home := namespace(t, e)
+	brk, err := resource.BrokerFromConnectionSecret(ref, hcpv1alpha1.BrokerSpec{Vhost: "/hcp"}, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := brk.Key()
+	shared := map[string]string{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue, hcpv1alpha1.LabelVhostKey: key}
+	otherKey := map[string]string{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue, hcpv1alpha1.LabelVhostKey: "9999999999"}
+	homeRef := topologyv1beta1.RabbitmqClusterReference{ConnectionSecret: &corev1.LocalObjectReference{Name: "hcp-broker-" + key}}
 	meta := func(name string, labels map[string]string) metav1.ObjectMeta {
-		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}
+		m := metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}
+		if labels[hcpv1alpha1.LabelVhostKey] != "" {
+			m.Namespace = home
+		}
+		return m
 	}
 	ready := []topologyv1beta1.Condition{{Type: "Ready", Status: "True", Reason: "SuccessfulCreateOrUpdate", LastTransitionTime: metav1.Now()}}
 	failed := []topologyv1beta1.Condition{{Type: "Ready", Status: "False", Reason: "FailedCreateOrUpdate", Message: "Error 401 (Unauthorized)", LastTransitionTime: metav1.Now()}}
@@ -634,11 +649,14 @@ func TestTopologyCommand(t *testing.T) {
 	p := &topologyv1beta1.Permission{ObjectMeta: meta("hcp-callee-lab-cvd", own), Spec: topologyv1beta1.PermissionSpec{User: "callee.lab-cvd@/hcp", Vhost: "/hcp",
 		Permissions: topologyv1beta1.VhostPermissions{Configure: "^$", Write: `^hcp\.events$`, Read: `^hcp\.cmd\.lab-cvd$`}, RabbitmqClusterReference: ref}}
 	objs = append(objs, withStatus{p, func() { p.Status.Conditions = failed }})
-	x := &topologyv1beta1.Exchange{ObjectMeta: meta("hcp-commands-0123456789", shared), Spec: topologyv1beta1.ExchangeSpec{Name: "hcp.commands", Vhost: "/hcp", Type: "direct", Durable: true, RabbitmqClusterReference: ref}}
+	x := &topologyv1beta1.Exchange{ObjectMeta: meta("hcp-commands-"+key, shared), Spec: topologyv1beta1.ExchangeSpec{Name: "hcp.commands", Vhost: "/hcp", Type: "direct", Durable: true, RabbitmqClusterReference: homeRef}}
 	objs = append(objs, withStatus{x, func() { x.Status.Conditions = ready }})
-	// Another vhost's exchange is not this Callee's.
-	y := &topologyv1beta1.Exchange{ObjectMeta: meta("hcp-commands-9999999999", shared), Spec: topologyv1beta1.ExchangeSpec{Name: "hcp.commands", Vhost: "/other", Type: "direct", RabbitmqClusterReference: ref}}
+	// Another pair's exchange is not this Callee's.
+	y := &topologyv1beta1.Exchange{ObjectMeta: meta("hcp-commands-9999999999", otherKey), Spec: topologyv1beta1.ExchangeSpec{Name: "hcp.commands", Vhost: "/other", Type: "direct", RabbitmqClusterReference: homeRef}}
 	objs = append(objs, withStatus{y, func() {}})
+	pol := &topologyv1beta1.Policy{ObjectMeta: meta("hcp-callee-lab-cvd", own), Spec: topologyv1beta1.PolicySpec{Name: "hcp-limits.hcp.cmd.lab-cvd", Vhost: "/hcp",
+		Pattern: `^hcp\.cmd\.lab-cvd$`, ApplyTo: "queues", Priority: 100, Definition: &runtime.RawExtension{Raw: []byte(`{"max-length":1000,"delivery-limit":5}`)}, RabbitmqClusterReference: ref}}
+	objs = append(objs, withStatus{pol, func() { pol.Status.Conditions = ready }})
 	for _, o := range objs {
 		if err := e.Client.Create(ctx, o.obj); err != nil {
 			t.Fatalf("create %T: %v", o.obj, err)
@@ -665,11 +683,14 @@ func TestTopologyCommand(t *testing.T) {
 	if row := rowOf(t, r.out, "  queue"); row[1] != "hcp.cmd.lab-cvd" || row[3] != "True" || row[4] != "quorum, 3 messages (2 ready, 1 unacked), 1 consumers" {
 		t.Errorf("queue row %q", row)
 	}
-	if row := rowOf(t, r.out, "  exchange"); row[1] != "hcp.commands" || row[2] != "Exchange/hcp-commands-0123456789" {
+	if row := rowOf(t, r.out, "  exchange"); row[1] != "hcp.commands" || row[2] != "Exchange/"+home+"/hcp-commands-"+key {
 		t.Errorf("exchange row %q", row)
 	}
 	if strings.Contains(r.out, "9999999999") {
-		t.Error("another vhost's exchange is shown")
+		t.Error("another pair's exchange is shown")
+	}
+	if row := rowOf(t, r.out, "  policy"); row[1] != "hcp-limits.hcp.cmd.lab-cvd" || row[3] != "True" || row[4] != `pattern ^hcp\.cmd\.lab-cvd$ on queues: delivery-limit=5, max-length=1000` {
+		t.Errorf("policy row %q", row)
 	}
 	if row := rowOf(t, r.out, "  permission"); row[3] != "False (FailedCreateOrUpdate: Error 401 (Unauthorized))" {
 		t.Errorf("permission row %q", row)

@@ -2,16 +2,18 @@ package kubectlhcp
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -176,22 +178,21 @@ func gatherTopology(ctx context.Context, c client.Reader, obj client.Object, mgm
 		labelKey = hcpv1alpha1.LabelCaller
 	}
 	own := []client.ListOption{client.InNamespace(t.Namespace), client.MatchingLabels{labelKey: resource.LabelValue(t.Name)}}
-	shared := []client.ListOption{client.InNamespace(t.Namespace), client.MatchingLabels{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue}}
-
 	var (
 		queues      topologyv1beta1.QueueList
 		bindings    topologyv1beta1.BindingList
 		users       topologyv1beta1.UserList
 		permissions topologyv1beta1.PermissionList
-		exchanges   topologyv1beta1.ExchangeList
-		vhosts      topologyv1beta1.VhostList
+		policies    topologyv1beta1.PolicyList
 	)
 	for _, l := range []struct {
 		list client.ObjectList
-		opts []client.ListOption
 		kind string
-	}{{&queues, own, "Queues"}, {&bindings, own, "Bindings"}, {&users, own, "Users"}, {&permissions, own, "Permissions"}, {&exchanges, shared, "Exchanges"}, {&vhosts, shared, "Vhosts"}} {
-		if err := c.List(ctx, l.list, l.opts...); err != nil {
+	}{{&queues, "Queues"}, {&bindings, "Bindings"}, {&users, "Users"}, {&permissions, "Permissions"}, {&policies, "Policies"}} {
+		if err := c.List(ctx, l.list, own...); err != nil {
+			if l.kind == "Policies" && isNoKind(err) {
+				continue // a topology operator without the Policy kind
+			}
 			return t, apiError("listing rabbitmq.com "+l.kind, err)
 		}
 	}
@@ -203,19 +204,12 @@ func gatherTopology(ctx context.Context, c client.Reader, obj client.Object, mgm
 	case len(users.Items) > 0:
 		ref = &users.Items[0].Spec.RabbitmqClusterReference
 	}
-	sameBroker := func(r topologyv1beta1.RabbitmqClusterReference) bool { return ref == nil || reflect.DeepEqual(r, *ref) }
-	for _, v := range vhosts.Items {
-		if v.Spec.Name == t.Vhost && sameBroker(v.Spec.RabbitmqClusterReference) {
-			t.Items = append(t.Items, TopologyItem{What: "vhost", BrokerName: v.Spec.Name, Object: "Vhost/" + v.Name,
-				Ready: readyOf(v.Status.Conditions, v.Generation, v.Status.ObservedGeneration), Details: "deletionPolicy " + orDash(v.Spec.DeletionPolicy)})
+	if ref != nil {
+		shared, err := sharedObjects(ctx, c, *ref, t.Namespace, t.Vhost)
+		if err != nil {
+			return t, err
 		}
-	}
-	slices.SortFunc(exchanges.Items, func(a, b topologyv1beta1.Exchange) int { return strings.Compare(a.Spec.Name, b.Spec.Name) })
-	for _, x := range exchanges.Items {
-		if x.Spec.Vhost == t.Vhost && sameBroker(x.Spec.RabbitmqClusterReference) {
-			t.Items = append(t.Items, TopologyItem{What: "exchange", BrokerName: x.Spec.Name, Object: "Exchange/" + x.Name,
-				Ready: readyOf(x.Status.Conditions, x.Generation, x.Status.ObservedGeneration), Details: x.Spec.Type + ", shared by the vhost"})
-		}
+		t.Items = append(t.Items, shared...)
 	}
 	var access brokerAccess
 	if ref != nil {
@@ -282,7 +276,97 @@ func gatherTopology(ctx context.Context, c client.Reader, obj client.Object, mgm
 			Ready:   readyOf(p.Status.Conditions, p.Generation, p.Status.ObservedGeneration),
 			Details: fmt.Sprintf("configure %s, write %s, read %s", quoteRegex(perms.Configure), quoteRegex(perms.Write), quoteRegex(perms.Read))})
 	}
+	for _, p := range policies.Items {
+		t.Items = append(t.Items, TopologyItem{What: "policy", BrokerName: p.Spec.Name, Object: "Policy/" + p.Name,
+			Ready: readyOf(p.Status.Conditions, p.Generation, p.Status.ObservedGeneration), Details: policyDetails(p.Spec)})
+	}
 	return t, nil
+}
+
+// policyDetails is a Policy's pattern, target and definition, keys sorted.
+func policyDetails(p topologyv1beta1.PolicySpec) string {
+	s := "pattern " + p.Pattern
+	if p.ApplyTo != "" {
+		s += " on " + p.ApplyTo
+	}
+	if p.Definition != nil {
+		var def map[string]any
+		if err := json.Unmarshal(p.Definition.Raw, &def); err == nil && len(def) > 0 {
+			parts := make([]string, 0, len(def))
+			for _, k := range slices.Sorted(maps.Keys(def)) {
+				parts = append(parts, fmt.Sprintf("%s=%v", k, def[k]))
+			}
+			s += ": " + strings.Join(parts, ", ")
+		}
+	}
+	return s
+}
+
+// sharedObjects are the Vhost and Exchange objects of the harness's
+// (broker, vhost) pair. The operator keeps them in its own namespace (older
+// versions kept a copy in each tenant's), labelled with the pair's vhost
+// key, which is computed here from the broker reference as the operator
+// does. Listed in every namespace; a user who may not gets those of the
+// harness's namespace.
+func sharedObjects(ctx context.Context, c client.Reader, ref topologyv1beta1.RabbitmqClusterReference, ns, vhost string) ([]TopologyItem, error) {
+	spec := hcpv1alpha1.BrokerSpec{Vhost: vhost}
+	var b resource.Broker
+	if ref.ConnectionSecret != nil {
+		sns := ns
+		if ref.Namespace != "" {
+			sns = ref.Namespace
+		}
+		secret := &corev1.Secret{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: sns, Name: ref.ConnectionSecret.Name}, secret); err != nil {
+			return []TopologyItem{{What: "exchange", BrokerName: "hcp.commands, hcp.events", Ready: "unknown", Details: "the connection Secret that names the broker cannot be read: " + oneLine(err.Error(), 120)}}, nil
+		}
+		var err error
+		if b, err = resource.BrokerFromConnectionSecret(ref, spec, secret); err != nil {
+			return []TopologyItem{{What: "exchange", BrokerName: "hcp.commands, hcp.events", Ready: "unknown", Details: oneLine(err.Error(), 160)}}, nil
+		}
+	} else {
+		b = resource.BrokerFromCluster(ref, spec, ns)
+	}
+	sel := client.MatchingLabels{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue, hcpv1alpha1.LabelVhostKey: b.Key()}
+	var exchanges topologyv1beta1.ExchangeList
+	var vhosts topologyv1beta1.VhostList
+	if err := c.List(ctx, &exchanges, sel); err != nil {
+		if !apierrors.IsForbidden(err) {
+			return nil, apiError("listing rabbitmq.com Exchanges", err)
+		}
+		if err := c.List(ctx, &exchanges, sel, client.InNamespace(ns)); err != nil {
+			return nil, apiError("listing rabbitmq.com Exchanges", err)
+		}
+	}
+	if err := c.List(ctx, &vhosts, sel); err != nil {
+		if !apierrors.IsForbidden(err) {
+			return nil, apiError("listing rabbitmq.com Vhosts", err)
+		}
+		if err := c.List(ctx, &vhosts, sel, client.InNamespace(ns)); err != nil {
+			return nil, apiError("listing rabbitmq.com Vhosts", err)
+		}
+	}
+	var out []TopologyItem
+	for _, v := range vhosts.Items {
+		out = append(out, TopologyItem{What: "vhost", BrokerName: v.Spec.Name, Object: objectRef("Vhost", v.Namespace, v.Name, ns),
+			Ready: readyOf(v.Status.Conditions, v.Generation, v.Status.ObservedGeneration), Details: "deletionPolicy " + orDash(v.Spec.DeletionPolicy)})
+	}
+	slices.SortFunc(exchanges.Items, func(a, b topologyv1beta1.Exchange) int {
+		return strings.Compare(a.Spec.Name+a.Namespace, b.Spec.Name+b.Namespace)
+	})
+	for _, x := range exchanges.Items {
+		out = append(out, TopologyItem{What: "exchange", BrokerName: x.Spec.Name, Object: objectRef("Exchange", x.Namespace, x.Name, ns),
+			Ready: readyOf(x.Status.Conditions, x.Generation, x.Status.ObservedGeneration), Details: x.Spec.Type + ", shared by the vhost"})
+	}
+	return out, nil
+}
+
+// objectRef is Kind/name, with the namespace when it is not the harness's.
+func objectRef(kind, ns, name, home string) string {
+	if ns != home {
+		return kind + "/" + ns + "/" + name
+	}
+	return kind + "/" + name
 }
 
 func quoteRegex(s string) string {
