@@ -107,8 +107,8 @@ build_scheduler() {
 build_podrunner() {
   podrunner=$stack/bin/podrunner
   mkdir -p "$stack/bin"
-  log "building the pod runner (hack/podrunner)"
-  (cd "$root" && CGO_ENABLED=0 with_progress podrunner go build -o "$podrunner" ./hack/podrunner) || die "building hack/podrunner failed"
+  log "building the pod runner (hack/podrunner, a Go module of its own)"
+  (cd "$root/hack/podrunner" && GOWORK=off CGO_ENABLED=0 with_progress podrunner go build -o "$podrunner" .) || die "building hack/podrunner failed"
 }
 
 build_all() {
