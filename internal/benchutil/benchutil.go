@@ -231,6 +231,19 @@ func (r *Recorder) Received() int {
 	return len(r.lat)
 }
 
+// Missing returns up to max messages not observed yet, lowest first.
+func (r *Recorder) Missing(limit int) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int
+	for seq, ok := range r.seen {
+		if !ok && len(out) < limit {
+			out = append(out, seq)
+		}
+	}
+	return out
+}
+
 // Result summarises the run; call it after Done.
 func (r *Recorder) Result() Result {
 	r.mu.Lock()

@@ -83,7 +83,14 @@ func TestRelayRandomConnectionCuts(t *testing.T) {
 		if q, err := r.bed.broker.API.GetQueue(r.bed.vhost, topology.EventQueue(callerID)); err == nil {
 			t.Logf("event queue: ready %d, unacked %d, consumers %d", q.MessagesReady, q.MessagesUnacknowledged, q.Consumers)
 		}
-		t.Logf("caller released %v, holds %d", testutil.ToFloat64(r.bed.CallerMetrics.Released), r.bed.CallerSC.Held())
+		t.Logf("caller released %v, holds %d; gap_skipped %v, late_event %v, duplicates at the app %d; not received: %v",
+			testutil.ToFloat64(r.bed.CallerMetrics.Released), r.bed.CallerSC.Held(),
+			testutil.ToFloat64(r.bed.CallerMetrics.Rejects.WithLabelValues(caller.ReasonGapSkipped)),
+			testutil.ToFloat64(r.bed.CallerMetrics.Rejects.WithLabelValues(caller.ReasonLateEvent)),
+			rec.Result().Duplicates, rec.Missing(10))
+		for _, p := range r.app.problems() {
+			t.Logf("at the app: %s", p)
+		}
 		t.Fatalf("not every event reached the app after %d callee and %d caller connection cuts: %v", cuts.Load(), callerCuts.Load(), err)
 	}
 	must(t, r.finish(ctx, sids))

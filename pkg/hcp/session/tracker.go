@@ -113,9 +113,12 @@ type TrackerOptions struct {
 	Store Store
 	// MaxBuffer bounds the reorder buffer. When more events than this wait
 	// behind a gap, the gap is skipped (L2: "log a warning and continue").
-	// Choose it below the consumer prefetch: buffered events stay unacked,
-	// and with the prefetch window full of them the broker sends nothing
-	// more, so a gap could never fill. Zero or less means DefaultMaxBuffer.
+	// Buffered events stay unacked, and with the prefetch window full of
+	// them the broker sends nothing more, so a gap could never fill: either
+	// choose it below the consumer prefetch, or above it and hand buffered
+	// events back to the queue when the window fills (Unbuffer), as the
+	// hcp-sidecar does, so that no gap whose events are still queued is
+	// skipped. Zero or less means DefaultMaxBuffer.
 	// A caller should also call Skip when a gap has been open for too long
 	// (events can be lost for good: queue TTL, drop-head overflow, a callee
 	// restart).
