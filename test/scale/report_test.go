@@ -1,0 +1,108 @@
+//go:build e2e
+
+package scale
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// results of a run.
+type results struct {
+	n    int
+	idle time.Duration
+
+	baseCounts, opCounts map[string]int
+	baseReady            time.Duration
+	baseRequests         int
+	baseCleanup          time.Duration
+	baseLeft             leftover
+
+	opReady, opTopologyReady time.Duration
+	opWrites                 float64
+	idleWrites               float64
+	opCleanup                time.Duration
+	opLeft                   leftover
+
+	mem0, mem1            memory
+	sizeFull, sizeTrimmed int64
+}
+
+// Targets of issue 13.
+const (
+	targetReadyRatio  = 1.2
+	targetMemoryRatio = 2.0
+)
+
+func mark(ok bool) string {
+	if ok {
+		return "✓"
+	}
+	return "✗"
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func kib(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
+
+func (r *results) table() string {
+	objs := float64(2 * r.n)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "| scenario (%d Callees + %d Callers, replicas 0) | baseline | operator | ratio | target |\n", r.n, r.n)
+	sb.WriteString("| --- | ---: | ---: | ---: | --- |\n")
+	readyRatio := r.opReady.Seconds() / r.baseReady.Seconds()
+	fmt.Fprintf(&sb, "| time to Ready (baseline: the same %d children created directly) | %s | %s | %.2f× %s | ≤ %.1f× |\n",
+		r.baseRequests, secs(r.baseReady), secs(r.opReady), readyRatio, mark(readyRatio <= targetReadyRatio), targetReadyRatio)
+	rssPer := float64(r.mem1.rss-r.mem0.rss) / objs
+	sizePer := float64(r.sizeFull) / objs
+	memRatio := rssPer / sizePer
+	fmt.Fprintf(&sb, "| manager RSS per Callee/Caller (baseline: its objects' serialized size) | %s | %s | %.2f× %s | ≤ %.0f× |\n",
+		kib(sizePer), kib(rssPer), memRatio, mark(memRatio <= targetMemoryRatio), targetMemoryRatio)
+	fmt.Fprintf(&sb, "| operator API writes in %s idle | – | %.0f | %s | 0 |\n", r.idle, r.idleWrites, mark(r.idleWrites == 0))
+	cleanRatio := r.opCleanup.Seconds() / r.baseCleanup.Seconds()
+	fmt.Fprintf(&sb, "| time to clean up (baseline: the children deleted directly) | %s | %s | %.2f× | – |\n",
+		secs(r.baseCleanup), secs(r.opCleanup), cleanRatio)
+	fmt.Fprintf(&sb, "| orphans on the broker (users, queues, permissions, exchanges) | %d | %d | %s | 0 |\n",
+		r.baseLeft.total(), r.opLeft.total(), mark(r.opLeft.total() == 0))
+	return sb.String()
+}
+
+func (r *results) figures() string {
+	objs := float64(2 * r.n)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "operator: all TopologyReady after %s, all converged after %s; %.0f API writes on the way (%.1f per Callee/Caller; the baseline: %d creates, %.1f per object pair member)\n",
+		secs(r.opTopologyReady), secs(r.opReady), r.opWrites, r.opWrites/objs, r.baseRequests, float64(r.baseRequests)/objs)
+	fmt.Fprintf(&sb, "manager RSS: %s idle with no objects, %s after the idle window with %d objects (peak VmHWM %s); %s per Callee/Caller, peak %s\n",
+		mib(r.mem0.rss), mib(r.mem1.rss), 2*r.n, mib(r.mem1.hwm),
+		kib(float64(r.mem1.rss-r.mem0.rss)/objs), kib(float64(r.mem1.hwm-r.mem0.rss)/objs))
+	fmt.Fprintf(&sb, "serialized (JSON) size of the run's objects: %s as served (%s per Callee/Caller with its children and its share of the shared objects), %s without managedFields (%s per Callee/Caller)\n",
+		mib(r.sizeFull), kib(float64(r.sizeFull)/objs), mib(r.sizeTrimmed), kib(float64(r.sizeTrimmed)/objs))
+	var kinds []string
+	for _, k := range childKinds {
+		if r.opCounts[k.name] > 0 || r.baseCounts[k.name] > 0 {
+			kinds = append(kinds, fmt.Sprintf("%s %d/%d", k.name, r.opCounts[k.name], r.baseCounts[k.name]))
+		}
+	}
+	fmt.Fprintf(&sb, "children by kind (operator/baseline): %s\n", strings.Join(kinds, ", "))
+	fmt.Fprintf(&sb, "broker after cleanup: operator %s; baseline %s\n", r.opLeft, r.baseLeft)
+	host, _ := os.Hostname()
+	fmt.Fprintf(&sb, "date %s, host %s, %d CPUs (GOMAXPROCS), Go %s\n", time.Now().UTC().Format(time.RFC3339), host, runtime.NumCPU(), runtime.Version())
+	return sb.String()
+}
+
+func (r *results) print(t *testing.T) {
+	out := r.table() + "\n" + r.figures()
+	fmt.Println()
+	fmt.Println(out)
+	if path := os.Getenv("HCP_SCALE_REPORT"); path != "" {
+		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+			t.Errorf("write %s: %v", path, err)
+		}
+	}
+}
