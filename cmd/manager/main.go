@@ -53,7 +53,7 @@ func run(ctx context.Context, restConfig *rest.Config, cfg controller.ManagerCon
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	ctrl.Log.WithName("setup").Info("Starting manager", "sidecarImage", cfg.SidecarImage,
+	ctrl.Log.WithName("setup").Info("Starting manager", "sidecarImage", cfg.SidecarImage, "sidecarOTLPEndpoint", cfg.SidecarTracing.OTLPEndpoint,
 		"defaultConnectionSecret", cfg.DefaultBroker, "watchNamespaces", cfg.WatchNamespaces,
 		"maxConcurrentReconciles", cfg.MaxConcurrentReconciles, "kubeAPIQPS", cfg.QPS, "kubeAPIBurst", cfg.Burst,
 		"leaderElect", cfg.LeaderElect, "leaderElectionID", cfg.LeaderElectionID)

@@ -200,6 +200,7 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 		Sidecar:  callee.Spec.Sidecar,
 		Vhost:    b.Vhost,
 		Image:    r.Options.SidecarImage,
+		Tracing:  r.Options.SidecarTracing,
 		Prefetch: prefetch,
 		// No hash of the credentials and token Secrets: the sidecar reads
 		// them as files and follows a rotation without a restart.

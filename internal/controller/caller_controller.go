@@ -169,6 +169,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		Sidecar:     caller.Spec.Sidecar,
 		Vhost:       b.Vhost,
 		Image:       r.Options.SidecarImage,
+		Tracing:     r.Options.SidecarTracing,
 		Prefetch:    prefetch,
 		AppMaxBatch: caller.Spec.Consumer.AppMaxBatch,
 		// The credentials Secret is read as a file, followed on rotation.

@@ -50,6 +50,9 @@ type Options struct {
 	DefaultBroker *resource.DefaultBroker
 	// SidecarImage is the hcp-sidecar image (--sidecar-image).
 	SidecarImage string
+	// SidecarTracing switches on the sidecars' span export
+	// (--sidecar-otlp-endpoint, --sidecar-otlp-protocol).
+	SidecarTracing resource.SidecarTracing
 	// WatchNamespaces restricts the manager to these namespaces; empty
 	// means all.
 	WatchNamespaces []string
@@ -195,6 +198,9 @@ func (c *ManagerConfig) BindFlags(fs *flag.FlagSet) {
 			return nil
 		})
 	fs.StringVar(&c.SidecarImage, "sidecar-image", c.SidecarImage, "Image of the injected hcp-sidecar container.")
+	fs.StringVar(&c.SidecarTracing.OTLPEndpoint, "sidecar-otlp-endpoint", c.SidecarTracing.OTLPEndpoint,
+		"OTLP collector the sidecars export their spans to (e.g. http://otel-collector.observability:4317); empty: no spans (trace context is still passed on).")
+	fs.StringVar(&c.SidecarTracing.Protocol, "sidecar-otlp-protocol", c.SidecarTracing.Protocol, "OTLP protocol of --sidecar-otlp-endpoint: grpc (default) or http/protobuf.")
 	fs.Func("watch-namespaces", "Comma-separated namespaces to watch; empty watches all.", func(s string) error {
 		nss, err := parseNamespaces(s)
 		if err != nil {
@@ -269,6 +275,9 @@ func (c *ManagerConfig) Validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.SidecarImage == "" {
 		bad("--sidecar-image: must not be empty")
+	}
+	if err := resource.ParseOTLPProtocol(c.SidecarTracing.Protocol); err != nil {
+		bad("--sidecar-otlp-protocol=%w", err)
 	}
 	switch {
 	case c.QPS < 0 || math.IsNaN(c.QPS) || math.IsInf(c.QPS, 0):

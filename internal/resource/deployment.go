@@ -100,6 +100,41 @@ type HarnessParams struct {
 	SecretsHash string
 	// TLS is spec.broker.tls: its Secrets are mounted into the sidecar.
 	TLS *hcpv1alpha1.BrokerTLS
+	// Tracing is the manager's span export setting for every sidecar.
+	Tracing SidecarTracing
+}
+
+// SidecarTracing switches on the sidecars' spans and their OTLP export
+// (internal/sidecar/tracing). Trace context is propagated whether or not
+// it is set.
+type SidecarTracing struct {
+	// OTLPEndpoint is the collector (OTEL_EXPORTER_OTLP_ENDPOINT, e.g.
+	// http://otel-collector.observability:4317); empty: no spans.
+	OTLPEndpoint string
+	// Protocol is grpc (the default) or http/protobuf
+	// (OTEL_EXPORTER_OTLP_PROTOCOL).
+	Protocol string
+}
+
+// The sidecar's tracing environment (internal/sidecar/tracing's EnvTracing,
+// ModeOTLP, DefaultServiceName; a test keeps them equal): spelled out so
+// that the manager does not link the OpenTelemetry SDK.
+const (
+	envTracing         = "HCP_TRACING"
+	tracingOTLP        = "otlp"
+	tracingServiceName = "hcp-sidecar"
+)
+
+// Enabled reports whether the sidecars record and export spans.
+func (t SidecarTracing) Enabled() bool { return t.OTLPEndpoint != "" }
+
+// ParseOTLPProtocol checks an OTLP protocol name.
+func ParseOTLPProtocol(s string) error {
+	switch s {
+	case "", "grpc", "http/protobuf":
+		return nil
+	}
+	return fmt.Errorf("%q: want grpc or http/protobuf", s)
 }
 
 // Image in effect: spec.sidecar.image, else the manager's, else the default.
@@ -187,6 +222,16 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 	)
 	if p.AppMaxBatch > 1 {
 		env = append(env, corev1.EnvVar{Name: config.EnvAppMaxBatch, Value: strconv.Itoa(int(p.AppMaxBatch))})
+	}
+	if t := p.Tracing; t.Enabled() {
+		env = append(env,
+			corev1.EnvVar{Name: envTracing, Value: tracingOTLP},
+			corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: t.OTLPEndpoint},
+			corev1.EnvVar{Name: "OTEL_SERVICE_NAME", Value: tracingServiceName},
+		)
+		if t.Protocol != "" {
+			env = append(env, corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_PROTOCOL", Value: t.Protocol})
+		}
 	}
 	resources := DefaultSidecarResources()
 	if p.Sidecar.Resources != nil {
