@@ -92,6 +92,7 @@ test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration (real Rab
 	$(PODRUNNER_GO) && go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) check-install
 	$(MAKE) test-e2e
+	$(MAKE) test-scale
 
 .PHONY: test-unit
 test-unit: ## Run the pure unit tests only (no API server, no broker).
@@ -111,6 +112,21 @@ REJECT_FLOOD ?= 10000
 .PHONY: bench-rejections
 bench-rejections: testbed ## A flood of REJECT_FLOOD (default 10000) task_submits the gate refuses: the API objects left behind (make test runs 2,000).
 	HCP_REJECT_FLOOD=$(REJECT_FLOOD) KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -count=1 -run '^TestRejectionFloodWritesNothing$$' -v -timeout 20m ./internal/sidecar/callee
+
+# SCALE_N Callees and as many Callers for `make bench-scale`; SCALE_IDLE is
+# the window in which the operator must not write; SCALE_REPORT receives
+# the table.
+SCALE_N ?= 1000
+SCALE_IDLE ?= 60s
+SCALE_REPORT ?= $(LOCALBIN)/bench-scale.md
+.PHONY: bench-scale
+bench-scale: testbed ## SCALE_N (default 1000) Callees and Callers, replicas 0, on the local stack (root): time to Ready vs the same children created directly, manager RSS per object, API writes in SCALE_IDLE idle, cleanup and broker orphans; the table also goes to SCALE_REPORT.
+	@mkdir -p $(dir $(SCALE_REPORT))
+	HCP_SCALE_N=$(SCALE_N) HCP_SCALE_IDLE=$(SCALE_IDLE) HCP_SCALE_REPORT=$(SCALE_REPORT) go test -tags e2e -count=1 -run '^TestScale$$' -v -timeout 300m ./test/scale
+
+.PHONY: test-scale
+test-scale: ## The smoke of bench-scale (part of make test): 50 Callees and 50 Callers, 10 s idle; asserts convergence, the baseline's objects, 0 idle writes, 0 broker orphans (timings only printed).
+	HCP_SCALE_N=50 HCP_SCALE_IDLE=10s go test -tags e2e -count=1 -run '^TestScale$$' -v -timeout 30m ./test/scale
 
 .PHONY: dashboard-picture
 dashboard-picture: testbed ## Draw docs/images/dashboard.png: the chart's Grafana dashboard, its queries evaluated by PromQL over metrics scraped from a relay run with real traffic (no Grafana here).
