@@ -95,7 +95,6 @@ type Harness struct {
 	sessions map[string]*run
 	started  int            // tasks started, for tests
 	starts   map[string]int // starts per session (resumes count)
-	wg       sync.WaitGroup
 }
 
 type run struct {
@@ -127,9 +126,6 @@ func (h *Harness) Started() int {
 	defer h.mu.Unlock()
 	return h.started
 }
-
-// Wait waits for every task to finish.
-func (h *Harness) Wait() { h.wg.Wait() }
 
 // Handler serves the harness side of the local API.
 func (h *Harness) Handler() http.Handler {
@@ -183,10 +179,8 @@ func (h *Harness) handleTask(w http.ResponseWriter, r *http.Request) {
 	h.sessions[t.SessionID] = rn
 	h.started++
 	h.starts[t.SessionID]++
-	h.wg.Add(1)
 	h.mu.Unlock()
 	go func() {
-		defer h.wg.Done()
 		defer close(rn.done)
 		h.execute(t, in, rn, first)
 	}()

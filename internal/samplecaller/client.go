@@ -155,16 +155,6 @@ func (c *Client) Session(ctx context.Context, id string) (Session, error) {
 	return s, err
 }
 
-// Abort asks the sidecar to abort a session and returns the abort's
-// message id.
-func (c *Client) Abort(ctx context.Context, sessionID, reason string) (string, error) {
-	var out struct {
-		MessageID string `json:"message_id"`
-	}
-	err := c.do(ctx, http.MethodPost, "/hcp/v1/sessions/"+url.PathEscape(sessionID)+"/abort", map[string]string{"reason": reason}, &out)
-	return out.MessageID, err
-}
-
 // Watch polls a task until it is answered, then its session until it has
 // ended (its terminal message and its session_closed event delivered, or
 // the terminal message and two seconds without session_closed, for callees

@@ -176,7 +176,7 @@ func (b *Broker) CleanupVhost(t testing.TB, vhost string) {
 	})
 }
 
-// CloseAllConnections force-closes every client connection to the broker
+// CloseConnectionsIn force-closes the client connections to vhost
 // (connection.close with CONNECTION_FORCED), as an operator or a broker
 // failure would.
 //
@@ -184,15 +184,6 @@ func (b *Broker) CleanupVhost(t testing.TB, vhost string) {
 // host): that sees every connection at once. The management API lists a new
 // connection only after its first statistics emission (about 3-5 s), so the
 // fallback misses connections opened just before the call.
-func (b *Broker) CloseAllConnections() error {
-	if ctl, ok := rabbitmqctl(); ok {
-		return runCtl(ctl, "close_all_connections", "--global", closeReason)
-	}
-	return b.closeConnections(func(rabbithole.ConnectionInfo) bool { return true })
-}
-
-// CloseConnectionsIn force-closes the client connections to vhost; see
-// CloseAllConnections.
 func (b *Broker) CloseConnectionsIn(vhost string) error {
 	if ctl, ok := rabbitmqctl(); ok {
 		return runCtl(ctl, "close_all_connections", "--vhost", vhost, "--limit", "1000000", closeReason)
@@ -201,7 +192,7 @@ func (b *Broker) CloseConnectionsIn(vhost string) error {
 }
 
 // CloseConnectionsOf force-closes the client connections of a user; see
-// CloseAllConnections.
+// CloseConnectionsIn.
 func (b *Broker) CloseConnectionsOf(username string) error {
 	if ctl, ok := rabbitmqctl(); ok {
 		return runCtl(ctl, "close_all_user_connections", username, closeReason)
@@ -212,7 +203,7 @@ func (b *Broker) CloseConnectionsOf(username string) error {
 const closeReason = "closed by the hcp-operator test bed"
 
 // MaxMessageSize reads the broker's max_message_size, when this process may
-// use rabbitmqctl (see CloseAllConnections).
+// use rabbitmqctl (see CloseConnectionsIn).
 func (b *Broker) MaxMessageSize() (int64, bool) {
 	ctl, ok := rabbitmqctl()
 	if !ok {
