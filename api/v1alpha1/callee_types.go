@@ -138,7 +138,7 @@ type SessionsSpec struct {
 	AbortTimeout ISO8601Duration `json:"abortTimeout,omitempty"`
 
 	// statusUpdateInterval is the most often an HCPSession status is written
-	// while a session runs; terminal states are written at once.
+	// while a session runs (its progress); state changes are written at once.
 	// +optional
 	// +kubebuilder:default="PT1S"
 	StatusUpdateInterval ISO8601Duration `json:"statusUpdateInterval,omitempty"`

@@ -3,9 +3,10 @@
 // sequence numbers; the caller sidecar records callerAckedSequence.
 //
 // Writes are coalesced per session: whatever the event rate, a session's
-// status is written at most once per interval (latest state wins), a change
-// to a terminal state is written at once, and nothing is written when nothing
-// changed. Each write is a JSON merge patch of the status subresource holding
+// status is written at most once per interval (latest state wins), a state
+// change is written at once, and nothing is written when nothing changed.
+// All writes of a Writer share a budget (SetBudget): state changes go
+// first, progress is coalesced further when the budget is short. Each write is a JSON merge patch of the status subresource holding
 // only the fields that differ from what this writer last wrote, under the
 // field manager "hcp-sidecar". Merge patches rather than server-side apply:
 // both sidecars share the field manager name, and an apply from the caller
@@ -312,8 +313,8 @@ func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.
 }
 
 // Update applies mutate to the desired status of name and schedules a write:
-// at once when the state becomes terminal or the session's last write is at
-// least one interval old, otherwise when the interval has passed. mutate runs
+// at once when the state changes or the session's last write is at least
+// one interval old, otherwise when the interval has passed. mutate runs
 // under the writer's lock and must not call the writer. A session this writer
 // has not seen starts from an empty status, so mutate should set absolute
 // values (the patch carries only what differs from what this writer wrote
@@ -462,15 +463,17 @@ func (w *Writer) delay(e *entry) time.Duration {
 	if e.failures > 0 {
 		return e.retryAt.Sub(w.clk.Now())
 	}
-	if e.force || e.lastWrite.IsZero() || terminalChange(e) {
+	if e.force || e.lastWrite.IsZero() || stateChange(e) {
 		return 0
 	}
 	return e.lastWrite.Add(w.interval).Sub(w.clk.Now())
 }
 
-// terminalChange: the desired state is terminal and not yet written.
-func terminalChange(e *entry) bool {
-	return e.desired.State.IsTerminal() && e.desired.State != e.base.State
+// stateChange: the desired state is not yet written. A state change is
+// written at once (within the write budget): states change a few times
+// per session, progress is what the interval coalesces.
+func stateChange(e *entry) bool {
+	return e.desired.State != "" && e.desired.State != e.base.State
 }
 
 func (w *Writer) processNext() bool {
@@ -498,7 +501,7 @@ func (w *Writer) processNext() bool {
 		// But a state the caller wrote itself (Seed) gets its label now.
 		statusDue = false
 	}
-	visible := !statusDue || e.force || e.desired.State != e.base.State
+	visible := !statusDue || e.force || stateChange(e)
 	labelKey, labelled := w.labelKey, e.label
 	writes := 0
 	if statusDue {
