@@ -31,17 +31,23 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 )
 
+// The subcommands; serve is the default.
+const (
+	cmdServe  = "serve"
+	cmdSubmit = "submit"
+)
+
 func main() {
 	args := os.Args[1:]
-	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "submit") {
+	cmd := cmdServe
+	if len(args) > 0 && (args[0] == cmdServe || args[0] == cmdSubmit) {
 		cmd, args = args[0], args[1:]
 	}
 	var err error
 	switch cmd {
-	case "serve":
+	case cmdServe:
 		err = serve(args)
-	case "submit":
+	case cmdSubmit:
 		err = submit(args)
 	}
 	if err != nil {

@@ -176,7 +176,9 @@ func (c *Client) Watch(ctx context.Context, messageID string, poll time.Duration
 			line += fmt.Sprintf(": %s: %s", task.ReasonCode, task.Message)
 		}
 		if line != last {
-			fmt.Fprintln(w, line)
+			if _, err := fmt.Fprintln(w, line); err != nil {
+				return task, Session{}, err
+			}
 			last = line
 		}
 		switch task.Status {
@@ -204,7 +206,9 @@ func (c *Client) Watch(ctx context.Context, messageID string, poll time.Duration
 				line += ", " + s.Terminal
 			}
 			if line != last {
-				fmt.Fprintln(w, line)
+				if _, err := fmt.Fprintln(w, line); err != nil {
+					return task, s, err
+				}
 				last = line
 			}
 			if s.Finished && finishedAt.IsZero() {

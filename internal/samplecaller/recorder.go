@@ -27,6 +27,10 @@ import (
 	"time"
 )
 
+// typeEvent is Message.Type of an event (the others are the task's
+// answers and terminal messages).
+const typeEvent = "event"
+
 // Message is the body the caller sidecar POSTs to /hcp/v1/events.
 type Message struct {
 	SessionID     string          `json:"session_id"`
@@ -247,7 +251,7 @@ func (r *Recorder) Record(m Message) {
 		r.problems++
 	}
 	dupKey := fmt.Sprintf("%s/%d", m.SessionID, m.Sequence)
-	if r.seen[m.MessageID] || (m.Type == "event" && r.seen[dupKey]) {
+	if r.seen[m.MessageID] || (m.Type == typeEvent && r.seen[dupKey]) {
 		if m.Redelivered {
 			s.Deduplicated++
 			r.deduped++
@@ -269,7 +273,7 @@ func (r *Recorder) Record(m Message) {
 			problem("%s after %d events", m.Type, s.Events)
 		}
 		s.Answer = m.Type
-	case "event":
+	case typeEvent:
 		r.seen[dupKey] = true
 		want := s.LastSequence + 1
 		if l := m.Lost; l != nil {
@@ -336,7 +340,7 @@ func (r *Recorder) Session(id string) (SessionLog, bool) {
 func (s SessionLog) Sequences() []int64 {
 	var out []int64
 	for _, m := range s.Messages {
-		if m.Type == "event" {
+		if m.Type == typeEvent {
 			out = append(out, m.Sequence)
 		}
 	}

@@ -66,7 +66,7 @@ func TopologyReady(obj runtime.Object) error {
 		if m["status"] == "True" {
 			return nil
 		}
-		return fmt.Errorf("Ready=%v reason=%v message=%v", m["status"], m["reason"], m["message"])
+		return fmt.Errorf("condition Ready=%v reason=%v message=%v", m["status"], m["reason"], m["message"])
 	}
 	return errors.New("no Ready condition yet")
 }

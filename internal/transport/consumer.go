@@ -172,7 +172,7 @@ func (k *consumer) serve(ctx context.Context, ch *amqp.Channel, deliveries <-cha
 				// The channel closed or the broker cancelled the
 				// subscription (queue deleted): start over.
 				hcancel()
-				var reason error = errors.New("transport: delivery channel closed")
+				reason := errors.New("transport: delivery channel closed")
 				select {
 				case e := <-closes:
 					if e != nil {

@@ -193,11 +193,7 @@ func Open(dir string) (*Log, map[string]*Session, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("wal: %w", err)
 	}
-	valid, err := l.replay(f)
-	if err != nil {
-		_ = f.Close()
-		return nil, nil, err
-	}
+	valid := l.replay(f)
 	// Drop a torn tail so new records follow the last good one.
 	if err := f.Truncate(valid); err != nil {
 		_ = f.Close()
@@ -408,27 +404,27 @@ const maxRecord = 8 << 20
 
 // replay applies every valid record of f and returns the offset after the
 // last one.
-func (l *Log) replay(f *os.File) (int64, error) {
+func (l *Log) replay(f *os.File) int64 {
 	r := bufio.NewReaderSize(f, 1<<20)
 	var off int64
 	hdr := make([]byte, 8)
 	for {
 		if _, err := io.ReadFull(r, hdr); err != nil {
-			return off, nil // EOF or a torn header
+			return off // EOF or a torn header
 		}
 		n := binary.LittleEndian.Uint32(hdr)
 		if n == 0 || n > maxRecord {
-			return off, nil
+			return off
 		}
 		p := make([]byte, n)
 		if _, err := io.ReadFull(r, p); err != nil {
-			return off, nil
+			return off
 		}
 		if crc32.Checksum(p, crcTable) != binary.LittleEndian.Uint32(hdr[4:]) {
-			return off, nil
+			return off
 		}
 		if err := l.applyRecord(p); err != nil {
-			return off, nil
+			return off
 		}
 		off += 8 + int64(n)
 	}

@@ -222,7 +222,7 @@ func build(spans *[numFields][]byte) (*Envelope, error) {
 
 	switch raw := spans[idxPayload]; {
 	case raw == nil:
-		return nil, &FieldError{Field: FieldPayload, Reason: "required"}
+		return nil, &FieldError{Field: FieldPayload, Reason: reasonRequired}
 	case raw[0] != '{':
 		return nil, &FieldError{Field: FieldPayload, Reason: "must be a JSON object"}
 	default:
@@ -233,7 +233,7 @@ func build(spans *[numFields][]byte) (*Envelope, error) {
 
 func stringField(raw []byte, field string) (string, *FieldError) {
 	if raw == nil {
-		return "", &FieldError{Field: field, Reason: "required"}
+		return "", &FieldError{Field: field, Reason: reasonRequired}
 	}
 	if raw[0] != '"' {
 		return "", &FieldError{Field: field, Reason: "must be a string"}

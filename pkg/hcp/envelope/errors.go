@@ -47,6 +47,9 @@ const maxFieldNameInError = 64
 // FieldError reports an envelope field that breaks an L1 rule. Field is one
 // of the Field* constants, or the offending key for an unknown or duplicated
 // top-level key (truncated to 64 bytes).
+// reasonRequired is the FieldError reason of a missing field.
+const reasonRequired = "required"
+
 type FieldError struct {
 	Field  string
 	Reason string

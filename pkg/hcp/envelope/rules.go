@@ -11,7 +11,7 @@ import (
 // version with another major is ErrUnsupportedVersion.
 func checkVersion(v string) *FieldError {
 	if v == "" {
-		return &FieldError{Field: FieldHCPVersion, Reason: "required"}
+		return &FieldError{Field: FieldHCPVersion, Reason: reasonRequired}
 	}
 	dot := -1
 	for i := 0; i < len(v); i++ {
@@ -81,7 +81,7 @@ func isHex(c byte) bool {
 
 func checkMessageID(id string) *FieldError {
 	if id == "" {
-		return &FieldError{Field: FieldMessageID, Reason: "required"}
+		return &FieldError{Field: FieldMessageID, Reason: reasonRequired}
 	}
 	if !IsUUIDv4(id) {
 		return &FieldError{Field: FieldMessageID, Reason: "must be a UUID v4, got " + quoteShort(id)}
@@ -122,7 +122,7 @@ var (
 
 func checkTime(t time.Time) *FieldError {
 	if t.IsZero() {
-		return &FieldError{Field: FieldTimestamp, Reason: "required"}
+		return &FieldError{Field: FieldTimestamp, Reason: reasonRequired}
 	}
 	if t.Nanosecond()%int(time.Millisecond) != 0 {
 		return &FieldError{Field: FieldTimestamp, Reason: "must be a whole number of milliseconds"}
@@ -138,7 +138,7 @@ func checkTime(t time.Time) *FieldError {
 
 func checkType(t MessageType) *FieldError {
 	if t == "" {
-		return &FieldError{Field: FieldType, Reason: "required"}
+		return &FieldError{Field: FieldType, Reason: reasonRequired}
 	}
 	if !t.Known() {
 		return &FieldError{Field: FieldType, Reason: "unknown message type " + quoteShort(string(t))}
@@ -167,7 +167,7 @@ func checkSession(t MessageType, sid *string) *FieldError {
 // JSON object (surrounding whitespace allowed), no duplicate keys anywhere.
 func checkPayload(p []byte) error {
 	if len(p) == 0 {
-		return &FieldError{Field: FieldPayload, Reason: "required"}
+		return &FieldError{Field: FieldPayload, Reason: reasonRequired}
 	}
 	if !utf8.Valid(p) {
 		return &FieldError{Field: FieldPayload, Reason: "not valid UTF-8"}

@@ -224,7 +224,7 @@ func TestRestore(t *testing.T) {
 	if err != nil || m.State() != StatePaused || !m.UpdatedAt().Equal(t0.Add(time.Second)) {
 		t.Fatalf("Restore = %+v, %v", m, err)
 	}
-	if m, err = m.Apply(StateAborting, "abort", t0.Add(2*time.Second)); err != nil {
+	if _, err = m.Apply(StateAborting, "abort", t0.Add(2*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Restore("BOGUS", t0, t0); err == nil {

@@ -8,10 +8,9 @@ import (
 	"testing"
 )
 
-// delivery stands in for an AMQP delivery: a sequence and a delivery tag.
+// delivery stands in for an AMQP delivery and its sequence.
 type delivery struct {
 	seq int64
-	tag int
 }
 
 func newTracker(t *testing.T, opts TrackerOptions) *Tracker[delivery] {

@@ -204,7 +204,7 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements json.Unmarshaler. JSON null leaves d unchanged.
 func (d *Duration) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
+	if string(b) == jsonNull {
 		return nil
 	}
 	var s string

@@ -84,7 +84,7 @@ func (t Timestamp) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements json.Unmarshaler. JSON null leaves t unchanged.
 func (t *Timestamp) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
+	if string(b) == jsonNull {
 		return nil
 	}
 	var s string

@@ -19,6 +19,9 @@ import (
 // package and of the session package's event validation.
 var ErrInvalid = errors.New("invalid payload")
 
+// jsonNull is a JSON null, which optional fields may hold instead of a value.
+const jsonNull = "null"
+
 // FieldError is one validation failure, naming the JSON field (a dotted
 // path such as "constraints.max_duration" or "artifacts[2].sha256").
 type FieldError struct {
@@ -168,7 +171,7 @@ func (e *ValidationError) code(field, v string) {
 // rawAbsent reports whether a json.RawMessage field was missing or null.
 func rawAbsent(r json.RawMessage) bool {
 	t := bytes.TrimSpace(r)
-	return len(t) == 0 || string(t) == "null"
+	return len(t) == 0 || string(t) == jsonNull
 }
 
 // rawKind returns the JSON kind of r ('{', '[', '"', 'n', 't', 'f' or a
