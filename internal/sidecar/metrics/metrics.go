@@ -40,8 +40,10 @@ type Metrics struct {
 	// by result (ok, error).
 	AppDeliveries *prometheus.CounterVec
 	// Released counts deliveries a caller sidecar returned to the queue
-	// because their session's app was failing and the session already
-	// held its share of the prefetch window (per-session isolation).
+	// because their session could not use them yet (its app was failing,
+	// or it waited for a gap) and such sessions already held their share
+	// of the prefetch window, or the window was full of them (per-session
+	// isolation).
 	Released prometheus.Counter
 	// Latency observes the time from an event's envelope timestamp to its
 	// delivery to the app (caller mode), in seconds.
@@ -70,7 +72,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Reconnects:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries, by connection."}, []string{ConnectionLabel}),
 		Connected:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up, by connection."}, []string{ConnectionLabel}),
 		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{resultLabel}),
-		Released:      prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_released_total", Help: "Deliveries returned to the queue because their session's app was failing (caller)."}),
+		Released:      prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_released_total", Help: "Deliveries returned to the queue because their session could not use them yet: its app was failing or it waited for a gap (caller)."}),
 		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
