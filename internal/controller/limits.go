@@ -29,11 +29,13 @@ import (
 // effect as asked.
 const reasonQueueArgumentsPinLimits = "QueueArgumentsPinLimits"
 
-// queueAsDeclared returns desired with the declaration arguments of the
-// live Queue, when there is one: RabbitMQ cannot change a queue's
-// arguments and the topology operator's webhook refuses the update, so the
-// operator never asks (an earlier version declared queues with their
-// limits as arguments; those stay). It also returns the live arguments.
+// queueAsDeclared returns desired with the declaration of the live Queue,
+// when there is one (all of its spec but the deletion policy): RabbitMQ
+// cannot change a queue's arguments, type or durability, and the topology
+// operator's webhook refuses any such update and a change of name, vhost
+// or broker reference, so the operator never asks. An earlier version
+// declared queues with their limits as arguments; those stay. It also
+// returns the live arguments.
 func (c *core) queueAsDeclared(ctx context.Context, desired *topologyv1beta1.Queue) (*topologyv1beta1.Queue, map[string]any, error) {
 	live := &topologyv1beta1.Queue{}
 	err := c.Get(ctx, client.ObjectKeyFromObject(desired), live)
@@ -43,7 +45,10 @@ func (c *core) queueAsDeclared(ctx context.Context, desired *topologyv1beta1.Que
 	if err != nil {
 		return nil, nil, err
 	}
-	desired.Spec.Arguments = live.Spec.Arguments
+	// Everything but the deletion policy is immutable for the webhook.
+	policy := desired.Spec.DeletionPolicy
+	desired.Spec = live.Spec
+	desired.Spec.DeletionPolicy = policy
 	return desired, argumentsOf(live.Spec.Arguments), nil
 }
 

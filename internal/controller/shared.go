@@ -177,8 +177,16 @@ func (c *core) ensureShared(ctx context.Context, v view, b resource.Broker) ([]c
 	hc := c.in(home)
 	key := b.Key()
 	ref := b.Reference
+	copySecret := dedicated && b.Reference.ConnectionSecret != nil
 	if dedicated {
 		ref = resource.SharedReference(home, v.obj.GetNamespace(), b)
+	}
+	if copySecret {
+		// First: the topology operator's webhook refuses an object whose
+		// connection Secret does not exist.
+		if err := hc.ensureSharedSecret(ctx, c, v, b, home, nil); err != nil {
+			return nil, err
+		}
 	}
 	var out []client.Object
 	if b.CreateVhost {
@@ -203,12 +211,13 @@ func (c *core) ensureShared(ctx context.Context, v view, b resource.Broker) ([]c
 		}
 		out = append(out, live)
 	}
-	if dedicated {
-		if b.Reference.ConnectionSecret != nil {
-			if err := hc.ensureSharedSecret(ctx, c, v, b, home, out); err != nil {
-				return nil, err
-			}
+	if copySecret {
+		// Then owned by what uses it.
+		if err := hc.ensureSharedSecret(ctx, c, v, b, home, out); err != nil {
+			return nil, err
 		}
+	}
+	if dedicated {
 		if err := c.orphanLegacy(ctx, key, home); err != nil {
 			return nil, err
 		}

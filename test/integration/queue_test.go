@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 )
@@ -29,6 +30,8 @@ type liveQueue struct {
 // getQueue reads GET /api/queues/{vhost}/{name}.
 func getQueue(ctx context.Context, b *testbed.Broker, vhost, name string) (*liveQueue, error) {
 	u := strings.TrimSuffix(b.ManagementURL, "/") + "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(name)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, err
