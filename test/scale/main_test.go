@@ -12,6 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 )
 
@@ -27,6 +30,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// The test's own clients and cache log to stderr (controller-runtime
+	// prints a warning with a stack trace otherwise).
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	var err error
 	if repoRoot, err = testbed.RepoRoot(); err != nil {
 		fmt.Fprintf(os.Stderr, "scale: %v\n", err)
