@@ -111,13 +111,13 @@ func RunTopologyOperator(ctx context.Context, kubeconfig, namespace, logPath str
 	// Own process group: a Ctrl-C on go test must not race our SIGTERM.
 	o.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := o.cmd.Start(); err != nil {
-		logFile.Close()
+		_ = logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
 	go func() {
 		o.exitErr = o.cmd.Wait()
-		fmt.Fprintf(logFile, "testbed: process exited: %v\n", o.exitErr)
-		logFile.Close()
+		_, _ = fmt.Fprintf(logFile, "testbed: process exited: %v\n", o.exitErr)
+		_ = logFile.Close()
 		close(o.done)
 	}()
 	if err := o.waitReady(ctx, 60*time.Second); err != nil {
@@ -136,7 +136,7 @@ func (o *TopologyOperator) waitReady(ctx context.Context, timeout time.Duration)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
@@ -202,6 +202,6 @@ func freePort() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }

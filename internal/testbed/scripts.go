@@ -102,7 +102,7 @@ func withFileLock(path string, f func() error) error {
 	if err != nil {
 		return err
 	}
-	defer lf.Close()
+	defer func() { _ = lf.Close() }() // closing releases the lock
 	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("lock %s: %w", path, err)
 	}

@@ -228,7 +228,10 @@ func (k *consumer) drain(ch *amqp.Channel, deliveries <-chan amqp.Delivery, clos
 	}
 	select {
 	case <-t.idle():
-	case <-closes:
+	case err := <-closes:
+		if err != nil {
+			k.log.Info("The channel closed while draining; unsettled deliveries return to the queue", "unsettled", t.len(), "reason", err.Error())
+		}
 	case <-timeout:
 		k.log.Info("Drain time over; unsettled deliveries return to the queue", "unsettled", t.len())
 	case <-k.abandon:
