@@ -103,6 +103,12 @@ func spanID(traceparent string) string {
 // hcp.deliver), and the harness and the app get the context of the span
 // that called them. A malformed traceparent is ignored: the task runs.
 func TestRelayTraceContext(t *testing.T) {
+	for _, batch := range []int{0, 16} {
+		t.Run(fmt.Sprintf("appMaxBatch=%d", batch), func(t *testing.T) { testRelayTraceContext(t, batch) })
+	}
+}
+
+func testRelayTraceContext(t *testing.T, appMaxBatch int) {
 	app := samplecaller.NewRecorder()
 	appRec := &recordTrace{h: app.Handler()}
 	var harnessRec *recordTrace
@@ -111,7 +117,8 @@ func TestRelayTraceContext(t *testing.T) {
 			harnessRec = &recordTrace{h: samplecallee.New(url, log).Handler()}
 			return harnessRec
 		},
-		App: appRec,
+		App:         appRec,
+		AppMaxBatch: appMaxBatch,
 	})
 	ctx := t.Context()
 
@@ -157,8 +164,8 @@ func TestRelayTraceContext(t *testing.T) {
 	// the events and task_completed.
 	appGot := func(sid string) []seen {
 		t.Helper()
-		got := appRec.of(sid, "/events")
-		if len(got) < 4 {
+		got := append(appRec.of(sid, "/events"), appRec.of(sid, "/events/batch")...)
+		if len(got) < 3 {
 			t.Fatalf("the app got %d requests for session %s", len(got), sid)
 		}
 		return got
@@ -174,8 +181,13 @@ func TestRelayTraceContext(t *testing.T) {
 			t.Fatalf("the harness's task hand-over carried %+v, want traceparent %s", hand, tp)
 		}
 		for _, s := range appGot(v.SessionID) {
-			if s.traceparent != tp || s.tracestate != "vendor=opaque" || len(s.bodyParents) != 1 || s.bodyParents[0] != tp {
-				t.Fatalf("the app got %s with traceparent %q tracestate %q (body %v), want %s", s.types, s.traceparent, s.tracestate, s.bodyParents, tp)
+			if s.traceparent != tp || s.tracestate != "vendor=opaque" || len(s.bodyParents) == 0 {
+				t.Fatalf("the app got %s with traceparent %q tracestate %q, want %s", s.types, s.traceparent, s.tracestate, tp)
+			}
+			for _, p := range s.bodyParents {
+				if p != tp {
+					t.Fatalf("the app got %s with body traceparents %v, want %s", s.types, s.bodyParents, tp)
+				}
 			}
 		}
 		hs, err := b.hcpSession(ctx, v.SessionID)
@@ -192,7 +204,7 @@ func TestRelayTraceContext(t *testing.T) {
 			t.Fatalf("the harness got %+v, want no traceparent", hand)
 		}
 		for _, s := range appGot(v.SessionID) {
-			if s.traceparent != "" || s.bodyParents[0] != "" {
+			if s.traceparent != "" || strings.Join(s.bodyParents, "") != "" {
 				t.Fatalf("the app got traceparent %q (body %v), want none", s.traceparent, s.bodyParents)
 			}
 		}
@@ -216,7 +228,7 @@ func TestRelayTraceContext(t *testing.T) {
 					byName[s.Name] = append(byName[s.Name], s)
 				}
 			}
-			if len(byName["hcp.session"]) == 0 || len(byName["hcp.deliver task_completed"]) == 0 {
+			if len(byName["hcp.session"]) == 0 || len(byName["hcp.deliver task_completed"]) == 0 || len(byName["hcp.deliver event"])+len(byName["hcp.deliver batch"]) == 0 {
 				return fmt.Errorf("spans so far: %d", len(exp.GetSpans()))
 			}
 			return nil
@@ -240,7 +252,7 @@ func TestRelayTraceContext(t *testing.T) {
 		}
 		attrs := map[string]string{}
 		for _, a := range sess.Attributes {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		if attrs["hcp.state"] != "COMPLETED" || attrs["hcp.session_id"] != v.SessionID {
 			t.Errorf("hcp.session attributes %v", attrs)
@@ -264,8 +276,13 @@ func TestRelayTraceContext(t *testing.T) {
 		}
 		got := appGot(v.SessionID)
 		for _, s := range got {
-			if traceID(s.traceparent) != appTrace || traceID(s.bodyParents[0]) != appTrace || spanID(s.bodyParents[0]) != sess.SpanContext.SpanID().String() {
-				t.Fatalf("the app got %s with traceparent %q (body %v), want trace %s from hcp.session %s", s.types, s.traceparent, s.bodyParents, appTrace, sess.SpanContext.SpanID())
+			if traceID(s.traceparent) != appTrace {
+				t.Fatalf("the app got %s with traceparent %q, want trace %s", s.types, s.traceparent, appTrace)
+			}
+			for _, p := range s.bodyParents {
+				if traceID(p) != appTrace || spanID(p) != sess.SpanContext.SpanID().String() {
+					t.Fatalf("the app got %s with body traceparents %v, want hcp.session %s of trace %s", s.types, s.bodyParents, sess.SpanContext.SpanID(), appTrace)
+				}
 			}
 			d, ok := deliveries[spanID(s.traceparent)]
 			if !ok || d.Parent.SpanID() != sess.SpanContext.SpanID() {
@@ -279,6 +296,9 @@ func TestRelayTraceContext(t *testing.T) {
 		hs, err := b.hcpSession(ctx, v.SessionID)
 		if err != nil || hs.Annotations[callee.AnnotationTraceparent] != "00-"+appTrace+"-"+gate.SpanContext.SpanID().String()+"-01" {
 			t.Fatalf("HCPSession annotations %v (%v), want the hcp.gate span's context", hs.Annotations, err)
+		}
+		if appMaxBatch > 1 && len(byName["hcp.deliver batch"]) == 0 {
+			t.Errorf("no batch delivery span with appMaxBatch %d: %v", appMaxBatch, keys(byName))
 		}
 		t.Logf("trace %s: %d spans (%v); the app got %d requests, the harness 1, all in it", appTrace, len(exp.GetSpans()), keys(byName), len(got))
 	})
