@@ -128,8 +128,9 @@ func (s *Sidecar) handleSubmit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Sidecar) handleListTasks(w http.ResponseWriter, _ *http.Request) {
-	out := []TaskView{}
-	for _, t := range s.store.Tasks() {
+	tasks := s.store.Tasks()
+	out := make([]TaskView, 0, len(tasks))
+	for _, t := range tasks {
 		out = append(out, taskView(t))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tasks": out})
@@ -143,15 +144,16 @@ func (s *Sidecar) handleGetTask(w http.ResponseWriter, r *http.Request) {
 		t, ok = s.adoptTaskByID(r.Context(), id, "")
 	}
 	if !ok {
-		writeError(w, &apiError{status: 404, code: "not_found", msg: "no task " + id + " is known to this sidecar"})
+		writeError(w, &apiError{status: 404, code: codeNotFound, msg: "no task " + id + " is known to this sidecar"})
 		return
 	}
 	writeJSON(w, http.StatusOK, taskView(t))
 }
 
 func (s *Sidecar) handleListSessions(w http.ResponseWriter, _ *http.Request) {
-	out := []SessionView{}
-	for _, r := range s.store.Sessions() {
+	sessions := s.store.Sessions()
+	out := make([]SessionView, 0, len(sessions))
+	for _, r := range sessions {
 		out = append(out, s.sessionView(r))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sessions": out})
@@ -161,7 +163,7 @@ func (s *Sidecar) handleGetSession(w http.ResponseWriter, r *http.Request) {
 	id := strings.ToLower(r.PathValue("id"))
 	rec, ok := s.store.Session(id)
 	if !ok {
-		writeError(w, &apiError{status: 404, code: "not_found", msg: "no session " + id + " is known to this sidecar"})
+		writeError(w, &apiError{status: 404, code: codeNotFound, msg: "no session " + id + " is known to this sidecar"})
 		return
 	}
 	writeJSON(w, http.StatusOK, s.sessionView(rec))

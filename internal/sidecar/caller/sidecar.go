@@ -232,32 +232,8 @@ type Sidecar struct {
 	elsewhere sync.Once
 }
 
-// New validates opts and opens the state store.
-func New(opts Options) (*Sidecar, error) {
-	c := opts.Config
-	if c == nil {
-		return nil, errors.New("caller sidecar: Config is required")
-	}
-	if opts.Publisher == nil || opts.Consumer == nil {
-		return nil, errors.New("caller sidecar: Publisher and Consumer are required")
-	}
-	var errs []error
-	if err := topology.ValidateID(c.ID); err != nil {
-		errs = append(errs, fmt.Errorf("caller id: %w", err))
-	}
-	if c.HarnessURL == "" {
-		errs = append(errs, fmt.Errorf("%s (the app's base URL) is required", config.EnvHarnessURL))
-	}
-	if role, vhost, id, err := topology.ParseUsername(c.Username); err != nil {
-		errs = append(errs, fmt.Errorf("%s: %w", config.EnvUsername, err))
-	} else if role != topology.RoleCaller || id != c.ID || vhost != c.Vhost {
-		errs = append(errs, fmt.Errorf("%s %q is not the caller user of id %q in vhost %q (want %q): callees identify callers by it",
-			config.EnvUsername, c.Username, c.ID, c.Vhost, topology.Username(topology.RoleCaller, c.Vhost, c.ID)))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("caller sidecar: %w", err)
-	}
-	o := opts
+// withDefaults fills in every option left unset.
+func (o Options) withDefaults(c *config.Config) Options {
 	if o.Metrics == nil {
 		o.Metrics = metrics.New(prometheus.NewRegistry())
 	}
@@ -317,6 +293,35 @@ func New(opts Options) (*Sidecar, error) {
 	if o.StatusInterval == 0 {
 		o.StatusInterval = DefaultStatusInterval
 	}
+	return o
+}
+
+// New validates opts and opens the state store.
+func New(opts Options) (*Sidecar, error) {
+	c := opts.Config
+	if c == nil {
+		return nil, errors.New("caller sidecar: Config is required")
+	}
+	if opts.Publisher == nil || opts.Consumer == nil {
+		return nil, errors.New("caller sidecar: Publisher and Consumer are required")
+	}
+	var errs []error
+	if err := topology.ValidateID(c.ID); err != nil {
+		errs = append(errs, fmt.Errorf("caller id: %w", err))
+	}
+	if c.HarnessURL == "" {
+		errs = append(errs, fmt.Errorf("%s (the app's base URL) is required", config.EnvHarnessURL))
+	}
+	if role, vhost, id, err := topology.ParseUsername(c.Username); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", config.EnvUsername, err))
+	} else if role != topology.RoleCaller || id != c.ID || vhost != c.Vhost {
+		errs = append(errs, fmt.Errorf("%s %q is not the caller user of id %q in vhost %q (want %q): callees identify callers by it",
+			config.EnvUsername, c.Username, c.ID, c.Vhost, topology.Username(topology.RoleCaller, c.Vhost, c.ID)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("caller sidecar: %w", err)
+	}
+	o := opts.withDefaults(c)
 	if iv, ok := o.Status.(interface{ SetInterval(time.Duration) }); ok && o.StatusInterval > 0 {
 		iv.SetInterval(o.StatusInterval)
 	}

@@ -475,7 +475,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }()
 	return d.Sync()
 }
 
@@ -515,7 +515,7 @@ func (s *Store) Task(id string) (TaskRecord, bool) {
 func (s *Store) Tasks() []TaskRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []TaskRecord
+	out := make([]TaskRecord, 0, len(s.tasks))
 	for _, t := range sortedTasks(s.tasks) {
 		out = append(out, *t)
 	}
@@ -537,7 +537,7 @@ func (s *Store) Session(id string) (SessionRecord, bool) {
 func (s *Store) Sessions() []SessionRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []SessionRecord
+	out := make([]SessionRecord, 0, len(s.sessions))
 	for _, r := range sortedSessions(s.sessions) {
 		out = append(out, *r)
 	}

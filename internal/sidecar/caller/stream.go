@@ -276,7 +276,7 @@ func (w *stream) accept(it *item) {
 	// A callee rejects without a record (no HCPSession): a task the
 	// previous pod of this caller submitted, rejected after the move, is
 	// let in alone; the rest of the session stays refused.
-	if w.refused != "" && !(w.refused == ReasonUnsolicitedSession && w.rejectionOfOurs(it)) {
+	if w.refused != "" && (w.refused != ReasonUnsolicitedSession || !w.rejectionOfOurs(it)) {
 		w.s.m.Rejects.WithLabelValues(w.refused).Inc()
 		w.log.Info("WARNING: dropped a message of a session that is not this caller's", "reason", w.refused, "sender", it.sender, "type", it.env.Type,
 			"messageID", it.env.MessageID)
@@ -981,7 +981,7 @@ func (w *stream) durable() {
 // not be recorded (the HCPSession not found yet) is retried on later calls.
 func (w *stream) reportAcked(fresh bool) {
 	seq := w.acked.Load()
-	if seq <= w.reported && !(fresh && w.unreported) {
+	if seq <= w.reported && (!fresh || !w.unreported) {
 		return
 	}
 	if w.s.recordAcked(w.id, max(seq, w.reported), fresh) {

@@ -40,6 +40,9 @@ type SubmitRequest struct {
 	trace tracing.Context
 }
 
+// codeNotFound is the API error code of an unknown task or session.
+const codeNotFound = "not_found"
+
 // apiError is an error with its HTTP status and machine-readable code.
 type apiError struct {
 	status int
@@ -306,7 +309,7 @@ func (s *Sidecar) abort(ctx context.Context, sid, reason string) (string, *apiEr
 	rec, ok := s.store.Session(sid)
 	switch {
 	case !ok:
-		return "", &apiError{status: 404, code: "not_found", msg: "no session " + sid + " is known to this sidecar"}
+		return "", &apiError{status: 404, code: codeNotFound, msg: "no session " + sid + " is known to this sidecar"}
 	case rec.over() || rec.State == string(v1alpha1.SessionAborted):
 		return "", &apiError{status: 409, code: "session_finished", msg: "the session has already ended (" + rec.State + ")"}
 	case rec.Token == "":

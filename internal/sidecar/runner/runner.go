@@ -38,6 +38,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/tracing"
 )
 
 // Exit codes of Main.
@@ -79,6 +80,7 @@ func Main(f Flags) int {
 		return ExitInvalidConfig
 	}
 	log := newLogger(cfg, f.Zap)
+	defer tracing.Start(log.WithName("tracing"))()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

@@ -501,15 +501,8 @@ func (w *Writer) processNext() bool {
 		// But a state the caller wrote itself (Seed) gets its label now.
 		statusDue = false
 	}
-	visible := !statusDue || e.force || stateChange(e)
 	labelKey, labelled := w.labelKey, e.label
-	writes := 0
-	if statusDue {
-		writes++
-	}
-	if labelKey != "" && e.desired.State != "" && e.desired.State != labelled {
-		writes++
-	}
+	writes, visible := w.plan(e, statusDue)
 	if !visible && !w.closed() && !w.spare(writes) {
 		// Only progress: it waits for spare budget and then carries the
 		// latest status.
@@ -520,16 +513,8 @@ func (w *Writer) processNext() bool {
 	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
 	e.force = false
 	w.mu.Unlock()
-	if visible && writes > 0 {
-		// The burst is at least the two writes of a state change, so the
-		// reservation is always granted.
-		now := w.clk.Now()
-		if d := w.budget.ReserveN(now, writes).DelayFrom(now); d > 0 {
-			select {
-			case <-w.clk.After(d):
-			case <-w.closing:
-			}
-		}
+	if visible {
+		w.awaitTokens(writes)
 	}
 
 	var err, labelErr error
@@ -547,9 +532,29 @@ func (w *Writer) processNext() bool {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.entries[name] != e {
-		return true // forgotten meanwhile
+	if w.entries[name] == e { // not forgotten meanwhile
+		w.settle(name, e, attempt{statusDue: statusDue, version: version, target: target, err: err,
+			labelKey: labelKey, labelErr: labelErr, labelWritten: labelWritten})
 	}
+	return true
+}
+
+// attempt is what one processNext tried and how it went.
+type attempt struct {
+	statusDue    bool
+	version      uint64
+	target       v1alpha1.HCPSessionStatus
+	err          error
+	labelKey     string
+	labelErr     error
+	labelWritten bool
+}
+
+// settle records the outcome of a write attempt of name, tells the
+// waiters and schedules what is still pending. Called with w.mu held.
+func (w *Writer) settle(name string, e *entry, a attempt) {
+	statusDue, version, target, err, labelKey, labelErr, labelWritten :=
+		a.statusDue, a.version, a.target, a.err, a.labelKey, a.labelErr, a.labelWritten
 	if statusDue {
 		e.lastWrite = w.clk.Now()
 		if err == nil {
@@ -575,7 +580,7 @@ func (w *Writer) processNext() bool {
 		e.gone = true
 		w.log.Info("HCPSession is gone; dropped its status updates", "hcpsession", klog.KRef(w.ns, name))
 		w.notify(e, ErrNotFound)
-		return true
+		return
 	case err != nil:
 		w.log.Error(err, "Failed to write HCPSession status; will retry", "hcpsession", klog.KRef(w.ns, name),
 			"failures", e.failures, "retryIn", retryBackoff(e.failures).String())
@@ -586,7 +591,35 @@ func (w *Writer) processNext() bool {
 	if w.pending(e) {
 		w.schedule(name, e)
 	}
-	return true
+}
+
+// plan counts the API writes e's next attempt makes (its status, its
+// label) and whether they make a change visible (see SetBudget). Called
+// with w.mu held.
+func (w *Writer) plan(e *entry, statusDue bool) (writes int, visible bool) {
+	if statusDue {
+		writes++
+	}
+	if w.labelKey != "" && e.desired.State != "" && e.desired.State != e.label {
+		writes++
+	}
+	return writes, !statusDue || e.force || stateChange(e)
+}
+
+// awaitTokens waits until the budget grants writes tokens (or the writer
+// closes). The burst is at least the two writes of a state change, so the
+// reservation is always granted.
+func (w *Writer) awaitTokens(writes int) {
+	if writes == 0 {
+		return
+	}
+	now := w.clk.Now()
+	if d := w.budget.ReserveN(now, writes).DelayFrom(now); d > 0 {
+		select {
+		case <-w.clk.After(d):
+		case <-w.closing:
+		}
+	}
 }
 
 func (w *Writer) closed() bool {
