@@ -48,6 +48,7 @@ const (
 	checkHarnesses         = "harnesses"
 	checkAdmissionPolicies = "admission policies"
 	checkAdmissionWebhooks = "admission webhooks"
+	checkPolicies          = "policies"
 )
 
 // DoctorOptions are the flags of `kubectl hcp doctor`.
@@ -380,10 +381,10 @@ func (d *doctor) harnesses(ctx context.Context) []Check {
 			}
 		}
 		if len(unmatched) > 0 {
-			out = append(out, Check{Name: "policies", Status: CheckWarn, Detail: "no CapabilityPolicy selects Callee " + strings.Join(unmatched, ", ") + ": every task for it is rejected not_authorized (default deny)",
+			out = append(out, Check{Name: checkPolicies, Status: CheckWarn, Detail: "no CapabilityPolicy selects Callee " + strings.Join(unmatched, ", ") + ": every task for it is rejected not_authorized (default deny)",
 				Fix: "apply a CapabilityPolicy whose calleeSelector matches it (docs/policy.md)"})
 		} else if len(callees.Items) > 0 {
-			out = append(out, Check{Name: "policies", Status: CheckOK, Detail: fmt.Sprintf("every Callee is selected by a CapabilityPolicy (%s)", plural(len(policies.Items), "policy", "policies"))})
+			out = append(out, Check{Name: checkPolicies, Status: CheckOK, Detail: fmt.Sprintf("every Callee is selected by a CapabilityPolicy (%s)", plural(len(policies.Items), "policy", "policies"))})
 		}
 	}
 	return out

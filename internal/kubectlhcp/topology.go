@@ -33,6 +33,9 @@ type TopologyOptions struct {
 	ManagementURL string
 }
 
+// whatExchange is the What of the shared exchanges' rows.
+const whatExchange = "exchange"
+
 func newTopologyCommand(env *Env) *cobra.Command {
 	var o TopologyOptions
 	cmd := &cobra.Command{
@@ -318,11 +321,11 @@ func sharedObjects(ctx context.Context, c client.Reader, ref topologyv1beta1.Rab
 		}
 		secret := &corev1.Secret{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: sns, Name: ref.ConnectionSecret.Name}, secret); err != nil {
-			return []TopologyItem{{What: "exchange", BrokerName: "hcp.commands, hcp.events", Ready: "unknown", Details: "the connection Secret that names the broker cannot be read: " + oneLine(err.Error(), 120)}}, nil
+			return []TopologyItem{{What: whatExchange, BrokerName: "hcp.commands, hcp.events", Ready: "unknown", Details: "the connection Secret that names the broker cannot be read: " + oneLine(err.Error(), 120)}}, nil
 		}
 		var err error
 		if b, err = resource.BrokerFromConnectionSecret(ref, spec, secret); err != nil {
-			return []TopologyItem{{What: "exchange", BrokerName: "hcp.commands, hcp.events", Ready: "unknown", Details: oneLine(err.Error(), 160)}}, nil
+			return []TopologyItem{{What: whatExchange, BrokerName: "hcp.commands, hcp.events", Ready: "unknown", Details: oneLine(err.Error(), 160)}}, nil
 		}
 	} else {
 		b = resource.BrokerFromCluster(ref, spec, ns)
@@ -355,7 +358,7 @@ func sharedObjects(ctx context.Context, c client.Reader, ref topologyv1beta1.Rab
 		return strings.Compare(a.Spec.Name+a.Namespace, b.Spec.Name+b.Namespace)
 	})
 	for _, x := range exchanges.Items {
-		out = append(out, TopologyItem{What: "exchange", BrokerName: x.Spec.Name, Object: objectRef("Exchange", x.Namespace, x.Name, ns),
+		out = append(out, TopologyItem{What: whatExchange, BrokerName: x.Spec.Name, Object: objectRef("Exchange", x.Namespace, x.Name, ns),
 			Ready: readyOf(x.Status.Conditions, x.Generation, x.Status.ObservedGeneration), Details: x.Spec.Type + ", shared by the vhost"})
 	}
 	return out, nil

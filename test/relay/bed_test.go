@@ -13,7 +13,6 @@ package relay
 import (
 	"cmp"
 	"context"
-	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -373,7 +372,7 @@ func (b *bed) startCallee(o bedOptions) {
 	}
 	sc, err := callee.New(callee.Options{
 		Config: cfg, Client: kc, Reader: b.env.Client, Cache: objCache, Conn: conn, Publisher: pub, Consumer: conn,
-		Status: sw, Metrics: b.CalleeMetrics, Log: log, SigningKey: ed25519.PrivateKey(key),
+		Status: sw, Metrics: b.CalleeMetrics, Log: log, SigningKey: key,
 		Timeouts: callee.Timeouts{ShutdownDrain: 2 * time.Second, PendingWait: 5 * time.Second},
 	})
 	must(tb, err)
