@@ -82,12 +82,33 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 	}
 	vh := resource.Vhost(ns, resource.Broker{Vhost: vhost}, oldQueue.Spec.RabbitmqClusterReference, resource.DeletionPolicyDelete)
 	vh.Name = "legacy-vhost"
-	for _, o := range []client.Object{vh, oldQueue} {
-		if err := c.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
-		testbed.WaitForTopologyReady(t, c, o, readyTimeout)
+	if err := c.Create(ctx, vh); err != nil {
+		t.Fatal(err)
 	}
+	testbed.WaitForTopologyReady(t, c, vh, readyTimeout)
+	// The test publishes and reads as the broker's admin user; so does the
+	// topology operator.
+	if _, err := broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"}); err != nil {
+		t.Fatal(err)
+	}
+	var conn *amqp.Connection
+	testbed.Eventually(t, time.Minute, "connect to the broker", func(context.Context) error {
+		var err error
+		conn, err = amqp.Dial(broker.AMQPURI(broker.Username, broker.Password, vhost))
+		return err
+	})
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, oldQueue); err != nil {
+		t.Fatal(err)
+	}
+	testbed.WaitForTopologyReady(t, c, oldQueue, readyTimeout)
 	// The webhooks are on: a Queue's arguments cannot change.
 	testbed.Eventually(t, readyTimeout, "the webhook refuses a change of queue arguments", func(ctx context.Context) error {
 		probe := oldQueue.DeepCopy()
@@ -132,13 +153,17 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 	}
 	testbed.Eventually(t, readyTimeout, "TopologyReady", topologyReady)
 
-	effective := func(queue, key string, want any) func(context.Context) error {
+	effective := func(queue, key string, want int) func(context.Context) error {
 		return func(ctx context.Context) error {
 			q, err := getQueue(ctx, broker, vhost, queue)
 			if err != nil {
 				return err
 			}
-			if q.Policy != resource.LimitsPolicyName(queue) || fmt.Sprint(q.EffectivePolicyDefinition[key]) != fmt.Sprint(want) {
+			got := q.EffectivePolicyDefinition[key]
+			if f, ok := got.(float64); ok {
+				got = int(f)
+			}
+			if q.Policy != resource.LimitsPolicyName(queue) || got != want {
 				return fmt.Errorf("queue %s: policy %q effective_policy_definition %v, want %s=%v", queue, q.Policy, q.EffectivePolicyDefinition, key, want)
 			}
 			return nil
@@ -156,21 +181,6 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 	}
 
 	// A session's commands wait in the queue.
-	if _, err := broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := amqp.Dial(broker.AMQPURI(broker.Username, broker.Password, vhost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
 	publish := func(key, body string) bool {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -272,14 +282,16 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 	// wins over a raised policy.
 	setMaxLength(old, 10)
 	testbed.Eventually(t, readyTimeout, "the policy asks for 10", effective("hcp.cmd.old", "max-length", 10))
+	// A quorum queue rejects publishes once it is over its limit: with
+	// a limit of 3 it takes 4 (with 10 it would take all 6).
 	accepted := 0
-	for i := range 4 {
+	for i := range 6 {
 		if publish("old", fmt.Sprintf("o%d", i)) {
 			accepted++
 		}
 	}
-	if accepted != 3 {
-		t.Errorf("%d of 4 commands accepted by hcp.cmd.old, want 3: its x-max-length=3 argument applies over the policy's 10", accepted)
+	if accepted != 4 {
+		t.Errorf("%d of 6 commands accepted by hcp.cmd.old, want 4 (over a limit of 3): its x-max-length=3 argument applies over the policy's 10", accepted)
 	}
 	testbed.Eventually(t, readyTimeout, "a Warning Event names the pinned limit", func(ctx context.Context) error {
 		var evs eventsv1.EventList

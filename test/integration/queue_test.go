@@ -30,7 +30,9 @@ type liveQueue struct {
 // getQueue reads GET /api/queues/{vhost}/{name}.
 func getQueue(ctx context.Context, b *testbed.Broker, vhost, name string) (*liveQueue, error) {
 	u := strings.TrimSuffix(b.ManagementURL, "/") + "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(name)
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// Not ctx's deadline: a poll's last error must say what was wrong,
+	// not that the poll ran out of time.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {

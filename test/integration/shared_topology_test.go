@@ -72,7 +72,15 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 	// exchanges as objects in the tenant's namespace.
 	legacyCmd, legacyEvt := resource.Exchanges(nsA, b, defRef)
 	legacyVhost := resource.Vhost(nsA, b, defRef, resource.DeletionPolicyDelete)
-	for _, o := range []client.Object{legacyVhost, legacyCmd, legacyEvt} {
+	if err := c.Create(ctx, legacyVhost); err != nil {
+		t.Fatal(err)
+	}
+	testbed.WaitForTopologyReady(t, c, legacyVhost, readyTimeout)
+	// The topology operator and the test act as the broker's admin user.
+	if _, err := broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []client.Object{legacyCmd, legacyEvt} {
 		if err := c.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -80,13 +88,12 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 	}
 	// A witness: a binding of hcp.commands nobody re-declares. Deleting
 	// the exchange on the broker, even for a moment, deletes it.
-	if _, err := broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := amqp.Dial(broker.AMQPURI(broker.Username, broker.Password, vhost))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var conn *amqp.Connection
+	testbed.Eventually(t, time.Minute, "connect to the broker", func(context.Context) error {
+		var err error
+		conn, err = amqp.Dial(broker.AMQPURI(broker.Username, broker.Password, vhost))
+		return err
+	})
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -52,6 +53,8 @@ func startManager(t *testing.T, env *testbed.Env, opts controller.Options) {
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache:                  controller.CacheOptions(opts),
+		// Each test of the package runs its own manager in this process.
+		Controller: config.Controller{SkipNameValidation: new(true)},
 	})
 	if err != nil {
 		t.Fatal(err)
