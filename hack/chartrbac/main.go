@@ -120,7 +120,8 @@ controller-gen generates from the kubebuilder RBAC markers in
 internal/controller. DO NOT EDIT: change the markers and run make manifests.
 
 watchNamespaces empty: one ClusterRole. watchNamespaces set: a Role and a
-RoleBinding in each watched namespace (least privilege).
+RoleBinding in each watched namespace and in the release namespace, which
+holds the topology every tenant shares (least privilege).
 */}}
 `
 
@@ -160,7 +161,7 @@ func render(rules []rbacv1.PolicyRule) ([]byte, error) {
 		}
 	}
 	b.WriteString(`{{- if .Values.watchNamespaces }}
-{{- range $ns := .Values.watchNamespaces }}
+{{- range $ns := uniq (append .Values.watchNamespaces .Release.Namespace) }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role

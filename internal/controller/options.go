@@ -423,6 +423,7 @@ func CacheOptions(o Options) cache.Options {
 			&topologyv1beta1.Permission{}:   {Label: managed},
 			&topologyv1beta1.Exchange{}:     {Label: managed},
 			&topologyv1beta1.Vhost{}:        {Label: managed},
+			&topologyv1beta1.Policy{}:       {Label: managed},
 			&hcpv1alpha1.Callee{}:           {Transform: trimUserObject},
 			&hcpv1alpha1.Caller{}:           {Transform: trimUserObject},
 			&hcpv1alpha1.CapabilityPolicy{}: {Transform: trimUserObject},

@@ -175,7 +175,7 @@ func topologyObjectReady(o client.Object) (bool, string) {
 // arguments.
 func queueArgumentsHint(o client.Object, msg string) string {
 	if _, ok := o.(*topologyv1beta1.Queue); ok && strings.Contains(msg, "inequivalent arg") {
-		return " (RabbitMQ cannot change the arguments of an existing queue: to apply new limits, delete and recreate the object, which deletes the queue and the messages in it)"
+		return " (RabbitMQ cannot change the arguments of an existing queue; the operator never changes them: limits are a policy, hcp-limits.<queue>, changed live)"
 	}
 	return ""
 }

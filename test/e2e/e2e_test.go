@@ -339,11 +339,11 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 		"hcp-limits." + topology.CommandQueue(calleeID): {"max-length": float64(*cq.MaxLength), "delivery-limit": float64(*cq.DeliveryLimit), "overflow": "reject-publish"},
 		"hcp-limits." + topology.EventQueue(callerID):   {"message-ttl": float64(ttl.Milliseconds()), "max-length": float64(100000), "overflow": "drop-head"},
 	}
-	ps, err := b.API.ListPoliciesIn(r.vhost)
+	pols, err := b.API.ListPoliciesIn(r.vhost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range ps {
+	for _, p := range pols {
 		if want, ok := wantPolicies[p.Name]; ok {
 			if got := map[string]any(p.Definition); !reflect.DeepEqual(got, want) {
 				t.Errorf("policy %s: definition %v, want %v", p.Name, got, want)
