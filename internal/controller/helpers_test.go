@@ -184,19 +184,6 @@ func policyDefinition(p *topologyv1beta1.Policy) map[string]any {
 	return m
 }
 
-// setSharedReady plays the topology operator for the shared objects of a
-// vhost key, wherever they are.
-func setSharedReady(t *testing.T, key string) {
-	t.Helper()
-	exchanges, err := sharedExchanges(t.Context(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range exchanges {
-		setTopologyStatus(t, &exchanges[i], true, "")
-	}
-}
-
 func harnessChildren(ns, base string) []client.Object {
 	return []client.Object{
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},

@@ -90,7 +90,7 @@ func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topology
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("Policy %s: %w", klog.KObj(desired), err)
+		return nil, fmt.Errorf("policy %s: %w", klog.KObj(desired), err)
 	}
 	if res != controllerutil.OperationResultNone {
 		verb := "Updated"

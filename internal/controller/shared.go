@@ -278,7 +278,7 @@ func (c *core) ensureSharedSecret(ctx context.Context, user *core, v view, b res
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("Secret %s: %w", klog.KObj(desired), err)
+		return fmt.Errorf("secret %s: %w", klog.KObj(desired), err)
 	}
 	if res != controllerutil.OperationResultNone {
 		ctrl.LoggerFrom(ctx).Info("Applied the shared connection Secret", "secret", klog.KObj(live), "copiedFrom", live.Annotations[resource.AnnotationCopiedFrom], "operation", res)
