@@ -513,3 +513,25 @@ func TestJudgeContinuity(t *testing.T) {
 		}
 	}
 }
+
+// TestEffectiveLimits: limits set by policy count like arguments (the
+// operator's queues carry none); for numbers the lower wins, for overflow
+// the policy.
+func TestEffectiveLimits(t *testing.T) {
+	args := map[string]any{"x-queue-type": "quorum", "x-single-active-consumer": true}
+	def := map[string]any{"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head"}
+	got := effectiveLimits(args, def)
+	if res, d := eventQueueTTLResult(got); res != Pass {
+		t.Errorf("MGMT-4 with the TTL in a policy: %s %s", res, d)
+	}
+	if res, d := eventQueueMaxResult(got); res != Pass {
+		t.Errorf("MGMT-5 with the length in a policy: %s %s", res, d)
+	}
+	if res, _ := eventQueueTTLResult(effectiveLimits(args, nil)); res != Fail {
+		t.Errorf("MGMT-4 with no TTL anywhere: %s, want fail", res)
+	}
+	pinned := effectiveLimits(map[string]any{"x-max-length": float64(10), "x-overflow": "reject-publish"}, def)
+	if pinned["x-max-length"] != float64(10) || pinned["x-overflow"] != "drop-head" {
+		t.Errorf("effective limits %v: want the lower max-length (10) and the policy's overflow", pinned)
+	}
+}

@@ -2,8 +2,11 @@ package conformance
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
@@ -117,10 +120,66 @@ func evtQueueChecks(r *recorder, api *rabbithole.Client, cfg *resolved) {
 	default:
 		r.pass(MgmtEventQueue, "%s durable (%s), bound to %s with %s", cfg.evtQueue, orClassic(q.Type), topology.EventsExchange, key)
 	}
-	res, d := eventQueueTTLResult(q.Arguments)
+	limits := q.Arguments
+	if def, err := effectivePolicy(api, cfg.Vhost, cfg.evtQueue); err == nil {
+		limits = effectiveLimits(q.Arguments, def)
+	}
+	res, d := eventQueueTTLResult(limits)
 	r.set(MgmtEventQueueTTL, res, "%s", d)
-	res, d = eventQueueMaxResult(q.Arguments)
+	res, d = eventQueueMaxResult(limits)
 	r.set(MgmtEventQueueMax, res, "%s", d)
+}
+
+// effectivePolicy reads the definition of the policies that apply to a
+// queue (effective_policy_definition: its policy and operator policy
+// merged by the broker), which rabbit-hole's QueueInfo does not carry.
+func effectivePolicy(api *rabbithole.Client, vhost, queue string) (map[string]any, error) {
+	u := strings.TrimSuffix(api.Endpoint, "/") + "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(queue)
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.SetBasicAuth(api.Username, api.Password)
+	resp, err := (&http.Client{Timeout: 15 * time.Second}).Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	var q struct {
+		Definition map[string]any `json:"effective_policy_definition"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&q); err != nil {
+		return nil, err
+	}
+	return q.Definition, nil
+}
+
+// effectiveLimits are the queue's limits as the broker applies them to a
+// quorum queue, as queue arguments (x- keys): for a numeric limit set both
+// as an argument and by policy the lower value, for overflow the policy's.
+// The project's operator sets its limits by policy, so that they can
+// change on a live queue; other deployments declare them as arguments.
+func effectiveLimits(args, policy map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range args {
+		out[k] = v
+	}
+	for _, k := range []string{"message-ttl", "max-length", "max-length-bytes"} {
+		p, okP := number(policy[k])
+		if !okP {
+			continue
+		}
+		if a, okA := number(args["x-"+k]); !okA || p < a {
+			out["x-"+k] = float64(p)
+		}
+	}
+	if ov, ok := policy["overflow"].(string); ok {
+		out["x-overflow"] = ov
+	}
+	return out
 }
 
 func orClassic(t string) string {
