@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/controller"
@@ -210,6 +212,13 @@ func newBed(t *testing.T, s settings) *bed {
 	cl, err := client.New(restCfg, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The project's CRDs, as a chart install would leave them (the e2e
+	// suite, which runs before in make test, uninstalls its release).
+	if _, err := envtest.InstallCRDs(restCfg, envtest.CRDInstallOptions{
+		Paths: []string{filepath.Join("..", "..", "config", "crd", "bases")}, ErrorIfPathMissing: true,
+	}); err != nil {
+		t.Fatalf("install the CRDs: %v", err)
 	}
 	id := randomID()
 	b := &bed{
