@@ -12,7 +12,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -159,7 +158,7 @@ func orphaned(objs []client.Object) []client.Object {
 // withUID gives an object that is never created the UID its children's
 // builders read.
 func withUID[T client.Object](o T) T {
-	o.SetUID(types.UID(uuid.NewUUID()))
+	o.SetUID(uuid.NewUUID())
 	return o
 }
 
