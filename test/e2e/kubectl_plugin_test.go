@@ -74,9 +74,20 @@ func TestKubectlPlugin(t *testing.T) {
 	})
 
 	t.Run("Topology", func(t *testing.T) {
-		res := p.run(t, "topology", "-n", r.ns, calleeID, "--management-url", r.cfg.managementURL)
-		if res.code != 0 {
-			t.Fatalf("exit %d", res.code)
+		// The management API counts consumers from statistics it collects
+		// every few seconds (collect_statistics_interval, 5 s by default),
+		// so a consumer that attached just now can still show as 0: ask
+		// again until the row shows it, for at most 30 s.
+		row := regexp.MustCompile(`(?m)^\s+queue\s+hcp\.cmd\.lab-cvd\s+Queue/\S+\s+True\s+quorum, \d+ messages \(\d+ ready, \d+ unacked\), 1 consumers$`)
+		var res pluginResult
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Second) {
+			res = p.run(t, "topology", "-n", r.ns, calleeID, "--management-url", r.cfg.managementURL)
+			if res.code != 0 {
+				t.Fatalf("exit %d", res.code)
+			}
+			if row.MatchString(res.out) || time.Now().After(deadline) {
+				break
+			}
 		}
 		for _, want := range []string{
 			"Callee " + r.ns + "/" + calleeID + " (id " + calleeID + "): TopologyReady=True",
@@ -87,9 +98,8 @@ func TestKubectlPlugin(t *testing.T) {
 				t.Errorf("topology lacks %q", want)
 			}
 		}
-		row := regexp.MustCompile(`(?m)^\s+queue\s+hcp\.cmd\.lab-cvd\s+Queue/\S+\s+True\s+quorum, \d+ messages \(\d+ ready, \d+ unacked\), 1 consumers$`)
 		if !row.MatchString(res.out) {
-			t.Error("no Ready queue row with its depth and one consumer")
+			t.Error("no Ready queue row with its depth and one consumer after 30 s")
 		}
 		for _, what := range []string{"exchange    hcp.commands", "exchange    hcp.events", "binding", "user        callee.lab-cvd@" + r.vhost, "permission"} {
 			if !strings.Contains(res.out, what) {
