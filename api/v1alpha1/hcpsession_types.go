@@ -29,6 +29,25 @@ func (s SessionState) IsTerminal() bool {
 	return false
 }
 
+// AnnotationAdmitted ("true") on an HCPSession says its creation was the
+// L3 decision: the gate admitted the task and no concurrency limit applied,
+// so nothing could overturn the verdict, and the session runs from then on.
+// Its status.state is written afterwards, without holding up the reply to
+// the caller; until then DecidedState reads RUNNING. Without it a created
+// session is undecided (PENDING) until its status.state says otherwise.
+const AnnotationAdmitted = "hcp.io/admitted"
+
+// DecidedState is the session's state as far as it has been decided:
+// status.state, except that a session admitted at its creation
+// (AnnotationAdmitted) whose state is not written yet is RUNNING.
+func (s *HCPSession) DecidedState() SessionState {
+	st := s.Status.State
+	if (st == "" || st == SessionPending) && s.Annotations[AnnotationAdmitted] == "true" {
+		return SessionRunning
+	}
+	return st
+}
+
 // HCPSessionSpec records what was asked. It is immutable after creation
 // except abortRequested.
 type HCPSessionSpec struct {

@@ -538,6 +538,7 @@ func matrixRows() []matrixRow {
 		})},
 		{hs, "update (label hcp.io/state)", row(allow, byVAP, byRBAC, byRBAC), updateOf(gvrSessions, sess, label(hcpv1alpha1.LabelSessionState, "RUNNING"))},
 		{hs, "patch (sequence ceiling annotation)", row(allow, byVAP, byRBAC, byRBAC), patchOf(gvrSessions, sess, `{"metadata":{"annotations":{"hcp.io/sequence-ceiling":"2048"}}}`)},
+		{hs, "patch (annotation hcp.io/admitted)", row(byVAP, byVAP, byRBAC, byRBAC), patchOf(gvrSessions, sess, `{"metadata":{"annotations":{"hcp.io/admitted":"true"}}}`)},
 		{hs, "patch (spec.abortRequested)", row(allow, byVAP, byRBAC, byRBAC), patchOf(gvrSessions, sess, `{"spec":{"abortRequested":true}}`)},
 		{hs, "patch (label hcp.io/callee to beta)", row(byVAP, byVAP, byRBAC, byRBAC), patchOf(gvrSessions, sess, `{"metadata":{"labels":{"hcp.io/callee":"beta"}}}`)},
 		{hs, "patch (label hcp.io/caller-id)", row(byVAP, byVAP, byRBAC, byRBAC), patchOf(gvrSessions, sess, `{"metadata":{"labels":{"hcp.io/caller-id":"other-id"}}}`)},

@@ -21,6 +21,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -240,7 +241,9 @@ func (b *bed) Close() {
 // after a test or benchmark ended would panic).
 func (b *bed) logger(name string, quiet bool) logr.Logger {
 	v := 0
-	if quiet {
+	if n, err := strconv.Atoi(os.Getenv("HCP_RELAY_LOG_V")); err == nil {
+		v = n // the sidecars' logs at this level, with millisecond timestamps, even in benchmarks
+	} else if quiet {
 		v = -1
 	}
 	return funcr.New(func(prefix, args string) {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -81,6 +83,13 @@ func (s *Sidecar) readopt(ctx context.Context) {
 			}
 		}
 		s.st.Seed(hs.Name, hs.Status, s.clk.Now())
+		if hs.Status.State == "" && admittedAtCreation(hs) {
+			// Admitted at creation; the previous incarnation ended before
+			// it wrote the state.
+			s.st.Update(hs.Name, func(st *v1alpha1.HCPSessionStatus) {
+				st.State, st.PodName, st.Reason = v1alpha1.SessionState(ss.machine.State()), s.pod, "accepted"
+			})
+		}
 		s.register(ss)
 		_ = ss.acquire(ctx)
 		for _, m := range ws.Pending {
@@ -135,9 +144,9 @@ func (ss *sess) armTimersLocked() {
 // FAILED harness_lost. PENDING records are removed so their command is
 // decided anew.
 func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
-	log := s.log.WithValues("session", hs.Name, "owner", hs.Status.PodName, "state", hs.Status.State)
-	st := hs.Status.State
-	if st == "" || st == v1alpha1.SessionPending {
+	st := hs.DecidedState()
+	log := s.log.WithValues("session", hs.Name, "owner", hs.Status.PodName, "state", st)
+	if undecided(hs) {
 		// No reply was sent and the harness never saw the task: remove
 		// the record so the command, unacknowledged and so redelivered, is
 		// decided anew.
@@ -160,6 +169,9 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 		return
 	}
 	prev, wasReleased := hs.Status.PodName, released(hs)
+	if prev == "" && !wasReleased {
+		prev = decidingPod(hs) // admitted at creation, no status written
+	}
 	resumable := rec != nil && rec.Checkpoint != nil && st != v1alpha1.SessionAborting
 	msg := fmt.Sprintf("the replica running the session (pod %s) is gone; taken over by pod %s", prev, s.pod)
 	switch {
@@ -169,10 +181,11 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 		msg = fmt.Sprintf("the callee sidecar (pod %s) restarted without its session log", s.pod)
 	}
 	// Claim it: only the winner of this optimistic-lock write goes on.
-	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
-		st.PodName = s.pod
-		st.Message = truncate(msg, 1024)
-		setCondition(st, metav1.Condition{Type: v1alpha1.ConditionHandover, Status: metav1.ConditionTrue, Reason: "TakenOver",
+	if err := s.casStatus(ctx, hs, func(stored *v1alpha1.HCPSessionStatus) {
+		stored.State = st // RUNNING when admitted at creation and not written since
+		stored.PodName = s.pod
+		stored.Message = truncate(msg, 1024)
+		setCondition(stored, metav1.Condition{Type: v1alpha1.ConditionHandover, Status: metav1.ConditionTrue, Reason: "TakenOver",
 			Message: truncate(msg, 512), LastTransitionTime: metav1.NewTime(s.clk.Now())})
 	}); err != nil {
 		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
@@ -181,6 +194,11 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 		return
 	}
 	s.st.Seed(hs.Name, hs.Status, s.clk.Now())
+	typ := corev1.EventTypeWarning
+	if wasReleased {
+		typ = corev1.EventTypeNormal
+	}
+	s.sessionEvent(hs.Name, hs.UID, typ, EventSessionTakenOver, "%s", msg)
 	// A released session's lastSequence is exact (written after its last
 	// confirm); otherwise continue after the reserved ceiling, never
 	// reusing a number the caller may have seen.

@@ -544,6 +544,13 @@ func (b *bed) hcpSession(sid string) *v1alpha1.HCPSession {
 // holds every one of parts.
 func (b *bed) waitEvent(reason string, parts ...string) corev1.Event {
 	b.t.Helper()
+	return b.waitEventOn("Callee", calleeID, reason, parts...)
+}
+
+// waitEventOn waits for an Event on the object kind/name with reason whose
+// message holds every one of parts.
+func (b *bed) waitEventOn(kind, name, reason string, parts ...string) corev1.Event {
+	b.t.Helper()
 	var found corev1.Event
 	testbed.Eventually(b.t, 10*time.Second, "Event "+reason+" "+strings.Join(parts, " "), func(ctx context.Context) error {
 		var list corev1.EventList
@@ -552,7 +559,7 @@ func (b *bed) waitEvent(reason string, parts ...string) corev1.Event {
 		}
 	next:
 		for _, e := range list.Items {
-			if e.Reason != reason || e.InvolvedObject.Kind != "Callee" || e.InvolvedObject.Name != calleeID {
+			if e.Reason != reason || e.InvolvedObject.Kind != kind || e.InvolvedObject.Name != name {
 				continue
 			}
 			for _, p := range parts {

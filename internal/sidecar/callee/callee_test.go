@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +92,7 @@ func TestAcceptedEventsCompleted(t *testing.T) {
 	}
 
 	b.waitMessage(sid, 30*time.Second, "session_closed", isEvent(session.EventSessionClosed))
+	b.waitEvent(EventSessionCompleted, "Session "+sid+" of caller "+callerID+` (capability "analyze") completed`)
 	msgs := b.messages(sid)
 	kinds := make([]envelope.MessageType, 0, len(msgs))
 	for _, m := range msgs {
@@ -700,6 +702,7 @@ func TestGracefulShutdownHandsSessionsOver(t *testing.T) {
 		if slices.ContainsFunc(b.messages(id), isType(envelope.TypeTaskFailed)) {
 			t.Fatalf("%s: a task_failed was sent", id)
 		}
+		b.waitEventOn("HCPSession", id, EventSessionHandedOver, "Released by pod "+b.pod+" at its drain after event "+strconv.FormatInt(last.Sequence, 10))
 	}
 }
 

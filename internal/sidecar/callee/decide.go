@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -78,7 +79,7 @@ func (s *Sidecar) activeSessions(ctx context.Context, r client.Reader, callerID 
 		hs := &list.Items[i]
 		seen[hs.Name] = true
 		switch {
-		case hs.Status.State.IsTerminal():
+		case hs.DecidedState().IsTerminal():
 		case me != nil && hs.Name == me.Name:
 		case s.session(hs.Name) != nil && s.session(hs.Name).ended():
 		case me != nil && undecided(hs) && rankedBefore(me, hs):
@@ -99,7 +100,14 @@ func (s *Sidecar) activeSessions(ctx context.Context, r client.Reader, callerID 
 const recountPoll = 50 * time.Millisecond
 
 func undecided(hs *v1alpha1.HCPSession) bool {
-	return hs.Status.State == "" || hs.Status.State == v1alpha1.SessionPending
+	st := hs.DecidedState()
+	return st == "" || st == v1alpha1.SessionPending
+}
+
+// admittedAtCreation: the HCPSession's creation recorded its admission
+// (v1alpha1.AnnotationAdmitted).
+func admittedAtCreation(hs *v1alpha1.HCPSession) bool {
+	return hs.Annotations[v1alpha1.AnnotationAdmitted] == "true"
 }
 
 // rankedBefore orders the claims of one callee the same way on every
@@ -153,9 +161,11 @@ func (s *Sidecar) recount(ctx context.Context, c *command, v policy.Verdict, me 
 	}
 }
 
-// decideAndReply records the verdict (HCPSession PENDING, then REJECTED or
-// RUNNING), replies, and acknowledges the command once the reply is
-// confirmed.
+// decideAndReply records the verdict, replies, and acknowledges the command
+// once the reply is confirmed. An admission no concurrency limit applies to
+// is recorded by the HCPSession's creation (AnnotationAdmitted), and its
+// RUNNING status is written afterwards; otherwise the session is created
+// undecided (PENDING), recounted, and then turned REJECTED or RUNNING.
 func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.Callee, v policy.Verdict, depth int) {
 	if c.span.Recording() {
 		c.span.SetAttributes(attribute.Bool("hcp.admitted", v.Admitted), attribute.String("hcp.reason_code", string(v.Reason)),
@@ -216,6 +226,8 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		}
 		s.st.Seed(sid, hs.Status, s.clk.Now())
 		log.Info("Rejected a task", "reasonCode", v.Reason, "message", v.Message)
+		s.event(corev1.EventTypeWarning, EventTaskRejected, "Rejected task %s of caller %s (capability %q): %s: %s",
+			msgID, callerID, ts.Capability, v.Reason, oneLine(v.Message, 300))
 		s.countReject(string(v.Reason))
 		pub, err := s.rejectedReply(hs)
 		if err != nil {
@@ -248,7 +260,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 	}
 	ss := s.newSession(hs, cl, tok, claims, body)
 	s.register(ss)
-	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
+	admit := func(st *v1alpha1.HCPSessionStatus) {
 		st.State = v1alpha1.SessionRunning
 		st.PodName = s.pod
 		st.Reason = "accepted"
@@ -256,13 +268,26 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		// For people and dashboards only: replies never read them back.
 		st.StartedAt = &metav1.Time{Time: claims.IssuedAt}
 		st.TokenExpiresAt = &metav1.Time{Time: claims.ExpiresAt}
-	}); err != nil {
-		s.unregister(ss)
-		s.afterCASFailure(ctx, c, err, depth)
-		return
 	}
-	s.st.Seed(sid, hs.Status, s.clk.Now())
+	if admittedAtCreation(hs) {
+		// The create was the decision: the status follows through the
+		// status writer (a state change, written at once) while the reply
+		// goes out.
+		s.st.Seed(sid, hs.Status, time.Time{})
+		s.st.SeedLabel(sid, v1alpha1.SessionRunning)
+		s.st.Update(sid, admit)
+		admit(&hs.Status)
+	} else {
+		if err := s.casStatus(ctx, hs, admit); err != nil {
+			s.unregister(ss)
+			s.afterCASFailure(ctx, c, err, depth)
+			return
+		}
+		s.st.Seed(sid, hs.Status, s.clk.Now())
+	}
 	log.Info("Accepted a task", "capability", ts.Capability, "risk", v.Risk, "maxDuration", task.FormatDuration(v.MaxDuration))
+	s.event(corev1.EventTypeNormal, EventTaskAccepted, "Accepted task %s of caller %s (capability %q, risk %s, at most %s): session %s",
+		msgID, callerID, ts.Capability, v.Risk, task.FormatDuration(v.MaxDuration), sid)
 
 	reply, err := s.acceptedReply(hs)
 	if err != nil { // cannot happen: the same inputs just issued a token
@@ -355,6 +380,13 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 	if v.Admitted {
 		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
 		hs.Annotations[AnnotationSequenceCeiling] = strconv.Itoa(DefaultSequenceBlock)
+		if !v.Counted {
+			// No concurrency limit applies, so no recount can overturn
+			// the verdict: the create itself records the decision, and
+			// the reply does not wait for a second write.
+			hs.Annotations[v1alpha1.AnnotationAdmitted] = "true"
+			hs.Labels[v1alpha1.LabelSessionState] = string(v1alpha1.SessionRunning)
+		}
 	}
 	if cl != nil {
 		hs.OwnerReferences = []metav1.OwnerReference{{

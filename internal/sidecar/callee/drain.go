@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -165,6 +167,8 @@ func (s *Sidecar) releaseStatus(ctx context.Context, ss *sess, last, events int6
 		}
 		if err == nil {
 			ss.log.Info("Handed the session over", "lastSequence", last)
+			s.sessionEvent(ss.id, ss.uid, corev1.EventTypeNormal, EventSessionHandedOver,
+				"Released by pod %s at its drain after event %d; another replica resumes it from its checkpoint", s.pod, last)
 			return nil
 		}
 		select {

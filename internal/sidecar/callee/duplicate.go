@@ -39,7 +39,7 @@ func (s *Sidecar) duplicate(ctx context.Context, c *command, depth int) {
 			"message_id "+msgID+" already identifies another caller's task; use a fresh message_id")
 		return
 	}
-	switch st := hs.Status.State; {
+	switch st := hs.DecidedState(); {
 	case st == v1alpha1.SessionRejected:
 		pub, err := s.rejectedReply(&hs)
 		if err != nil {
@@ -98,7 +98,7 @@ func (s *Sidecar) pendingDuplicate(ctx context.Context, c *command, hs *v1alpha1
 			if err := s.reader.Get(ctx, client.ObjectKeyFromObject(hs), &cur); err != nil {
 				break
 			}
-			if cur.Status.State != v1alpha1.SessionPending && cur.Status.State != "" {
+			if !undecided(&cur) {
 				s.duplicate(ctx, c, depth+1)
 				return
 			}

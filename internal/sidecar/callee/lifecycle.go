@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -143,6 +145,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	close(ss.confirmQ)
 	ss.endTrace(string(o.final), o.reason, o.final != session.StateCompleted)
 	ss.log.Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
+	ss.recordEnd(o, now)
 	// Keep the session in memory for a while, so late harness calls get a
 	// clear 409 instead of 404; then forget it.
 	ss.sc.forgetLater(ss)
@@ -250,4 +253,25 @@ func (ss *sess) terminate(code, msg string, recoverable bool) {
 	_ = ss.acquire(context.Background())
 	defer ss.release()
 	ss.failLocked(code, msg, recoverable)
+}
+
+// recordEnd records the session's end as Events: on the Callee always, and
+// on the HCPSession too when it did not complete.
+func (ss *sess) recordEnd(o outcome, now time.Time) {
+	took := now.Sub(ss.startedAt).Round(time.Second)
+	switch o.final {
+	case session.StateCompleted:
+		ss.sc.event(corev1.EventTypeNormal, EventSessionCompleted, "Session %s of caller %s (capability %q) completed after %s, %d events",
+			ss.id, ss.callerID, ss.capability, took, ss.events)
+	case session.StateFailed, session.StateAborted:
+		reason := EventSessionFailed
+		if o.final == session.StateAborted {
+			reason = EventSessionAborted
+		}
+		msg := oneLine(o.message, 300)
+		ss.sc.event(corev1.EventTypeWarning, reason, "Session %s of caller %s (capability %q) ended %s after %s: %s: %s",
+			ss.id, ss.callerID, ss.capability, o.final, took, o.reason, msg)
+		ss.sc.sessionEvent(ss.id, ss.uid, corev1.EventTypeWarning, reason, "Ended %s after %s, %d events: %s: %s",
+			o.final, took, ss.events, o.reason, msg)
+	}
 }

@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/policy"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
@@ -14,10 +13,6 @@ import (
 // rejectionsRemembered bounds the rejections a replica remembers (about
 // 100 bytes each).
 const rejectionsRemembered = 100_000
-
-// EventTaskRejected is the reason of the Event recorded on the Callee for
-// each rejected task (aggregated by the event recorder under a flood).
-const EventTaskRejected = "TaskRejected"
 
 // rejection is a task the gate rejected without a record: what its reply
 // said.
@@ -63,16 +58,4 @@ func (s *Sidecar) rejectedBefore(ctx context.Context, c *command) bool {
 	c.log.V(1).Info("A task rejected before; answering again with the same reply", "reasonCode", r.code)
 	s.sendRejected(ctx, c.d, c.callerID, c.sid, c.msgID, r.at, r.code, r.msg) // not counted again: a copy
 	return true
-}
-
-// event records an Event on the Callee, if there is a recorder.
-func (s *Sidecar) event(typ, reason, format string, args ...any) {
-	if s.rec == nil {
-		return
-	}
-	ref := &corev1.ObjectReference{
-		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Callee",
-		Namespace: s.ns, Name: s.cfg.ObjectName,
-	}
-	s.rec.Eventf(ref, typ, reason, format, args...)
 }

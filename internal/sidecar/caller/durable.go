@@ -522,7 +522,7 @@ func (w *stream) adopt(hs *v1alpha1.HCPSession) {
 func (s *Sidecar) adoptTask(hs *v1alpha1.HCPSession) (TaskRecord, error) {
 	tid := strings.ToLower(hs.Spec.TaskMessageID)
 	st := TaskAccepted
-	switch hs.Status.State {
+	switch hs.DecidedState() {
 	case "", v1alpha1.SessionPending:
 		st = TaskPending
 	case v1alpha1.SessionRejected:

@@ -6,6 +6,7 @@ package events
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -26,7 +27,24 @@ func NewRecorder(cfg *rest.Config, scheme *runtime.Scheme, ns, host string) (rec
 	if err != nil {
 		return nil, nil, fmt.Errorf("event recorder: %w", err)
 	}
-	b := record.NewBroadcaster()
+	b := NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events(ns)})
 	return b.NewRecorder(scheme, corev1.EventSource{Component: Component, Host: host}), b.Shutdown, nil
+}
+
+// NewBroadcaster is client-go's broadcaster whose spam filter (a burst of
+// 25 Events, then one per 5 minutes) counts each reason on an object
+// apart: a stream of TaskAccepted on a Callee never silences its
+// TaskRejected, nor the other way round.
+func NewBroadcaster() record.EventBroadcaster {
+	return record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{SpamKeyFunc: SpamKey}))
+}
+
+// SpamKey is client-go's spam key (source, object, type) with the reason.
+func SpamKey(e *corev1.Event) string {
+	return strings.Join([]string{
+		e.Source.Component, e.Source.Host,
+		e.InvolvedObject.Kind, e.InvolvedObject.Namespace, e.InvolvedObject.Name, string(e.InvolvedObject.UID), e.InvolvedObject.APIVersion,
+		e.Type, e.Reason,
+	}, "/")
 }

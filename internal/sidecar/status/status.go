@@ -312,6 +312,20 @@ func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.
 	}
 }
 
+// SeedLabel tells the writer the state label name's object already
+// carries (set when it was created), so writing that state does not write
+// the label again.
+func (w *Writer) SeedLabel(name string, st v1alpha1.SessionState) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.entries[name]
+	if e == nil {
+		e = &entry{}
+		w.entries[name] = e
+	}
+	e.label = st
+}
+
 // Update applies mutate to the desired status of name and schedules a write:
 // at once when the state changes or the session's last write is at least
 // one interval old, otherwise when the interval has passed. mutate runs
