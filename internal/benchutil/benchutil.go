@@ -124,6 +124,18 @@ type Result struct {
 	Elapsed time.Duration
 	// Latencies, sorted ascending, one per distinct message.
 	Latencies []time.Duration
+	// CPU is what the run cost the processor (Interleave measures it):
+	// this process and the broker, set-up and tear-down included.
+	CPU CPU
+}
+
+// CPUPerMessage is the run's CPU per message consumed.
+func (r Result) CPUPerMessage() CPU {
+	if r.Messages == 0 {
+		return CPU{}
+	}
+	n := time.Duration(r.Messages)
+	return CPU{Self: r.CPU.Self / n, Broker: r.CPU.Broker / n}
 }
 
 // Throughput is messages consumed per second.
@@ -460,6 +472,8 @@ type Summary struct {
 	Runs       int
 	Throughput float64 // msgs/s
 	P50, P99   time.Duration
+	// CPUPerMessage: this process's and the broker's, each the median.
+	CPUPerMessage CPU
 }
 
 // Summarize takes the median of each figure over rs.
@@ -471,19 +485,26 @@ func Summarize(rs []Result) Summary {
 	tp := make([]float64, len(rs))
 	p50 := make([]time.Duration, len(rs))
 	p99 := make([]time.Duration, len(rs))
+	self := make([]time.Duration, len(rs))
+	broker := make([]time.Duration, len(rs))
 	for i, r := range rs {
 		tp[i], p50[i], p99[i] = r.Throughput(), r.Percentile(0.5), r.Percentile(0.99)
+		c := r.CPUPerMessage()
+		self[i], broker[i] = c.Self, c.Broker
+	}
+	for _, s := range [][]time.Duration{p50, p99, self, broker} {
+		slices.Sort(s)
 	}
 	slices.Sort(tp)
-	slices.Sort(p50)
-	slices.Sort(p99)
 	m := len(rs) / 2
 	s.Throughput, s.P50, s.P99 = tp[m], p50[m], p99[m]
+	s.CPUPerMessage = CPU{Self: self[m], Broker: broker[m]}
 	return s
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("median of %d runs: %.0f msgs/s, p50 %v, p99 %v", s.Runs, s.Throughput, s.P50.Round(time.Microsecond), s.P99.Round(time.Microsecond))
+	return fmt.Sprintf("median of %d runs: %.0f msgs/s, p50 %v, p99 %v, CPU per message: this process %v, broker %v", s.Runs, s.Throughput,
+		s.P50.Round(time.Microsecond), s.P99.Round(time.Microsecond), s.CPUPerMessage.Self.Round(100*time.Nanosecond), s.CPUPerMessage.Broker.Round(100*time.Nanosecond))
 }
 
 // Interleave runs every runner rounds times, alternating between them
@@ -503,10 +524,12 @@ func Interleave(ctx context.Context, rounds int, runners map[string]Runner, conf
 			if err != nil {
 				return out, err
 			}
+			before := SampleCPU()
 			r, err := runners[n](ctx, cfg)
 			if err != nil {
 				return out, fmt.Errorf("%s, round %d: %w", n, i+1, err)
 			}
+			r.CPU = SampleCPU().Sub(before)
 			out[n] = append(out[n], r)
 		}
 	}

@@ -46,3 +46,37 @@ func TestPercentileAndSummary(t *testing.T) {
 		t.Errorf("Body(512) has %d bytes", n)
 	}
 }
+
+func TestSampleCPUCountsThisProcessAndTheBroker(t *testing.T) {
+	before := SampleCPU()
+	deadline := time.Now().Add(50 * time.Millisecond)
+	x := 0
+	for time.Now().Before(deadline) {
+		x++
+	}
+	d := SampleCPU().Sub(before)
+	if d.Self < 20*time.Millisecond {
+		t.Fatalf("50 ms of spinning counted as %v of CPU (%d loops)", d.Self, x)
+	}
+	if brokerPID() == "" {
+		t.Log("no RabbitMQ node on this machine: the broker's CPU is not measured")
+		return
+	}
+	if c := SampleCPU(); c.Broker <= 0 {
+		t.Fatalf("the broker's CPU reads %v", c.Broker)
+	}
+	if _, broker := PeakRSS(); broker <= 0 {
+		t.Fatalf("the broker's peak RSS reads %d", broker)
+	}
+}
+
+func TestSummarizeTakesTheMedianCPU(t *testing.T) {
+	rs := []Result{
+		{Messages: 100, Elapsed: time.Second, CPU: CPU{Self: 100 * time.Millisecond, Broker: 300 * time.Millisecond}},
+		{Messages: 100, Elapsed: time.Second, CPU: CPU{Self: 900 * time.Millisecond, Broker: 100 * time.Millisecond}},
+		{Messages: 100, Elapsed: time.Second, CPU: CPU{Self: 200 * time.Millisecond, Broker: 200 * time.Millisecond}},
+	}
+	if got := Summarize(rs).CPUPerMessage; got.Self != 2*time.Millisecond || got.Broker != 2*time.Millisecond {
+		t.Fatalf("median CPU per message %+v, want 2ms each", got)
+	}
+}

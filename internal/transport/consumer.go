@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -302,6 +303,8 @@ func (a *acker) settle(op string, tag uint64, multiple bool, send func() error) 
 	if a.ch.IsClosed() {
 		return a.stale(op, tag, amqp.ErrClosed)
 	}
+	a.t.sendMu.Lock()
+	defer a.t.sendMu.Unlock()
 	if !a.t.settle(tag, multiple) {
 		return fmt.Errorf("transport: %s of delivery %d refused: already settled", op, tag)
 	}
@@ -314,6 +317,73 @@ func (a *acker) settle(op string, tag uint64, multiple bool, send func() error) 
 	return nil
 }
 
+// AckAll acks deliveries with as few basic.ack frames as is safe: per
+// channel, the deliveries below the lowest tag still unsettled on it
+// (other than these) go in one ack with multiple=true, every other one in
+// an ack of its own. A consumer that settles in bursts (a group commit)
+// costs the broker and itself one frame per burst instead of one per
+// message, and nothing that is not in ds is ever acked. Deliveries not
+// from this package's consumers are acked one by one. It returns the first
+// error; a delivery whose channel is gone counts as ErrStaleDelivery.
+func AckAll(ds []amqp.Delivery) error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	byChannel := map[*acker][]uint64{}
+	var order []*acker
+	for i := range ds {
+		a, ok := ds[i].Acknowledger.(*acker)
+		if !ok {
+			keep(ds[i].Ack(false))
+			continue
+		}
+		for _, o := range order { // a handful of channels at most
+			if o.ch == a.ch {
+				a = o
+				break
+			}
+		}
+		if _, seen := byChannel[a]; !seen {
+			order = append(order, a)
+		}
+		byChannel[a] = append(byChannel[a], ds[i].DeliveryTag)
+	}
+	for _, a := range order {
+		keep(a.ackAll(byChannel[a]))
+	}
+	return first
+}
+
+// ackAll acks tags of a's channel (see AckAll).
+func (a *acker) ackAll(tags []uint64) error {
+	if a.ch.IsClosed() {
+		return a.stale("ack", tags[0], amqp.ErrClosed)
+	}
+	a.t.sendMu.Lock()
+	defer a.t.sendMu.Unlock()
+	upTo, single := a.t.settleAll(tags)
+	var first error
+	send := func(tag uint64, multiple bool) {
+		err := a.ch.Ack(tag, multiple)
+		if err != nil && (errors.Is(err, amqp.ErrClosed) || a.ch.IsClosed()) {
+			err = a.stale("ack", tag, err)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if upTo > 0 {
+		send(upTo, true)
+	}
+	for _, tag := range single {
+		send(tag, false)
+	}
+	return first
+}
+
 func (a *acker) stale(op string, tag uint64, cause error) error {
 	a.log.Info("Ignored a "+op+" for a delivery from a closed channel; the broker redelivers it", "deliveryTag", tag)
 	return fmt.Errorf("%w (%s of delivery %d): %w", ErrStaleDelivery, op, tag, cause)
@@ -321,6 +391,10 @@ func (a *acker) stale(op string, tag uint64, cause error) error {
 
 // tracker holds the delivery tags of one channel not yet settled.
 type tracker struct {
+	// sendMu is held from settling tags here to sending their frame: an
+	// ack with multiple=true covers every tag below it that is settled
+	// here, so a nack settled here must be on the wire before it.
+	sendMu sync.Mutex
 	mu     sync.Mutex
 	tags   map[uint64]struct{}
 	idleCh chan struct{} // closed while tags is empty
@@ -362,6 +436,44 @@ func (t *tracker) settle(tag uint64, multiple bool) bool {
 		close(t.idleCh)
 	}
 	return found
+}
+
+// settleAll removes the unsettled ones of tags. upTo (0: none) is the
+// highest of them below every other unsettled tag, so one ack with
+// multiple=true settles exactly those; single are the rest, to ack one by
+// one. Tags delivered later are higher than all of these: a concurrent
+// delivery never falls under upTo.
+func (t *tracker) settleAll(tags []uint64) (upTo uint64, single []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	mine := make(map[uint64]bool, len(tags))
+	for _, tag := range tags {
+		if _, ok := t.tags[tag]; ok {
+			mine[tag] = true
+		}
+	}
+	if len(mine) == 0 {
+		return 0, nil
+	}
+	var lowestOther uint64 // 0: none
+	for k := range t.tags {
+		if !mine[k] && (lowestOther == 0 || k < lowestOther) {
+			lowestOther = k
+		}
+	}
+	for tag := range mine {
+		delete(t.tags, tag)
+		if lowestOther == 0 || tag < lowestOther {
+			upTo = max(upTo, tag)
+		} else {
+			single = append(single, tag)
+		}
+	}
+	slices.Sort(single)
+	if len(t.tags) == 0 {
+		close(t.idleCh)
+	}
+	return upTo, single
 }
 
 func (t *tracker) idle() <-chan struct{} {

@@ -214,6 +214,50 @@ func TestDoubleAckRefused(t *testing.T) {
 	eventually(t, 5*time.Second, "the queue to empty", func() bool { return e.ready("hcp.cmd.lab") == 0 })
 }
 
+// AckAll on a real broker: deliveries acked in bursts, out of order and
+// around one that is released (nacked with requeue), leave exactly that
+// one in the queue: a multiple=true ack never covers a delivery that was
+// not among those acked.
+func TestAckAllNeverAcksAnotherDelivery(t *testing.T) {
+	e := newEnv(t)
+	e.declare("hcp.events", amqp.ExchangeTopic, "hcp.evt.alpha", "alpha.#", amqp.Table{"x-queue-type": "quorum"})
+	e.publishRaw("hcp.events", "alpha.s.event", "e", 8)
+	c := e.dial("ack-all", nil)
+	held := make(chan amqp.Delivery, 10)
+	stop := consume(t, c, "hcp.evt.alpha", 8, func(_ context.Context, d amqp.Delivery) { held <- d })
+	ds := make([]amqp.Delivery, 8)
+	for i := range ds {
+		ds[i] = recv(t, held, 10*time.Second, fmt.Sprintf("delivery %d", i+1))
+	}
+	steps := [][]amqp.Delivery{{ds[2], ds[1], ds[4]}, {ds[0]}, {ds[6], ds[5]}}
+	for i, burst := range steps {
+		if err := transport.AckAll(burst); err != nil {
+			t.Fatalf("burst %d: %v", i, err)
+		}
+	}
+	if err := ds[3].Nack(false, true); err != nil { // released: must come back
+		t.Fatal(err)
+	}
+	if err := transport.AckAll([]amqp.Delivery{ds[7]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := transport.AckAll([]amqp.Delivery{ds[7]}); err != nil {
+		t.Fatalf("acking a settled delivery again: %v, want a no-op", err)
+	}
+	back := recv(t, held, 10*time.Second, "the released delivery")
+	if back.MessageId != ds[3].MessageId || !back.Redelivered {
+		t.Fatalf("redelivered %s (redelivered=%v), want %s", back.MessageId, back.Redelivered, ds[3].MessageId)
+	}
+	if err := transport.AckAll([]amqp.Delivery{back}); err != nil {
+		t.Fatal(err)
+	}
+	// Closing the channel requeues whatever is still unacked: nothing is.
+	_ = stop()
+	if n := e.ready("hcp.evt.alpha"); n != 0 {
+		t.Fatalf("%d messages back in the queue: an ack was lost", n)
+	}
+}
+
 // Connections are closed under the publisher and the consumer twice
 // mid-stream (as rabbitmqctl close_all_connections would); every message
 // arrives, possibly more than once, none is lost.

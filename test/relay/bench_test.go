@@ -134,13 +134,20 @@ func (r benchRow) verdict() (thr, p99 string) {
 
 func formatRows(rows []benchRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-48s %10s %10s %8s %12s %12s %12s %12s %8s\n", "scenario", "raw ev/s", "relay ev/s", "ratio", "raw p50 ms", "raw p99 ms", "relay p50", "relay p99", "p99×")
+	fmt.Fprintf(&b, "%-48s %10s %10s %8s %12s %12s %12s %12s %8s %22s %22s\n", "scenario", "raw ev/s", "relay ev/s", "ratio", "raw p50 ms", "raw p99 ms", "relay p50", "relay p99", "p99×",
+		"raw CPU µs/ev cl+brk", "relay CPU µs/ev us+brk")
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	us := func(c benchutil.CPU) string {
+		return fmt.Sprintf("%.0f + %.0f", float64(c.Self)/float64(time.Microsecond), float64(c.Broker)/float64(time.Microsecond))
+	}
 	for _, r := range rows {
 		thr, p99 := r.verdict()
-		fmt.Fprintf(&b, "%-48s %10.0f %10.0f %8s %12.2f %12.2f %12.2f %12.2f %8s\n", r.scenario, r.raw.Throughput, r.relay.Throughput, thr,
-			ms(r.raw.P50), ms(r.raw.P99), ms(r.relay.P50), ms(r.relay.P99), p99)
+		fmt.Fprintf(&b, "%-48s %10.0f %10.0f %8s %12.2f %12.2f %12.2f %12.2f %8s %22s %22s\n", r.scenario, r.raw.Throughput, r.relay.Throughput, thr,
+			ms(r.raw.P50), ms(r.raw.P99), ms(r.relay.P50), ms(r.relay.P99), p99, us(r.raw.CPUPerMessage), us(r.relay.CPUPerMessage))
 	}
+	self, broker := benchutil.PeakRSS()
+	fmt.Fprintf(&b, "CPU per event: \"cl\" the raw client, \"us\" this process (both sidecars, the harness and the app), \"brk\" the RabbitMQ node; peak RSS: this process %d MiB, the RabbitMQ node %d MiB\n",
+		self>>20, broker>>20)
 	return b.String()
 }
 

@@ -218,12 +218,16 @@ type Sidecar struct {
 	// adopting is set until the sessions in walSessions are re-adopted:
 	// meanwhile the harness API answers 503 (retry), not 404, for a
 	// session it does not hold yet.
-	adopting    atomic.Bool
-	lease       *lease.Keeper
-	ckpt        *checkpoint.Store
-	drainOnce   sync.Once
-	drained     chan struct{}
-	stopConsume context.CancelFunc
+	adopting atomic.Bool
+	// harnessAnswered is when the harness last answered a request (unix
+	// nanoseconds; 0: never): the gate's reachability check trusts it for
+	// harnessFresh.
+	harnessAnswered atomic.Int64
+	lease           *lease.Keeper
+	ckpt            *checkpoint.Store
+	drainOnce       sync.Once
+	drained         chan struct{}
+	stopConsume     context.CancelFunc
 
 	consuming   flag
 	inflight    sync.WaitGroup // deliveries being processed

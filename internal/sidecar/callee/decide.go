@@ -29,15 +29,18 @@ func (s *Sidecar) gateInput(ctx context.Context, callerID string, ts *task.TaskS
 	if err != nil {
 		return policy.GateInput{}, nil, err
 	}
+	// Read only: the cache's own objects, not copies
+	// (client.UnsafeDisableDeepCopy), so the gate's cost does not grow with
+	// copying every session and policy of the namespace.
 	var pols v1alpha1.CapabilityPolicyList
-	if err := s.c.List(ctx, &pols, client.InNamespace(s.ns)); err != nil {
+	if err := s.c.List(ctx, &pols, client.InNamespace(s.ns), client.UnsafeDisableDeepCopy); err != nil {
 		return policy.GateInput{}, cl, fmt.Errorf("listing CapabilityPolicies: %w", err)
 	}
 	// Callers in other namespaces (sharing the vhost) or external programs
 	// have no Caller object here: they match rules by id only.
 	caller := policy.UnknownCaller(callerID)
 	var callers v1alpha1.CallerList
-	if err := s.c.List(ctx, &callers, client.InNamespace(s.ns)); err != nil {
+	if err := s.c.List(ctx, &callers, client.InNamespace(s.ns), client.UnsafeDisableDeepCopy); err != nil {
 		return policy.GateInput{}, cl, fmt.Errorf("listing Callers: %w", err)
 	}
 	for i := range callers.Items {
@@ -64,7 +67,8 @@ func (s *Sidecar) gateInput(ctx context.Context, callerID string, ts *task.TaskS
 // after it, which are counted in waiting instead.
 func (s *Sidecar) activeSessions(ctx context.Context, r client.Reader, callerID string, me *v1alpha1.HCPSession) (a, waiting policy.Active, err error) {
 	var list v1alpha1.HCPSessionList
-	if err := r.List(ctx, &list, client.InNamespace(s.ns), client.MatchingLabels{v1alpha1.LabelCalleeID: s.id}); err != nil {
+	// Read only; from the cache without copies (an API reader ignores it).
+	if err := r.List(ctx, &list, client.InNamespace(s.ns), client.MatchingLabels{v1alpha1.LabelCalleeID: s.id}, client.UnsafeDisableDeepCopy); err != nil {
 		return a, waiting, fmt.Errorf("listing HCPSessions: %w", err)
 	}
 	seen := map[string]bool{}

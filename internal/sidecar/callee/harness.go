@@ -52,12 +52,20 @@ type resumeInfo struct {
 	Reason string `json:"reason"`
 }
 
+// harnessFresh is how long a harness that answered a request counts as
+// reachable without another connection.
+const harnessFresh = time.Second
+
 // harnessReachable is the gate's last check: a TCP connection to the
-// harness port. It asks nothing of the harness beyond listening, so any
-// harness passes it, and a harness that is down (crashed, restarting, not
-// started yet) gets the task rejected with harness_unavailable instead of
-// accepted and then failed.
+// harness port, unless the harness answered a request within harnessFresh.
+// It asks nothing of the harness beyond listening, so any harness passes
+// it, and a harness that is down (crashed, restarting, not started yet)
+// gets the task rejected with harness_unavailable instead of accepted and
+// then failed.
 func (s *Sidecar) harnessReachable(ctx context.Context) error {
+	if at := s.harnessAnswered.Load(); at != 0 && s.clk.Since(time.Unix(0, at)) < harnessFresh {
+		return nil
+	}
 	host := s.harness.Host
 	if s.harness.Port() == "" {
 		if s.harness.Scheme == "https" {
@@ -185,7 +193,19 @@ func (s *Sidecar) postHarness(ctx context.Context, path string, body []byte) (*h
 	}
 	req.Header.Set("Content-Type", "application/json")
 	traceOf(ctx).SetHTTP(req.Header)
-	return s.http.Do(req)
+	return s.harnessDo(req)
+}
+
+// harnessDo sends a request to the harness and notes whether it answered
+// (harnessReachable).
+func (s *Sidecar) harnessDo(req *http.Request) (*http.Response, error) {
+	resp, err := s.http.Do(req)
+	if err == nil {
+		s.harnessAnswered.Store(s.clk.Now().UnixNano())
+	} else {
+		s.harnessAnswered.Store(0) // the next gate connects again
+	}
+	return resp, err
 }
 
 // sessionURL is the sidecar API URL of a session, when the API address is a
@@ -282,7 +302,7 @@ func (s *Sidecar) harnessSessions(ctx context.Context) (known map[string]bool, l
 	if err != nil {
 		return nil, false, err
 	}
-	resp, err := s.http.Do(req)
+	resp, err := s.harnessDo(req)
 	if err != nil {
 		return nil, false, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -308,6 +309,29 @@ func (s *Sidecar) forget(it *item) {
 	if it.settled.CompareAndSwap(false, true) && it.holder != nil {
 		it.holder.Add(-1)
 		s.holding.Add(-1)
+	}
+}
+
+// ackAll acks items once each, with as few frames as is safe
+// (transport.AckAll: one ack with multiple=true for a burst below every
+// other unsettled delivery of its channel).
+func (s *Sidecar) ackAll(items []*item) {
+	ds := make([]amqp.Delivery, 0, len(items))
+	for _, it := range items {
+		if !it.settled.CompareAndSwap(false, true) {
+			continue
+		}
+		if it.holder != nil {
+			it.holder.Add(-1)
+			s.holding.Add(-1)
+		}
+		ds = append(ds, it.d)
+	}
+	if len(ds) == 0 {
+		return
+	}
+	if err := transport.AckAll(ds); err != nil {
+		s.log.V(1).Info("Could not ack deliveries; the broker redelivers them", "error", err.Error())
 	}
 }
 

@@ -36,15 +36,17 @@
 //     store (Store.RecordSession), which group-commits: one write+fsync
 //     covers every record queued since the previous one, of every session
 //     (several updates of one record in a batch are written once);
-//  3. delivery k is acked (individually, basic.ack with multiple=false) by
-//     a callback that runs right after the fsync covering it returns.
+//  3. the deliveries of a batch are acked by a callback that runs right
+//     after the fsync covering them returns, with as few frames as is safe
+//     (transport.AckAll: those below every other unsettled delivery of the
+//     channel in one basic.ack with multiple=true, the rest one by one).
 //
 // So an ack never precedes the durable record of its sequence, and an ack
 // lost with the connection can only cause a redelivery that the tracker
-// (in memory) or the store (after a restart) recognises. Acks are never
-// sent with multiple=true: deliveries of different sessions interleave on
-// the one channel, and an earlier tag of another session may not be durable
-// yet. A redelivered duplicate of an event whose own ack still waits for its
+// (in memory) or the store (after a restart) recognises. Deliveries of
+// different sessions interleave on the one channel, and an earlier tag of
+// another session may not be durable yet: a multiple=true ack never covers
+// a delivery that is still unsettled. A redelivered duplicate of an event whose own ack still waits for its
 // fsync is acked after that fsync too. Each tracker's last_processed leads
 // the store by at most one group commit; on restart the store's value is
 // the starting point. Messages without a sequence (task_accepted,

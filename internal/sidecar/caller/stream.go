@@ -927,9 +927,11 @@ func (w *stream) deliverEvents() bool {
 		if err != nil {
 			w.log.Error(err, "Failed to persist last_processed_sequence; acking anyway (after a restart these events may be delivered again)", "upTo", last)
 		}
-		for _, e := range batch {
-			w.s.settle(e.Item, true)
+		items := make([]*item, len(batch))
+		for i, e := range batch {
+			items[i] = e.Item
 		}
+		w.s.ackAll(items)
 		raise(&w.acked, last)
 	})
 	return true

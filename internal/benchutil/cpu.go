@@ -1,0 +1,109 @@
+package benchutil
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// CPU is the processor time spent by this process (the benchmark with
+// everything it runs in-process: clients, sidecars, harness, app) and by
+// the RabbitMQ node on the same machine (0 when it cannot be found).
+type CPU struct {
+	Self, Broker time.Duration
+}
+
+// Sub is c minus an earlier sample.
+func (c CPU) Sub(earlier CPU) CPU {
+	return CPU{Self: c.Self - earlier.Self, Broker: c.Broker - earlier.Broker}
+}
+
+// SampleCPU reads both counters: getrusage for this process, and
+// /proc/PID/stat of the broker's Erlang VM (beam.smp).
+func SampleCPU() CPU {
+	var c CPU
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		c.Self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if pid := brokerPID(); pid != "" {
+		c.Broker = procCPU(pid)
+	}
+	return c
+}
+
+// PeakRSS is the peak resident memory of this process and of the broker
+// node, in bytes (0 when unknown).
+func PeakRSS() (self, broker int64) {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		self = ru.Maxrss * 1024 // kilobytes on Linux
+	}
+	if pid := brokerPID(); pid != "" {
+		broker = procHWM(pid)
+	}
+	return self, broker
+}
+
+// brokerPID finds the RabbitMQ node's Erlang VM among the processes.
+func brokerPID() string {
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		comm, err := os.ReadFile(filepath.Join(d, "comm"))
+		if err != nil || !bytes.HasPrefix(comm, []byte("beam.smp")) {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join(d, "cmdline"))
+		if bytes.Contains(cmd, []byte("rabbit")) {
+			return filepath.Base(d)
+		}
+	}
+	return ""
+}
+
+// clockTick is the unit of /proc/PID/stat's times (USER_HZ, 100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+// procCPU is utime+stime of /proc/PID/stat.
+func procCPU(pid string) time.Duration {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces: count from after it.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	st, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(ut+st) * clockTick
+}
+
+// procHWM is VmHWM of /proc/PID/status.
+func procHWM(pid string) int64 {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err == nil {
+				return kb * 1024
+			}
+		}
+	}
+	return 0
+}
