@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 
+	"github.com/hcp-io/hcp-operator/internal/harnessclient"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
 
@@ -51,89 +52,23 @@ type TaskView struct {
 	Warning    string `json:"warning"`
 }
 
-// SidecarError is an error answer of the sidecar:
-// {"error": {"code", "message", "fields": [{"field", "message"}]}}.
-type SidecarError struct {
-	Status  int    `json:"-"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Fields  []struct {
-		Field   string `json:"field"`
-		Message string `json:"message"`
-	} `json:"fields"`
-}
-
-func (e *SidecarError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "the Caller sidecar answered %d %s: %s", e.Status, e.Code, e.Message)
-	for _, f := range e.Fields {
-		fmt.Fprintf(&b, "; %s: %s", f.Field, f.Message)
-	}
-	return b.String()
-}
-
-// sidecarClient calls the Caller sidecar's local API at base.
+// sidecarClient calls the Caller sidecar's local API.
 type sidecarClient struct {
-	base string
-	http *http.Client
+	*harnessclient.Client
 }
 
 func newSidecarClient(base string) *sidecarClient {
-	return &sidecarClient{base: strings.TrimSuffix(base, "/"), http: &http.Client{Timeout: 30 * time.Second}}
-}
-
-func (c *sidecarClient) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return err
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error *SidecarError `json:"error"`
-		}
-		if json.Unmarshal(data, &e) != nil || e.Error == nil || e.Error.Code == "" {
-			return &SidecarError{Status: resp.StatusCode, Code: "http_error", Message: oneLine(string(data), 300)}
-		}
-		e.Error.Status = resp.StatusCode
-		return e.Error
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("the Caller sidecar's answer to %s %s: %w", method, path, err)
-	}
-	return nil
+	return &sidecarClient{harnessclient.New(base, "the Caller sidecar")}
 }
 
 func (c *sidecarClient) submit(ctx context.Context, req SubmitRequest) (TaskView, error) {
 	var t TaskView
-	return t, c.do(ctx, http.MethodPost, "/hcp/v1/tasks", req, &t)
+	return t, c.Do(ctx, http.MethodPost, "/hcp/v1/tasks", req, &t)
 }
 
 func (c *sidecarClient) task(ctx context.Context, messageID string) (TaskView, error) {
 	var t TaskView
-	return t, c.do(ctx, http.MethodGet, "/hcp/v1/tasks/"+url.PathEscape(messageID), nil, &t)
+	return t, c.Do(ctx, http.MethodGet, "/hcp/v1/tasks/"+url.PathEscape(messageID), nil, &t)
 }
 
 // sidecarPort is the port of the Caller sidecar's local API in pod: from

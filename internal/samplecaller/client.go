@@ -1,15 +1,16 @@
 package samplecaller
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/internal/harnessclient"
 )
 
 // SubmitRequest is the body of the sidecar's POST /hcp/v1/tasks.
@@ -61,97 +62,37 @@ type Session struct {
 	Closed         bool   `json:"closed"`
 }
 
-// APIError is an error answer of the sidecar, whose body is
-// {"error": {"code": ..., "message": ..., "fields": [...]}}.
-type APIError struct {
-	Status  int    `json:"-"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Fields  []struct {
-		Field   string `json:"field"`
-		Message string `json:"message"`
-	} `json:"fields"`
-}
-
-func (e *APIError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "HTTP %d %s: %s", e.Status, e.Code, e.Message)
-	for _, f := range e.Fields {
-		fmt.Fprintf(&b, "; %s: %s", f.Field, f.Message)
-	}
-	return b.String()
-}
+// APIError is an error answer of the sidecar.
+type APIError = harnessclient.APIError
 
 // Client calls the caller sidecar's local API.
 type Client struct {
-	BaseURL string
-	HTTP    *http.Client
+	harnessclient.Client
 }
 
 // NewClient returns a Client for the sidecar at baseURL.
 func NewClient(baseURL string) *Client {
-	return &Client{BaseURL: strings.TrimSuffix(baseURL, "/"), HTTP: &http.Client{Timeout: 30 * time.Second}}
-}
-
-func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, body)
-	if err != nil {
-		return err
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.HTTP.Do(req)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		var body struct {
-			Error *APIError `json:"error"`
-		}
-		if json.Unmarshal(data, &body) != nil || body.Error == nil || body.Error.Code == "" {
-			return &APIError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
-		}
-		body.Error.Status = resp.StatusCode
-		return body.Error
-	}
-	if out != nil {
-		return json.Unmarshal(data, out)
-	}
-	return nil
+	return &Client{Client: *harnessclient.New(baseURL, "")}
 }
 
 // Submit submits a task and returns the sidecar's record of it.
 func (c *Client) Submit(ctx context.Context, req SubmitRequest) (Task, error) {
 	var t Task
-	err := c.do(ctx, http.MethodPost, "/hcp/v1/tasks", req, &t)
+	err := c.Do(ctx, http.MethodPost, "/hcp/v1/tasks", req, &t)
 	return t, err
 }
 
 // Task returns a submitted task.
 func (c *Client) Task(ctx context.Context, messageID string) (Task, error) {
 	var t Task
-	err := c.do(ctx, http.MethodGet, "/hcp/v1/tasks/"+url.PathEscape(messageID), nil, &t)
+	err := c.Do(ctx, http.MethodGet, "/hcp/v1/tasks/"+url.PathEscape(messageID), nil, &t)
 	return t, err
 }
 
 // Session returns what the sidecar knows of a session.
 func (c *Client) Session(ctx context.Context, id string) (Session, error) {
 	var s Session
-	err := c.do(ctx, http.MethodGet, "/hcp/v1/sessions/"+url.PathEscape(id), nil, &s)
+	err := c.Do(ctx, http.MethodGet, "/hcp/v1/sessions/"+url.PathEscape(id), nil, &s)
 	return s, err
 }
 
@@ -217,7 +158,7 @@ func (c *Client) Watch(ctx context.Context, messageID string, poll time.Duration
 			if s.Finished && (s.Closed || time.Since(finishedAt) > 2*time.Second) {
 				return task, s, nil
 			}
-		case asAPIError(err, &ae) && ae.Status == http.StatusNotFound:
+		case errors.As(err, &ae) && ae.Status == http.StatusNotFound:
 		default:
 			return task, s, err
 		}
@@ -227,12 +168,4 @@ func (c *Client) Watch(ctx context.Context, messageID string, poll time.Duration
 		case <-t.C:
 		}
 	}
-}
-
-func asAPIError(err error, target **APIError) bool {
-	e, ok := err.(*APIError)
-	if ok {
-		*target = e
-	}
-	return ok
 }
