@@ -111,7 +111,7 @@ func sessionKeyOf(hs *hcpv1alpha1.HCPSession) sessionKey {
 	if callee == "" {
 		callee = hs.Spec.CalleeID
 	}
-	state := string(hs.Status.State)
+	state := string(hs.DecidedState())
 	if state == "" {
 		state = string(hcpv1alpha1.SessionPending) // an undecided claim
 	}

@@ -56,13 +56,13 @@ func parseStates(s string) ([]hcpv1alpha1.SessionState, error) {
 	return out, nil
 }
 
-// stateOf is the session's state; a session without status is PENDING (an
-// undecided claim).
+// stateOf is the session's decided state; a session without one is PENDING
+// (an undecided claim).
 func stateOf(hs *hcpv1alpha1.HCPSession) hcpv1alpha1.SessionState {
-	if hs.Status.State == "" {
-		return hcpv1alpha1.SessionPending
+	if st := hs.DecidedState(); st != "" {
+		return st
 	}
-	return hs.Status.State
+	return hcpv1alpha1.SessionPending
 }
 
 // getSession reads the session named name in ns; a name that is not a
