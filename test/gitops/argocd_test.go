@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/yaml"
 
@@ -193,109 +192,78 @@ func TestHCPSessionHealth(t *testing.T) {
 	}
 }
 
+// cond is a status condition as the hcp-operator writes it (all
+// transitioned at the same time); gen is its observedGeneration, 0 for
+// none.
+type cond struct {
+	typ, status, reason, message string
+	gen                          int64
+}
+
+// object is kind/name in namespace lab as the API machinery decodes it
+// (integers int64, as kstatus wants them), with metadata.generation gen
+// and, unless observed is 0 (no status yet), status.observedGeneration
+// observed and conds.
+func object(kind, name string, gen, observed int64, conds ...cond) map[string]any {
+	obj := map[string]any{
+		"apiVersion": "hcp.io/v1alpha1",
+		"kind":       kind,
+		"metadata":   map[string]any{"name": name, "namespace": "lab", "generation": gen},
+	}
+	if observed == 0 {
+		return obj
+	}
+	cs := make([]any, 0, len(conds))
+	for _, c := range conds {
+		m := map[string]any{"type": c.typ, "status": c.status, "reason": c.reason, "message": c.message, "lastTransitionTime": "2026-11-25T10:00:00Z"}
+		if c.gen != 0 {
+			m["observedGeneration"] = c.gen
+		}
+		cs = append(cs, m)
+	}
+	obj["status"] = map[string]any{"observedGeneration": observed, "conditions": cs}
+	return obj
+}
+
 // Objects as the hcp-operator writes them (the shapes of TestKstatus in
 // internal/controller).
-const readyCallee = `
-apiVersion: hcp.io/v1alpha1
-kind: Callee
-metadata: {name: lab-cvd, namespace: lab, generation: 2}
-status:
-  observedGeneration: 2
-  conditions:
-  - {type: TopologyReady, status: "True", reason: Reconciled, message: 6 topology objects ready, lastTransitionTime: "2026-11-25T10:00:00Z", observedGeneration: 2}
-  - {type: HarnessReady, status: "True", reason: DeploymentAvailable, message: Deployment hcp-callee-lab-cvd available; 2/2 replicas ready, lastTransitionTime: "2026-11-25T10:00:00Z", observedGeneration: 2}
-  - {type: Ready, status: "True", reason: Reconciled, message: topology declared and harness available, lastTransitionTime: "2026-11-25T10:00:00Z", observedGeneration: 2}
-`
-
-const pendingCallee = `
-apiVersion: hcp.io/v1alpha1
-kind: Callee
-metadata: {name: lab-cvd, namespace: lab, generation: 1}
-status:
-  observedGeneration: 1
-  conditions:
-  - {type: TopologyReady, status: "False", reason: TopologyPending, message: "Queue hcp-callee-lab-cvd: not yet declared by the messaging-topology-operator", lastTransitionTime: "2026-11-25T10:00:00Z"}
-  - {type: Ready, status: "False", reason: TopologyPending, message: "TopologyReady: Queue hcp-callee-lab-cvd: not yet declared by the messaging-topology-operator", lastTransitionTime: "2026-11-25T10:00:00Z"}
-  - {type: Reconciling, status: "True", reason: TopologyPending, message: "TopologyReady: Queue hcp-callee-lab-cvd: not yet declared by the messaging-topology-operator", lastTransitionTime: "2026-11-25T10:00:00Z"}
-`
-
-const brokenCallee = `
-apiVersion: hcp.io/v1alpha1
-kind: Callee
-metadata: {name: lab-cvd, namespace: lab, generation: 1}
-status:
-  observedGeneration: 1
-  conditions:
-  - {type: Ready, status: "False", reason: BrokerSecretNotFound, message: connection Secret lab/rmq not found, lastTransitionTime: "2026-11-25T10:00:00Z"}
-  - {type: Stalled, status: "True", reason: BrokerSecretNotFound, message: connection Secret lab/rmq not found, lastTransitionTime: "2026-11-25T10:00:00Z"}
-`
-
-const scaledToZeroCallee = `
-apiVersion: hcp.io/v1alpha1
-kind: Callee
-metadata: {name: lab-cvd, namespace: lab, generation: 3}
-status:
-  observedGeneration: 3
-  conditions:
-  - {type: Ready, status: "False", reason: ScaledToZero, message: "HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero", lastTransitionTime: "2026-11-25T10:00:00Z"}
-  - {type: Stalled, status: "True", reason: ScaledToZero, message: "HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero", lastTransitionTime: "2026-11-25T10:00:00Z"}
-`
-
-// A Ready Callee whose spec just changed: Ready is stale.
-const editedCallee = `
-apiVersion: hcp.io/v1alpha1
-kind: Callee
-metadata: {name: lab-cvd, namespace: lab, generation: 3}
-status:
-  observedGeneration: 2
-  conditions:
-  - {type: Ready, status: "True", reason: Reconciled, message: topology declared and harness available, lastTransitionTime: "2026-11-25T10:00:00Z"}
-`
-
-// Written by an operator before Reconciling and Stalled: Ready alone.
-const olderCaller = `
-apiVersion: hcp.io/v1alpha1
-kind: Caller
-metadata: {name: alpha, namespace: lab, generation: 1}
-status:
-  observedGeneration: 1
-  conditions:
-  - {type: Ready, status: "False", reason: TopologyPending, message: "TopologyReady: User hcp-caller-alpha: not yet declared", lastTransitionTime: "2026-11-25T10:00:00Z"}
-`
-
-const readyCaller = `
-apiVersion: hcp.io/v1alpha1
-kind: Caller
-metadata: {name: alpha, namespace: lab, generation: 1}
-status:
-  observedGeneration: 1
-  conditions:
-  - {type: Ready, status: "True", reason: Reconciled, message: topology declared and harness available, lastTransitionTime: "2026-11-25T10:00:00Z"}
-`
-
-const newCaller = `
-apiVersion: hcp.io/v1alpha1
-kind: Caller
-metadata: {name: alpha, namespace: lab, generation: 1}
-`
-
-const invalidPolicy = `
-apiVersion: hcp.io/v1alpha1
-kind: CapabilityPolicy
-metadata: {name: lab, namespace: lab, generation: 4}
-status:
-  observedGeneration: 4
-  conditions:
-  - {type: Ready, status: "False", reason: InvalidSelector, message: "The policy admits nothing until fixed: spec.calleeSelector: Invalid value", lastTransitionTime: "2026-11-25T10:00:00Z"}
-  - {type: RulesMatched, status: "False", reason: InvalidSelector, message: spec.calleeSelector is invalid, lastTransitionTime: "2026-11-25T10:00:00Z"}
-  - {type: Stalled, status: "True", reason: InvalidSelector, message: "The policy admits nothing until fixed: spec.calleeSelector: Invalid value", lastTransitionTime: "2026-11-25T10:00:00Z"}
-`
+var (
+	readyCallee = object("Callee", "lab-cvd", 2, 2,
+		cond{"TopologyReady", "True", "Reconciled", "6 topology objects ready", 2},
+		cond{"HarnessReady", "True", "DeploymentAvailable", "Deployment hcp-callee-lab-cvd available; 2/2 replicas ready", 2},
+		cond{"Ready", "True", "Reconciled", "topology declared and harness available", 2})
+	pendingCallee = object("Callee", "lab-cvd", 1, 1,
+		cond{"TopologyReady", "False", "TopologyPending", "Queue hcp-callee-lab-cvd: not yet declared by the messaging-topology-operator", 0},
+		cond{"Ready", "False", "TopologyPending", "TopologyReady: Queue hcp-callee-lab-cvd: not yet declared by the messaging-topology-operator", 0},
+		cond{"Reconciling", "True", "TopologyPending", "TopologyReady: Queue hcp-callee-lab-cvd: not yet declared by the messaging-topology-operator", 0})
+	brokenCallee = object("Callee", "lab-cvd", 1, 1,
+		cond{"Ready", "False", "BrokerSecretNotFound", "connection Secret lab/rmq not found", 0},
+		cond{"Stalled", "True", "BrokerSecretNotFound", "connection Secret lab/rmq not found", 0})
+	scaledToZeroCallee = object("Callee", "lab-cvd", 3, 3,
+		cond{"Ready", "False", "ScaledToZero", "HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero", 0},
+		cond{"Stalled", "True", "ScaledToZero", "HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero", 0})
+	// A Ready Callee whose spec just changed: Ready is stale.
+	editedCallee = object("Callee", "lab-cvd", 3, 2,
+		cond{"Ready", "True", "Reconciled", "topology declared and harness available", 0})
+	// Written by an operator before Reconciling and Stalled: Ready alone.
+	olderCaller = object("Caller", "alpha", 1, 1,
+		cond{"Ready", "False", "TopologyPending", "TopologyReady: User hcp-caller-alpha: not yet declared", 0})
+	readyCaller = object("Caller", "alpha", 1, 1,
+		cond{"Ready", "True", "Reconciled", "topology declared and harness available", 0})
+	newCaller     = object("Caller", "alpha", 1, 0)
+	invalidPolicy = object("CapabilityPolicy", "lab", 4, 4,
+		cond{"Ready", "False", "InvalidSelector", "The policy admits nothing until fixed: spec.calleeSelector: Invalid value", 0},
+		cond{"RulesMatched", "False", "InvalidSelector", "spec.calleeSelector is invalid", 0},
+		cond{"Stalled", "True", "InvalidSelector", "The policy admits nothing until fixed: spec.calleeSelector: Invalid value", 0})
+)
 
 func TestConditionsHealth(t *testing.T) {
 	script := read(t, "conditions.lua")
 	for _, tc := range []struct {
-		name, obj, health, msg string
-		kstatusAgrees          bool
+		name          string
+		obj           map[string]any
+		health, msg   string
+		kstatusAgrees bool
 	}{
 		{"ready Callee", readyCallee, "Healthy", "Reconciled: topology declared", true},
 		{"Callee waiting for the topology operator", pendingCallee, "Progressing", "TopologyPending: TopologyReady: Queue", true},
@@ -309,17 +277,12 @@ func TestConditionsHealth(t *testing.T) {
 		{"invalid CapabilityPolicy", invalidPolicy, "Degraded", "InvalidSelector: The policy admits nothing", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// Integers as the API machinery decodes them (kstatus wants int64).
-			var obj map[string]any
-			if err := utilyaml.Unmarshal([]byte(tc.obj), &obj); err != nil {
-				t.Fatal(err)
-			}
-			h := runHealth(t, script, obj)
+			h := runHealth(t, script, tc.obj)
 			if h.Status != tc.health || !strings.Contains(h.Message, tc.msg) {
 				t.Errorf("got %s %q, want %s containing %q", h.Status, h.Message, tc.health, tc.msg)
 			}
 			if tc.kstatusAgrees {
-				agrees(t, obj, h)
+				agrees(t, tc.obj, h)
 			}
 		})
 	}
