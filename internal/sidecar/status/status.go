@@ -567,40 +567,38 @@ type attempt struct {
 // settle records the outcome of a write attempt of name, tells the
 // waiters and schedules what is still pending. Called with w.mu held.
 func (w *Writer) settle(name string, e *entry, a attempt) {
-	statusDue, version, target, err, labelKey, labelErr, labelWritten :=
-		a.statusDue, a.version, a.target, a.err, a.labelKey, a.labelErr, a.labelWritten
-	if statusDue {
+	if a.statusDue {
 		e.lastWrite = w.clk.Now()
-		if err == nil {
-			e.base = target
-			e.written = version
+		if a.err == nil {
+			e.base = a.target
+			e.written = a.version
 			e.failures = 0
 		} else {
 			e.failures++
 			e.retryAt = e.lastWrite.Add(retryBackoff(e.failures))
 		}
 	}
-	if labelWritten {
-		e.label = target.State
+	if a.labelWritten {
+		e.label = a.target.State
 	}
-	if labelErr != nil && !apierrors.IsNotFound(labelErr) {
+	if a.labelErr != nil && !apierrors.IsNotFound(a.labelErr) {
 		e.labelRetryAt = w.clk.Now().Add(w.interval)
-		w.log.Error(labelErr, "Failed to update the HCPSession state label; will retry", "hcpsession", klog.KRef(w.ns, name), "label", labelKey)
+		w.log.Error(a.labelErr, "Failed to update the HCPSession state label; will retry", "hcpsession", klog.KRef(w.ns, name), "label", a.labelKey)
 	}
 	switch {
-	case err == nil && labelErr == nil:
+	case a.err == nil && a.labelErr == nil:
 		w.notify(e, nil)
-	case apierrors.IsNotFound(err) || apierrors.IsNotFound(labelErr):
+	case apierrors.IsNotFound(a.err) || apierrors.IsNotFound(a.labelErr):
 		e.gone = true
 		w.log.Info("HCPSession is gone; dropped its status updates", "hcpsession", klog.KRef(w.ns, name))
 		w.notify(e, ErrNotFound)
 		return
-	case err != nil:
-		w.log.Error(err, "Failed to write HCPSession status; will retry", "hcpsession", klog.KRef(w.ns, name),
+	case a.err != nil:
+		w.log.Error(a.err, "Failed to write HCPSession status; will retry", "hcpsession", klog.KRef(w.ns, name),
 			"failures", e.failures, "retryIn", retryBackoff(e.failures).String())
-		w.failWaiters(e, err)
+		w.failWaiters(e, a.err)
 	default:
-		w.failWaiters(e, labelErr)
+		w.failWaiters(e, a.labelErr)
 	}
 	if w.pending(e) {
 		w.schedule(name, e)
