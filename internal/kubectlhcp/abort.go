@@ -54,11 +54,7 @@ the sidecar does not forward it.`,
 
 // RunAbort requests the abort of a session.
 func RunAbort(ctx context.Context, env *Env, o AbortOptions) error {
-	c, err := env.client()
-	if err != nil {
-		return err
-	}
-	ns, err := env.namespace()
+	c, ns, err := env.clientAndNamespace()
 	if err != nil {
 		return err
 	}

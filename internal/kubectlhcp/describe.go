@@ -74,11 +74,7 @@ type Description struct {
 
 // RunDescribe shows the session named name.
 func RunDescribe(ctx context.Context, env *Env, name string) error {
-	c, err := env.client()
-	if err != nil {
-		return err
-	}
-	ns, err := env.namespace()
+	c, ns, err := env.clientAndNamespace()
 	if err != nil {
 		return err
 	}

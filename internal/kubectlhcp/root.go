@@ -140,6 +140,20 @@ func (e *Env) namespace() (string, error) {
 	return ns, nil
 }
 
+// clientAndNamespace returns the API client and the namespace the command
+// works in.
+func (e *Env) clientAndNamespace() (client.WithWatch, string, error) {
+	c, err := e.client()
+	if err != nil {
+		return nil, "", err
+	}
+	ns, err := e.namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	return c, ns, nil
+}
+
 func (e *Env) terminal() bool {
 	if e.IsTerminal != nil {
 		return e.IsTerminal()

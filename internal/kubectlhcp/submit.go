@@ -273,11 +273,7 @@ func waitDecision(ctx context.Context, sc *sidecarClient, t TaskView, timeout ti
 
 // forwardToCaller port-forwards to the sidecar of a Ready pod of the Caller.
 func forwardToCaller(ctx context.Context, env *Env, name string) (*forward, *corev1.Pod, error) {
-	c, err := env.client()
-	if err != nil {
-		return nil, nil, err
-	}
-	ns, err := env.namespace()
+	c, ns, err := env.clientAndNamespace()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -98,11 +98,7 @@ type TopologyItem struct {
 
 // RunTopology shows the topology of the harnesses o selects.
 func RunTopology(ctx context.Context, env *Env, o TopologyOptions) error {
-	c, err := env.client()
-	if err != nil {
-		return err
-	}
-	ns, err := env.namespace()
+	c, ns, err := env.clientAndNamespace()
 	if err != nil {
 		return err
 	}
