@@ -8,10 +8,7 @@ import (
 	"reflect"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,9 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-
-	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
-	"github.com/hcp-io/hcp-operator/internal/resource"
 )
 
 // annotationRedeclare on shared Exchanges and on Bindings makes the topology
@@ -51,8 +45,13 @@ func emptyLike(desired client.Object) client.Object {
 // apply creates desired or updates the live object so that the fields the
 // operator owns match it, leaving every other field alone; no write happens
 // when nothing differs. owner, when not nil, becomes the controller of the
-// object. It returns the live object (with its status) and records an Event
-// on owner when it created or changed something.
+// object. It returns the live object (with its status) and notes a change
+// for owner's Event (noteChange).
+//
+// It serves the objects whose update keeps part of the live object by
+// rule (mutate): the shared Exchanges and Vhost (their first broker
+// reference) and Secrets (generated data). The children of childKinds go
+// through applyChild (server-side apply).
 func (c *core) apply(ctx context.Context, owner client.Object, desired client.Object) (client.Object, error) {
 	obj := emptyLike(desired)
 	res, err := controllerutil.CreateOrUpdate(ctx, c.Client, obj, func() error {
@@ -70,13 +69,7 @@ func (c *core) apply(ctx context.Context, owner client.Object, desired client.Ob
 	if res != controllerutil.OperationResultNone {
 		kind := c.kindOf(desired)
 		ctrl.LoggerFrom(ctx).Info("Applied child", "kind", kind, "child", klog.KObj(obj), "operation", res)
-		if owner != nil {
-			verb := map[controllerutil.OperationResult]string{controllerutil.OperationResultCreated: "Created"}[res]
-			if verb == "" {
-				verb = "Updated"
-			}
-			c.recorder.Eventf(owner, obj, corev1.EventTypeNormal, verb, "Apply", "%s %s %s", verb, kind, obj.GetName())
-		}
+		c.noteChange(ctx, owner, obj, kind, res)
 	}
 	return obj, nil
 }
@@ -119,13 +112,6 @@ func mutate(obj, desired client.Object) error {
 	ts := obj.GetCreationTimestamp()
 	created := ts.IsZero()
 	switch o := obj.(type) {
-	case *topologyv1beta1.Queue:
-		d := desired.(*topologyv1beta1.Queue)
-		args := o.Spec.Arguments
-		o.Spec = d.Spec
-		if rawEqual(args, d.Spec.Arguments) {
-			o.Spec.Arguments = args // keep the stored encoding: no spurious update
-		}
 	case *topologyv1beta1.Exchange:
 		d := desired.(*topologyv1beta1.Exchange)
 		// Shared: several users of one namespace may reach the broker
@@ -145,12 +131,6 @@ func mutate(obj, desired client.Object) error {
 		} else {
 			o.Spec.RabbitmqClusterReference, o.Spec.VhostLimits = ref, limits
 		}
-	case *topologyv1beta1.Binding:
-		o.Spec = desired.(*topologyv1beta1.Binding).Spec
-	case *topologyv1beta1.User:
-		o.Spec = desired.(*topologyv1beta1.User).Spec
-	case *topologyv1beta1.Permission:
-		o.Spec = desired.(*topologyv1beta1.Permission).Spec
 	case *corev1.Secret:
 		d := desired.(*corev1.Secret)
 		if created {
@@ -162,46 +142,10 @@ func mutate(obj, desired client.Object) error {
 		for k, v := range d.Data {
 			o.Data[k] = v
 		}
-	case *corev1.ServiceAccount:
-		// Nothing but metadata: tokens and pull secrets are others' business.
-	case *rbacv1.Role:
-		o.Rules = desired.(*rbacv1.Role).Rules
-	case *rbacv1.RoleBinding:
-		d := desired.(*rbacv1.RoleBinding)
-		if !created && o.RoleRef != d.RoleRef {
-			return fmt.Errorf("roleRef is %v, want %v: delete the RoleBinding to let the operator recreate it", o.RoleRef, d.RoleRef)
-		}
-		o.RoleRef, o.Subjects = d.RoleRef, d.Subjects
-	case *appsv1.Deployment:
-		mutateDeployment(o, desired.(*appsv1.Deployment))
-	case *policyv1.PodDisruptionBudget:
-		// Only what the operator sets: unhealthyPodEvictionPolicy is the
-		// user's to change on the object.
-		d := desired.(*policyv1.PodDisruptionBudget)
-		o.Spec.MinAvailable, o.Spec.MaxUnavailable, o.Spec.Selector = d.Spec.MinAvailable, d.Spec.MaxUnavailable, d.Spec.Selector
 	default:
 		return fmt.Errorf("no apply rule for %T", obj)
 	}
 	return nil
-}
-
-// mutateDeployment sets replicas and, when the config hash or the sidecar
-// hash differs, the pod template. The API server defaults many pod fields,
-// so comparing whole templates would update on every reconcile; the hashes
-// say whether what the operator renders changed. Edit the Callee or Caller,
-// not the Deployment: direct template edits stay until the next
-// configuration change.
-func mutateDeployment(o, d *appsv1.Deployment) {
-	if o.CreationTimestamp.IsZero() {
-		o.Spec = d.Spec
-		return
-	}
-	o.Spec.Replicas = d.Spec.Replicas
-	have, want := o.Spec.Template.Annotations, d.Spec.Template.Annotations
-	if have[hcpv1alpha1.AnnotationConfigHash] != want[hcpv1alpha1.AnnotationConfigHash] ||
-		have[resource.AnnotationSidecarHash] != want[resource.AnnotationSidecarHash] {
-		o.Spec.Template = d.Spec.Template
-	}
 }
 
 // deleteOwned deletes obj when it exists and owner controls it.

@@ -2,18 +2,10 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -58,6 +50,7 @@ type CalleeReconciler struct {
 	Options   Options
 
 	core *core
+	loop *harnessReconciler[*hcpv1alpha1.Callee]
 }
 
 func newCore(c client.Client, apiReader client.Reader, s *runtime.Scheme, rec events.EventRecorder, o Options, role topology.Role) *core {
@@ -72,52 +65,10 @@ func newCore(c client.Client, apiReader client.Reader, s *runtime.Scheme, rec ev
 	}
 }
 
-// topologyObjects are the topology operator objects a subject owns, empty
-// but for their names (the finalizer deletes them and waits).
-func topologyObjects(s resource.Subject) []client.Object {
-	key := func(o client.Object) client.Object {
-		o.SetNamespace(s.Namespace)
-		o.SetName(s.BaseName())
-		return o
-	}
-	return []client.Object{key(&topologyv1beta1.Binding{}), key(&topologyv1beta1.Permission{}), key(&topologyv1beta1.Policy{}), key(&topologyv1beta1.Queue{}), key(&topologyv1beta1.User{})}
-}
-
-// Reconcile follows the usual skeleton: get, finalizer/delete branch,
-// build, apply, one status write.
-//
-//nolint:dupl // CallerReconciler.Reconcile is the same skeleton over another status type.
+// Reconcile runs the harness kinds' loop (harnessReconciler) with the
+// Callee's build step.
 func (r *CalleeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	callee := &hcpv1alpha1.Callee{}
-	if err := r.Get(ctx, req.NamespacedName, callee); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	oldStatus := callee.Status.DeepCopy()
-	v := calleeView(callee)
-	var res ctrl.Result
-	var err error
-	deleting := !callee.DeletionTimestamp.IsZero()
-	if deleting {
-		res, err = r.core.finalize(ctx, v, topologyObjects(v.sub))
-	} else {
-		res, err = r.reconcile(ctx, callee, v)
-	}
-	switch {
-	case apierrors.IsConflict(err):
-		// A write raced with another (often our own status write seen
-		// late by the cache): start again from a fresh read.
-		return ctrl.Result{RequeueAfter: time.Second}, nil
-	case err != nil:
-		setCondition(v, hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonReconcileFailed, err.Error())
-	case !deleting:
-		callee.Status.ObservedGeneration = callee.Generation
-	}
-	if !equality.Semantic.DeepEqual(*oldStatus, callee.Status) {
-		before := callee.DeepCopy()
-		before.Status = *oldStatus
-		err = errors.Join(err, r.core.writeStatus(ctx, before, callee, oldStatus.Conditions, callee.Status.Conditions))
-	}
-	return res, err
+	return r.loop.Reconcile(ctx, req)
 }
 
 func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Callee, v view) (ctrl.Result, error) {
@@ -166,20 +117,16 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	binding := resource.Binding(v.sub, b)
-	binding.Annotations = r.core.redeclareAnnotations(key)
 	queue, args, err := r.core.queueAsDeclared(ctx, resource.CalleeQueue(callee, b))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	topo := shared
-	for _, desired := range []client.Object{queue, binding, resource.User(v.sub, b), resource.Permission(v.sub, b)} {
-		live, err := r.core.apply(ctx, callee, desired)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		topo = append(topo, live)
+	in := desiredInput{sub: v.sub, broker: b, queue: queue, bindingAnnotations: r.core.redeclareAnnotations(key)}
+	topo, err := r.core.applyChildren(ctx, callee, desiredChildren(groupTopology, in))
+	if err != nil {
+		return ctrl.Result{}, err
 	}
+	topo = append(shared, topo...)
 	pol, err := r.core.ensureLimitsPolicy(ctx, v, resource.CalleeLimitsPolicy(callee, b), args, resource.CalleeQueueLimits(callee.Spec.CommandQueue))
 	if err != nil {
 		return ctrl.Result{}, err
@@ -229,79 +176,10 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	return res, nil
 }
 
-// ensureHarness applies the harness Deployment and what its pods need.
-// With holdSidecar, a change of the sidecar alone is not applied
-// (keepSidecar); the second result says whether one was held back.
-func (c *core) ensureHarness(ctx context.Context, v view, p resource.HarnessParams, holdSidecar bool) (*appsv1.Deployment, bool, error) {
-	for _, desired := range []client.Object{resource.ServiceAccount(v.sub), resource.Role(v.sub), resource.RoleBinding(v.sub)} {
-		if _, err := c.apply(ctx, v.obj, desired); err != nil {
-			return nil, false, err
-		}
-	}
-	if err := c.ensurePodDisruptionBudget(ctx, v, p.Harness.PodDisruptionBudget); err != nil {
-		return nil, false, err
-	}
-	desired := resource.Deployment(p)
-	held := false
-	if holdSidecar {
-		live := &appsv1.Deployment{}
-		switch err := c.Get(ctx, client.ObjectKeyFromObject(desired), live); {
-		case err == nil:
-			held = keepSidecar(live, desired)
-		case !apierrors.IsNotFound(err):
-			return nil, false, err
-		}
-	}
-	live, err := c.apply(ctx, v.obj, desired)
-	if err != nil {
-		return nil, false, err
-	}
-	return live.(*appsv1.Deployment), held, nil
-}
-
-// ensurePodDisruptionBudget applies spec.harness.podDisruptionBudget, or
-// deletes the one the operator made when it is unset.
-func (c *core) ensurePodDisruptionBudget(ctx context.Context, v view, spec *hcpv1alpha1.PodDisruptionBudgetSpec) error {
-	if spec == nil {
-		return c.deleteOwned(ctx, v.obj, &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: v.sub.Namespace, Name: v.sub.BaseName()}})
-	}
-	_, err := c.apply(ctx, v.obj, resource.PodDisruptionBudget(v.sub, *spec))
-	return err
-}
-
-// harnessObjects are the objects a harness brings, empty but for names.
-func harnessObjects(s resource.Subject) []client.Object {
-	objs := []client.Object{&appsv1.Deployment{}, &policyv1.PodDisruptionBudget{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}}
-	for _, o := range objs {
-		o.SetNamespace(s.Namespace)
-		o.SetName(s.BaseName())
-	}
-	return objs
-}
-
-// watchChildren adds to b what a Callee and a Caller both own and watch:
-// their children, the shared topology objects, and the Secrets they use.
-func (c *core) watchChildren(b *builder.Builder) *builder.Builder {
-	return b.
-		Owns(&topologyv1beta1.Queue{}).
-		Owns(&topologyv1beta1.Binding{}).
-		Owns(&topologyv1beta1.User{}).
-		Owns(&topologyv1beta1.Permission{}).
-		Owns(&topologyv1beta1.Policy{}).
-		Owns(&corev1.Secret{}).
-		Owns(&corev1.ServiceAccount{}).
-		Owns(&rbacv1.Role{}).
-		Owns(&rbacv1.RoleBinding{}).
-		Owns(&appsv1.Deployment{}).
-		Owns(&policyv1.PodDisruptionBudget{}).
-		Watches(&topologyv1beta1.Exchange{}, c.exchangeLossHandler()).
-		Watches(&topologyv1beta1.Vhost{}, c.exchangeLossHandler()).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(c.mapSecret))
-}
-
 // SetupWithManager registers the reconciler. SetupIndexes must have run.
 func (r *CalleeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCallee)
+	r.loop = &harnessReconciler[*hcpv1alpha1.Callee]{core: r.core, newObject: func() *hcpv1alpha1.Callee { return &hcpv1alpha1.Callee{} }, build: r.reconcile}
 	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Callee{})).
 		Watches(&hcpv1alpha1.Callee{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
 		Watches(&hcpv1alpha1.HCPSession{}, handler.EnqueueRequestsFromMapFunc(r.mapSession), builder.WithPredicates(sessionActivityChanged())).

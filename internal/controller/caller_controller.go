@@ -2,12 +2,9 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,43 +29,13 @@ type CallerReconciler struct {
 	Options   Options
 
 	core *core
+	loop *harnessReconciler[*hcpv1alpha1.Caller]
 }
 
-// Reconcile follows the usual skeleton: get, finalizer/delete branch,
-// build, apply, one status write.
-//
-//nolint:dupl // CalleeReconciler.Reconcile is the same skeleton over another status type.
+// Reconcile runs the harness kinds' loop (harnessReconciler) with the
+// Caller's build step.
 func (r *CallerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	caller := &hcpv1alpha1.Caller{}
-	if err := r.Get(ctx, req.NamespacedName, caller); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	oldStatus := caller.Status.DeepCopy()
-	v := callerView(caller)
-	var res ctrl.Result
-	var err error
-	deleting := !caller.DeletionTimestamp.IsZero()
-	if deleting {
-		res, err = r.core.finalize(ctx, v, topologyObjects(v.sub))
-	} else {
-		res, err = r.reconcile(ctx, caller, v)
-	}
-	switch {
-	case apierrors.IsConflict(err):
-		// A write raced with another (often our own status write seen
-		// late by the cache): start again from a fresh read.
-		return ctrl.Result{RequeueAfter: time.Second}, nil
-	case err != nil:
-		setCondition(v, hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonReconcileFailed, err.Error())
-	case !deleting:
-		caller.Status.ObservedGeneration = caller.Generation
-	}
-	if !equality.Semantic.DeepEqual(*oldStatus, caller.Status) {
-		before := caller.DeepCopy()
-		before.Status = *oldStatus
-		err = errors.Join(err, r.core.writeStatus(ctx, before, caller, oldStatus.Conditions, caller.Status.Conditions))
-	}
-	return res, err
+	return r.loop.Reconcile(ctx, req)
 }
 
 func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Caller, v view) (ctrl.Result, error) {
@@ -115,20 +82,16 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	binding := resource.Binding(v.sub, b)
-	binding.Annotations = r.core.redeclareAnnotations(key)
 	queue, args, err := r.core.queueAsDeclared(ctx, queue)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	topo := shared
-	for _, desired := range []client.Object{queue, binding, resource.User(v.sub, b), resource.Permission(v.sub, b)} {
-		live, err := r.core.apply(ctx, caller, desired)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		topo = append(topo, live)
+	in := desiredInput{sub: v.sub, broker: b, queue: queue, bindingAnnotations: r.core.redeclareAnnotations(key)}
+	topo, err := r.core.applyChildren(ctx, caller, desiredChildren(groupTopology, in))
+	if err != nil {
+		return ctrl.Result{}, err
 	}
+	topo = append(shared, topo...)
 	// CallerQueue has checked the limits: no error here.
 	limits, _ := resource.CallerQueueLimits(caller.Spec.EventQueue)
 	desiredPolicy, _ := resource.CallerLimitsPolicy(caller, b)
@@ -143,11 +106,10 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	st.CredentialsSecret = creds.Name
 
 	if caller.Spec.Harness == nil {
-		// External: remove a harness the Caller used to have.
-		for _, o := range harnessObjects(v.sub) {
-			if err := r.core.deleteOwned(ctx, caller, o); err != nil {
-				return ctrl.Result{}, err
-			}
+		// External: remove a harness the Caller used to have (no
+		// harness: every harness child is unwanted).
+		if _, err := r.core.applyChildren(ctx, caller, desiredChildren(groupHarness, in)); err != nil {
+			return ctrl.Result{}, err
 		}
 		st.Replicas, st.ReadyReplicas, st.Selector = 0, 0, ""
 		setCondition(v, hcpv1alpha1.ConditionHarnessReady, true, hcpv1alpha1.ReasonNoHarness,
@@ -187,6 +149,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 // SetupWithManager registers the reconciler. SetupIndexes must have run.
 func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCaller)
+	r.loop = &harnessReconciler[*hcpv1alpha1.Caller]{core: r.core, newObject: func() *hcpv1alpha1.Caller { return &hcpv1alpha1.Caller{} }, build: r.reconcile}
 	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{})).
 		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
 		Named("caller").

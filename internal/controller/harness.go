@@ -49,14 +49,26 @@ type view struct {
 	broker hcpv1alpha1.BrokerSpec
 	// conditions points into the object's status.
 	conditions *[]metav1.Condition
+	// observedGeneration points into the object's status.
+	observedGeneration *int64
+	// status points to the object's status (compared and copied whole by
+	// the reconcile loop).
+	status any
+	// setStatus sets the object's status from another status pointer of
+	// its kind.
+	setStatus func(any)
 }
 
 func calleeView(c *hcpv1alpha1.Callee) view {
-	return view{obj: c, sub: resource.ForCallee(c), broker: c.Spec.Broker, conditions: &c.Status.Conditions}
+	return view{obj: c, sub: resource.ForCallee(c), broker: c.Spec.Broker, conditions: &c.Status.Conditions,
+		observedGeneration: &c.Status.ObservedGeneration, status: &c.Status,
+		setStatus: func(s any) { c.Status = *s.(*hcpv1alpha1.CalleeStatus).DeepCopy() }}
 }
 
 func callerView(c *hcpv1alpha1.Caller) view {
-	return view{obj: c, sub: resource.ForCaller(c), broker: c.Spec.Broker, conditions: &c.Status.Conditions}
+	return view{obj: c, sub: resource.ForCaller(c), broker: c.Spec.Broker, conditions: &c.Status.Conditions,
+		observedGeneration: &c.Status.ObservedGeneration, status: &c.Status,
+		setStatus: func(s any) { c.Status = *s.(*hcpv1alpha1.CallerStatus).DeepCopy() }}
 }
 
 func viewOf(obj client.Object) (view, bool) {

@@ -93,12 +93,8 @@ func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topology
 		return nil, fmt.Errorf("policy %s: %w", klog.KObj(desired), err)
 	}
 	if res != controllerutil.OperationResultNone {
-		verb := "Updated"
-		if res == controllerutil.OperationResultCreated {
-			verb = "Created"
-		}
 		ctrl.LoggerFrom(ctx).Info("Applied child", "kind", "Policy", "child", klog.KObj(live), "operation", res, "definition", string(desired.Spec.Definition.Raw))
-		c.recorder.Eventf(v.obj, live, corev1.EventTypeNormal, verb, "Apply", "%s Policy %s (queue limits %s)", verb, live.Name, desired.Spec.Definition.Raw)
+		c.noteChange(ctx, v.obj, live, "Policy", res)
 	}
 	if pinned := resource.PinnedLimits(args, limits); len(pinned) > 0 && res != controllerutil.OperationResultNone {
 		parts := make([]string, len(pinned))

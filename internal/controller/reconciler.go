@@ -1,0 +1,114 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
+)
+
+// harnessObject is a harness kind: Callee or Caller.
+type harnessObject interface {
+	client.Object
+	*hcpv1alpha1.Callee | *hcpv1alpha1.Caller
+}
+
+// harnessReconciler is the one reconcile loop of the harness kinds:
+//
+//	fetch → deletion (finalize) or build → status → one status write
+//
+// The kind's build step (Callee: reconcileCallee, Caller: reconcileCaller)
+// resolves the broker and the id claim, builds the desired children with
+// desiredChildren (pure, from the childKinds table), applies them with
+// server-side apply (applyChildren) and derives the status from what it
+// observed (setTopologyReady, setHarnessReady, setReady). This loop does
+// the rest the same way for both kinds: conflicts, the error condition,
+// observedGeneration, one Event per verb for the children (emitChanges)
+// and a status write only when the status changed.
+type harnessReconciler[T harnessObject] struct {
+	core *core
+	// newObject returns an empty object of the kind.
+	newObject func() T
+	// build is the kind's step for an object not being deleted.
+	build func(ctx context.Context, obj T, v view) (ctrl.Result, error)
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	obj := h.newObject()
+	if err := h.core.Get(ctx, req.NamespacedName, obj); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	before := obj.DeepCopyObject().(client.Object)
+	bv, _ := viewOf(before)
+	v, _ := viewOf(obj)
+	ctx, changes := withChangeLog(ctx)
+	var res ctrl.Result
+	var err error
+	deleting := !obj.GetDeletionTimestamp().IsZero()
+	if deleting {
+		res, err = h.core.finalize(ctx, v, topologyObjects(v.sub))
+	} else {
+		res, err = h.build(ctx, obj, v)
+	}
+	h.core.emitChanges(obj, changes)
+	switch {
+	case apierrors.IsConflict(err):
+		// A write raced with another (often our own status write seen
+		// late by the cache): start again from a fresh read.
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	case err != nil:
+		setCondition(v, hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonReconcileFailed, err.Error())
+	case !deleting:
+		*v.observedGeneration = obj.GetGeneration()
+	}
+	if !equality.Semantic.DeepEqual(bv.status, v.status) {
+		// The status patch goes from before: obj's metadata as read, its
+		// status as it was.
+		statusBefore := obj.DeepCopyObject().(client.Object)
+		sv, _ := viewOf(statusBefore)
+		sv.setStatus(bv.status)
+		err = errors.Join(err, h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions))
+	}
+	return res, err
+}
+
+// ensureHarness applies the harness children (childKinds' harness group):
+// the Deployment and what its pods need. With holdSidecar, a change of the
+// sidecar alone is not applied (keepSidecar); the second result says
+// whether one was held back.
+func (c *core) ensureHarness(ctx context.Context, v view, p resource.HarnessParams, holdSidecar bool) (*appsv1.Deployment, bool, error) {
+	children := desiredChildren(groupHarness, desiredInput{sub: v.sub, harness: &p, pdb: p.Harness.PodDisruptionBudget})
+	held := false
+	for _, ch := range children {
+		desired, ok := ch.obj.(*appsv1.Deployment)
+		if !ok || !holdSidecar {
+			continue
+		}
+		live := &appsv1.Deployment{}
+		switch err := c.Get(ctx, client.ObjectKeyFromObject(desired), live); {
+		case err == nil:
+			held = keepSidecar(live, desired)
+		case !apierrors.IsNotFound(err):
+			return nil, false, err
+		}
+	}
+	live, err := c.applyChildren(ctx, v.obj, children)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, o := range live {
+		if d, ok := o.(*appsv1.Deployment); ok {
+			return d, held, nil
+		}
+	}
+	return nil, false, errors.New("the harness children hold no Deployment")
+}

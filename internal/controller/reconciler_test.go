@@ -1,0 +1,244 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+)
+
+// appliedBy reports whether manager owns fields of o through server-side
+// apply.
+func appliedBy(o client.Object, manager string) bool {
+	for _, f := range o.GetManagedFields() {
+		if f.Manager == manager && f.Operation == metav1.ManagedFieldsOperationApply {
+			return true
+		}
+	}
+	return false
+}
+
+// TestChildrenServerSideApply: the children of childKinds are written by
+// server-side apply under the operator's field manager; a field another
+// manager sets on a child stays through the operator's next apply.
+func TestChildrenServerSideApply(t *testing.T) {
+	ns := newNamespace(t, "ssa-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "ssa")
+	create(t, callee)
+	base, _, _ := childNames("callee", "ssa")
+	children := append(topologyChildren(ns, base), harnessChildren(ns, base)...)
+	eventually(t, "every child is applied by "+resource.FieldManager, func(ctx context.Context) error {
+		for _, o := range children {
+			if err := exists(o, callee)(ctx); err != nil {
+				return err
+			}
+			if !appliedBy(o, resource.FieldManager) {
+				return fmt.Errorf("%T %s: no server-side apply by %s in %+v", o, o.GetName(), resource.FieldManager, o.GetManagedFields())
+			}
+		}
+		return nil
+	})
+
+	// Another controller labels the Role and removes one of the
+	// operator's labels, which makes the operator apply the Role again.
+	role := &rbacv1.Role{}
+	if err := k8sClient.Get(t.Context(), key(ns, base), role); err != nil {
+		t.Fatal(err)
+	}
+	patch := []byte(`{"metadata":{"labels":{"other.example/team":"a","` + resource.LabelPartOf + `":null}}}`)
+	if err := k8sClient.Patch(t.Context(), role, client.RawPatch(types.MergePatchType, patch), client.FieldOwner("other-controller")); err != nil {
+		t.Fatal(err)
+	}
+	// The Role's change raises an Owns event: the operator applies again.
+	eventually(t, "the operator's label is back and the other's stays", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, key(ns, base), role); err != nil {
+			return err
+		}
+		if role.Labels[resource.LabelPartOf] != resource.PartOfValue || role.Labels["other.example/team"] != "a" {
+			return fmt.Errorf("labels %v", role.Labels)
+		}
+		return nil
+	})
+}
+
+// TestOneChangeEventPerReconcile: the reconcile that creates a Callee's
+// children records one Created Event naming them all, not one per child.
+func TestOneChangeEventPerReconcile(t *testing.T) {
+	ns := newNamespace(t, "events-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "ev")
+	create(t, callee)
+	base, _, _ := childNames("callee", "ev")
+	var created []eventsv1.Event
+	eventually(t, "a Created Event names the Deployment", func(ctx context.Context) error {
+		var list eventsv1.EventList
+		if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		created = created[:0]
+		found := false
+		for _, e := range list.Items {
+			if e.Regarding.Kind != "Callee" || e.Regarding.Name != "ev" || e.Reason != "Created" {
+				continue
+			}
+			created = append(created, e)
+			found = found || strings.Contains(e.Note, "Deployment "+base)
+		}
+		if !found {
+			return fmt.Errorf("no Created Event names Deployment %s; %d Created Events", base, len(created))
+		}
+		return nil
+	})
+	if len(created) != 1 {
+		notes := make([]string, len(created))
+		for i, e := range created {
+			notes[i] = e.Note
+		}
+		t.Fatalf("%d Created Events, want 1: %q", len(created), notes)
+	}
+	for _, want := range []string{"Queue " + base, "Binding " + base, "User " + base, "Permission " + base, "Role " + base, "Secret " + base + "-credentials"} {
+		if !strings.Contains(created[0].Note, want) {
+			t.Errorf("Created Event %q does not name %s", created[0].Note, want)
+		}
+	}
+}
+
+func testSubject() resource.Subject {
+	return resource.Subject{Role: topology.RoleCaller, Name: "c", Namespace: "ns", ID: "c", UID: "u"}
+}
+
+// TestDesiredChildren: the pure builders' table, without an API server.
+func TestDesiredChildren(t *testing.T) {
+	sub := testSubject()
+	queue := &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: sub.BaseName()}}
+	in := desiredInput{sub: sub, broker: resource.Broker{Vhost: "/v"}, queue: queue, bindingAnnotations: map[string]string{annotationRedeclare: "1"}}
+
+	kinds := func(children []desiredChild) []string {
+		var out []string
+		for _, c := range children {
+			s := fmt.Sprintf("%T", c.empty)
+			if c.obj == nil {
+				s += "(delete)"
+			} else if c.obj.GetName() != sub.BaseName() || c.obj.GetNamespace() != "ns" {
+				s += "(bad name " + c.obj.GetNamespace() + "/" + c.obj.GetName() + ")"
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	topo := desiredChildren(groupTopology, in)
+	if got, want := kinds(topo), []string{"*v1beta1.Queue", "*v1beta1.Binding", "*v1beta1.User", "*v1beta1.Permission"}; !slices.Equal(got, want) {
+		t.Errorf("topology children %v, want %v", got, want)
+	}
+	if topo[0].obj != queue {
+		t.Error("the Queue is not the one declared")
+	}
+	if topo[1].obj.GetAnnotations()[annotationRedeclare] != "1" {
+		t.Errorf("binding annotations %v", topo[1].obj.GetAnnotations())
+	}
+
+	// No harness (an external Caller): every harness child is deleted.
+	if got, want := kinds(desiredChildren(groupHarness, in)), []string{
+		"*v1.ServiceAccount(delete)", "*v1.Role(delete)", "*v1.RoleBinding(delete)", "*v1.PodDisruptionBudget(delete)", "*v1.Deployment(delete)",
+	}; !slices.Equal(got, want) {
+		t.Errorf("external harness children %v, want %v", got, want)
+	}
+
+	// A harness without a PodDisruptionBudget.
+	in.harness = &resource.HarnessParams{Subject: sub, Harness: hcpv1alpha1.HarnessSpec{Template: harnessTemplate("app:1")}, Vhost: "/v", Image: "sidecar:1"}
+	if got, want := kinds(desiredChildren(groupHarness, in)), []string{
+		"*v1.ServiceAccount", "*v1.Role", "*v1.RoleBinding", "*v1.PodDisruptionBudget(delete)", "*v1.Deployment",
+	}; !slices.Equal(got, want) {
+		t.Errorf("harness children %v, want %v", got, want)
+	}
+	in.pdb = &hcpv1alpha1.PodDisruptionBudgetSpec{}
+	if c := desiredChildren(groupHarness, in)[3]; c.obj == nil {
+		t.Error("no PodDisruptionBudget when spec.harness.podDisruptionBudget is set")
+	}
+
+	// The finalizer's objects: the topology group, dependents first.
+	var names []string
+	for _, o := range topologyObjects(sub) {
+		names = append(names, fmt.Sprintf("%T %s", o, o.GetName()))
+	}
+	b := sub.BaseName()
+	if want := []string{"*v1beta1.Policy " + b, "*v1beta1.Permission " + b, "*v1beta1.User " + b, "*v1beta1.Binding " + b, "*v1beta1.Queue " + b}; !slices.Equal(names, want) {
+		t.Errorf("topologyObjects %v, want %v", names, want)
+	}
+}
+
+// TestHoldsApplied: when the live child needs no apply.
+func TestHoldsApplied(t *testing.T) {
+	sub := testSubject()
+	desired := resource.Role(sub)
+	cfg, err := applyConfiguration(desired, "rbac.authorization.k8s.io/v1", "Role")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cfg["metadata"].(map[string]any)["creationTimestamp"]; ok {
+		t.Errorf("the apply configuration carries creationTimestamp: %v", cfg["metadata"])
+	}
+	if cfg["apiVersion"] != "rbac.authorization.k8s.io/v1" || cfg["kind"] != "Role" {
+		t.Errorf("apply configuration type %v %v", cfg["apiVersion"], cfg["kind"])
+	}
+	check := func(what string, live client.Object, want bool) {
+		t.Helper()
+		got, err := holdsApplied(live, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s: holdsApplied = %v, want %v", what, got, want)
+		}
+	}
+	live := desired.DeepCopy()
+	live.ResourceVersion, live.UID = "7", "x"
+	live.Labels["other.example/team"] = "a" // another manager's
+	check("same, with more fields", live, true)
+
+	changed := live.DeepCopy()
+	changed.Rules = changed.Rules[1:]
+	check("a rule fewer", changed, false)
+
+	changed = live.DeepCopy()
+	delete(changed.Labels, resource.LabelPartOf)
+	check("a label lost", changed, false)
+
+	changed = live.DeepCopy()
+	changed.OwnerReferences = nil
+	check("no owner", changed, false)
+
+	// Deployments compare by the rendered hashes and replicas.
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"a": "b"}, OwnerReferences: []metav1.OwnerReference{sub.OwnerReference()}},
+		Spec: appsv1.DeploymentSpec{Replicas: new(int32(1)), Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{
+			Annotations: map[string]string{hcpv1alpha1.AnnotationConfigHash: "c1", resource.AnnotationSidecarHash: "s1"}}}}}
+	liveDep := dep.DeepCopy()
+	liveDep.Spec.Template.Spec.DNSPolicy = corev1.DNSClusterFirst // a default
+	if !deploymentUpToDate(liveDep, dep) {
+		t.Error("a defaulted Deployment is not up to date")
+	}
+	liveDep.Spec.Replicas = new(int32(2))
+	if deploymentUpToDate(liveDep, dep) {
+		t.Error("other replicas are up to date")
+	}
+	liveDep = dep.DeepCopy()
+	liveDep.Spec.Template.Annotations[resource.AnnotationSidecarHash] = "s0"
+	if deploymentUpToDate(liveDep, dep) {
+		t.Error("another sidecar hash is up to date")
+	}
+}

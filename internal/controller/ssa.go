@@ -1,0 +1,280 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
+)
+
+// applyChildren applies the desired children of one group in table order
+// and deletes the unwanted ones the owner controls. It returns the live
+// children that were applied, in order.
+func (c *core) applyChildren(ctx context.Context, owner client.Object, children []desiredChild) ([]client.Object, error) {
+	var live []client.Object
+	for _, ch := range children {
+		if ch.obj == nil {
+			if err := c.deleteOwned(ctx, owner, ch.empty); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		o, err := c.applyChild(ctx, owner, ch.kind, ch.obj)
+		if err != nil {
+			return nil, err
+		}
+		live = append(live, o)
+	}
+	return live, nil
+}
+
+// applyChild applies desired with server-side apply under the operator's
+// field manager (resource.FieldManager), forcing ownership of the fields
+// it sets: it owns exactly what the builder sets, every other field
+// (another controller's, a user's label) stays with its manager, and a
+// field the builder stops setting is removed. No request is sent when the
+// cached live child already holds what desired sets (kind.upToDate, or
+// holdsApplied), so a reconcile with nothing to change writes nothing. It
+// returns the live child and notes the change for the owner's Event
+// (noteChange).
+func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childKind, desired client.Object) (client.Object, error) {
+	gvk, err := apiutil.GVKForObject(desired, c.scheme)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := applyConfiguration(desired, gvk.GroupVersion().String(), gvk.Kind)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", gvk.Kind, klog.KObj(desired), err)
+	}
+	live := emptyLike(desired)
+	exists := true
+	switch err := c.Get(ctx, client.ObjectKeyFromObject(desired), live); {
+	case apierrors.IsNotFound(err):
+		exists = false
+	case err != nil:
+		return nil, err
+	}
+	if exists {
+		same := false
+		if kind != nil && kind.upToDate != nil {
+			same = kind.upToDate(live, desired)
+		} else {
+			same, err = holdsApplied(live, cfg)
+			if err != nil {
+				return nil, err
+			}
+		}
+		if same {
+			return live, nil
+		}
+	}
+	u := &unstructured.Unstructured{Object: cfg}
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(resource.FieldManager), client.ForceOwnership); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", gvk.Kind, klog.KObj(desired), err)
+	}
+	out := emptyLike(desired)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", gvk.Kind, klog.KObj(desired), err)
+	}
+	op := controllerutil.OperationResultUpdated
+	if !exists {
+		op = controllerutil.OperationResultCreated
+	}
+	ctrl.LoggerFrom(ctx).Info("Applied child", "kind", gvk.Kind, "child", klog.KObj(out), "operation", op)
+	c.noteChange(ctx, owner, out, gvk.Kind, op)
+	return out, nil
+}
+
+// applyConfiguration is desired as a server-side apply configuration: its
+// spec-like fields and the metadata the operator sets (name, namespace,
+// labels, annotations, owner references), without status and without
+// null values (a typed object's unset fields).
+func applyConfiguration(desired client.Object, apiVersion, kind string) (map[string]any, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(desired)
+	if err != nil {
+		return nil, err
+	}
+	delete(m, "status")
+	meta, _ := m["metadata"].(map[string]any)
+	kept := map[string]any{}
+	for _, k := range []string{"name", "namespace", "labels", "annotations", "ownerReferences"} {
+		if v, ok := meta[k]; ok {
+			kept[k] = v
+		}
+	}
+	m["metadata"] = kept
+	m["apiVersion"], m["kind"] = apiVersion, kind
+	return pruneNulls(m).(map[string]any), nil
+}
+
+func pruneNulls(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if e == nil {
+				delete(x, k)
+				continue
+			}
+			x[k] = pruneNulls(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = pruneNulls(e)
+		}
+	}
+	return v
+}
+
+// holdsApplied reports whether live already holds every value of cfg
+// (but apiVersion and kind): maps are compared key by key (live may hold
+// more keys: defaults, other managers' fields), lists element by element
+// with the same length, other values by equality. An empty map in cfg
+// holds whatever live has.
+func holdsApplied(live client.Object, cfg map[string]any) (bool, error) {
+	l, err := runtime.DefaultUnstructuredConverter.ToUnstructured(live)
+	if err != nil {
+		return false, err
+	}
+	for k, want := range cfg {
+		if k == "apiVersion" || k == "kind" {
+			continue
+		}
+		if !contains(l[k], want) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func contains(have, want any) bool {
+	switch w := want.(type) {
+	case map[string]any:
+		if len(w) == 0 {
+			return true
+		}
+		h, ok := have.(map[string]any)
+		if !ok {
+			return false
+		}
+		for k, wv := range w {
+			if !contains(h[k], wv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		h, ok := have.([]any)
+		if !ok || len(h) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !contains(h[i], w[i]) {
+				return false
+			}
+		}
+		return true
+	default:
+		return equality.Semantic.DeepEqual(have, want)
+	}
+}
+
+// deploymentUpToDate: a harness Deployment needs no apply while its
+// replicas, metadata and the hashes of what the operator renders into the
+// pod template (config, sidecar) match. The API server defaults many pod
+// fields and other tools (admission, autoscalers) add some; the hashes say
+// whether what the operator renders changed.
+func deploymentUpToDate(live, desired client.Object) bool {
+	l, d := live.(*appsv1.Deployment), desired.(*appsv1.Deployment)
+	have, want := l.Spec.Template.Annotations, d.Spec.Template.Annotations
+	return equality.Semantic.DeepEqual(l.Spec.Replicas, d.Spec.Replicas) &&
+		have[hcpv1alpha1.AnnotationConfigHash] == want[hcpv1alpha1.AnnotationConfigHash] &&
+		have[resource.AnnotationSidecarHash] == want[resource.AnnotationSidecarHash] &&
+		contains(toMap(l.Labels), toMap(d.Labels)) && contains(toMap(l.Annotations), toMap(d.Annotations)) &&
+		metaOwnedBy(l, d)
+}
+
+func toMap(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// metaOwnedBy: live carries desired's controller reference.
+func metaOwnedBy(live, desired client.Object) bool {
+	for _, want := range desired.GetOwnerReferences() {
+		found := false
+		for _, have := range live.GetOwnerReferences() {
+			if have.UID == want.UID && equality.Semantic.DeepEqual(have.Controller, want.Controller) {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// changeLog collects the children one reconcile created and updated, for
+// one Event per verb instead of one per child (emitChanges).
+type changeLog struct {
+	created, updated []string
+}
+
+type changeLogKey struct{}
+
+// withChangeLog returns ctx carrying a new changeLog.
+func withChangeLog(ctx context.Context) (context.Context, *changeLog) {
+	l := &changeLog{}
+	return context.WithValue(ctx, changeLogKey{}, l), l
+}
+
+// noteChange records that obj (a child of owner) was created or updated:
+// in the reconcile's changeLog, or, outside a reconcile that keeps one, as
+// an Event of its own.
+func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind string, op controllerutil.OperationResult) {
+	if owner == nil || op == controllerutil.OperationResultNone {
+		return
+	}
+	what := kind + " " + obj.GetName()
+	if l, ok := ctx.Value(changeLogKey{}).(*changeLog); ok {
+		if op == controllerutil.OperationResultCreated {
+			l.created = append(l.created, what)
+		} else {
+			l.updated = append(l.updated, what)
+		}
+		return
+	}
+	verb := "Updated"
+	if op == controllerutil.OperationResultCreated {
+		verb = "Created"
+	}
+	c.recorder.Eventf(owner, obj, corev1.EventTypeNormal, verb, "Apply", "%s %s", verb, what)
+}
+
+// emitChanges records one Event per verb for what the reconcile of owner
+// created and updated.
+func (c *core) emitChanges(owner client.Object, l *changeLog) {
+	if len(l.created) > 0 {
+		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Created", "Apply", "Created %s", strings.Join(l.created, ", "))
+	}
+	if len(l.updated) > 0 {
+		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Updated", "Apply", "Updated %s", strings.Join(l.updated, ", "))
+	}
+}
