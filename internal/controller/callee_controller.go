@@ -75,18 +75,16 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	st := &callee.Status
 	st.CalleeID, st.Vhost = callee.ID(), resource.VhostOf(callee.Spec.Broker)
 	if err := topology.ValidateID(callee.ID()); err != nil {
-		setBlocked(v, hcpv1alpha1.ReasonInvalidID, err.Error()+": set spec.calleeID")
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, &problem{hcpv1alpha1.ReasonInvalidID, err.Error() + ": set spec.calleeID"}
 	}
 	b, prob, err := r.core.resolveBroker(ctx, v)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if prob != nil {
-		setBlocked(v, prob.reason, prob.message)
 		// The fix usually shows up as a Secret event; this is a backstop
 		// for Secrets the cache cannot see (unlabelled ones).
-		return ctrl.Result{RequeueAfter: time.Minute}, nil
+		return ctrl.Result{RequeueAfter: time.Minute}, prob
 	}
 	key := b.Key()
 	holder, err := r.core.idHolder(ctx, v, key)
@@ -94,10 +92,9 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 		return ctrl.Result{}, err
 	}
 	if holder != nil {
-		setBlocked(v, hcpv1alpha1.ReasonIDConflict, fmt.Sprintf(
+		return ctrl.Result{}, &problem{hcpv1alpha1.ReasonIDConflict, fmt.Sprintf(
 			"calleeID %q is already used in vhost %q on this broker by %s (ids are unique per vhost and broker; the first claim wins); set another spec.calleeID, or delete the other object",
-			callee.ID(), b.Vhost, describe(holder)))
-		return ctrl.Result{}, nil
+			callee.ID(), b.Vhost, describe(holder))}
 	}
 	if err := r.core.claim(ctx, v, key); err != nil {
 		return ctrl.Result{}, err

@@ -43,16 +43,14 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	st.CallerID, st.Vhost = caller.ID(), resource.VhostOf(caller.Spec.Broker)
 	st.External = caller.Spec.Harness == nil
 	if err := topology.ValidateID(caller.ID()); err != nil {
-		setBlocked(v, hcpv1alpha1.ReasonInvalidID, err.Error()+": set spec.callerID")
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, &problem{hcpv1alpha1.ReasonInvalidID, err.Error() + ": set spec.callerID"}
 	}
 	b, prob, err := r.core.resolveBroker(ctx, v)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if prob != nil {
-		setBlocked(v, prob.reason, prob.message)
-		return ctrl.Result{RequeueAfter: time.Minute}, nil
+		return ctrl.Result{RequeueAfter: time.Minute}, prob
 	}
 	key := b.Key()
 	holder, err := r.core.idHolder(ctx, v, key)
@@ -60,15 +58,13 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		return ctrl.Result{}, err
 	}
 	if holder != nil {
-		setBlocked(v, hcpv1alpha1.ReasonIDConflict, fmt.Sprintf(
+		return ctrl.Result{}, &problem{hcpv1alpha1.ReasonIDConflict, fmt.Sprintf(
 			"callerID %q is already used in vhost %q on this broker by %s (ids are unique per vhost and broker; the first claim wins); set another spec.callerID, or delete the other object",
-			caller.ID(), b.Vhost, describe(holder)))
-		return ctrl.Result{}, nil
+			caller.ID(), b.Vhost, describe(holder))}
 	}
 	queue, err := resource.CallerQueue(caller, b)
 	if err != nil {
-		setBlocked(v, hcpv1alpha1.ReasonReconcileFailed, err.Error())
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, &problem{hcpv1alpha1.ReasonReconcileFailed, err.Error()}
 	}
 	if err := r.core.claim(ctx, v, key); err != nil {
 		return ctrl.Result{}, err
@@ -114,7 +110,6 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		st.Replicas, st.ReadyReplicas, st.Selector = 0, 0, ""
 		setCondition(v, hcpv1alpha1.ConditionHarnessReady, true, hcpv1alpha1.ReasonNoHarness,
 			fmt.Sprintf("external caller: no harness is deployed; the program connects with the credentials in Secret %s (keys uri, username, password, vhost)", creds.Name))
-		setReady(v)
 		return ctrl.Result{}, nil
 	}
 

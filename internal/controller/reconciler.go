@@ -29,15 +29,18 @@ type harnessObject interface {
 // resolves the broker and the id claim, builds the desired children with
 // desiredChildren (pure, from the childKinds table), applies them with
 // server-side apply (applyChildren) and derives the status from what it
-// observed (setTopologyReady, setHarnessReady, setReady). This loop does
-// the rest the same way for both kinds: conflicts, the error condition,
+// observed (setTopologyReady, setHarnessReady). This loop does the rest
+// the same way for both kinds: conflicts, Ready and kstatus' conditions
+// from the outcome (setOutcome, the one place they are set),
 // observedGeneration, one Event per verb for the children (emitChanges)
 // and a status write only when the status changed.
 type harnessReconciler[T harnessObject] struct {
 	core *core
 	// newObject returns an empty object of the kind.
 	newObject func() T
-	// build is the kind's step for an object not being deleted.
+	// build is the kind's step for an object not being deleted. A
+	// *problem it returns (as the error) blocks the object until the
+	// user fixes it; any other error is retried.
 	build func(ctx context.Context, obj T, v view) (ctrl.Result, error)
 }
 
@@ -60,16 +63,16 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 		res, err = h.build(ctx, obj, v)
 	}
 	h.core.emitChanges(obj, changes)
-	switch {
-	case apierrors.IsConflict(err):
+	if apierrors.IsConflict(err) {
 		// A write raced with another (often our own status write seen
 		// late by the cache): start again from a fresh read.
 		return ctrl.Result{RequeueAfter: time.Second}, nil
-	case err != nil:
-		setCondition(v, hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonReconcileFailed, err.Error())
-	case !deleting:
-		*v.observedGeneration = obj.GetGeneration()
 	}
+	var prob *problem
+	if errors.As(err, &prob) {
+		err = nil // the user's to fix: no retry with back-off
+	}
+	setOutcome(v, deleting, prob, err)
 	if !equality.Semantic.DeepEqual(bv.status, v.status) {
 		// The status patch goes from before: obj's metadata as read, its
 		// status as it was.

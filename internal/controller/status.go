@@ -89,6 +89,27 @@ func truncateMessage(s string) string {
 	return s
 }
 
+// setOutcome sets Ready, and with it kstatus' Reconciling and Stalled,
+// from the outcome of a Callee's or Caller's reconcile: the one place
+// they are decided. An error fails the reconcile (retried); a problem
+// blocks it until the user fixes it; otherwise Ready follows TopologyReady
+// and HarnessReady (setReady) and observedGeneration the generation. A
+// deletion sets its own Deleting reason while it waits (finalize).
+func setOutcome(v view, deleting bool, prob *problem, err error) {
+	switch {
+	case err != nil:
+		setCondition(v, hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonReconcileFailed, err.Error())
+		return
+	case deleting:
+		return
+	case prob != nil:
+		setBlocked(v, prob.reason, prob.message)
+	default:
+		setReady(v)
+	}
+	*v.observedGeneration = v.obj.GetGeneration()
+}
+
 // setBlocked reports a problem that stops reconciling: nothing is applied
 // until it is fixed, so all three conditions say it.
 func setBlocked(v view, reason, msg string) {

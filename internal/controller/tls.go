@@ -87,7 +87,7 @@ type harnessState struct {
 }
 
 // deployHarness applies the harness (ensureHarness) once the TLS Secrets it
-// mounts check out, and sets HarnessReady and Ready. With a TLS problem the
+// mounts check out, and sets HarnessReady (the loop derives Ready). With a TLS problem the
 // Deployment is left as it is (running pods keep what they mounted) and no
 // Deployment is returned, with a backstop requeue: an unlabelled Secret's
 // fix raises no event the manager sees.
@@ -98,7 +98,6 @@ func (c *core) deployHarness(ctx context.Context, v view, holdSidecar bool, p re
 	}
 	if prob != nil {
 		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, prob.reason, prob.message+" (the harness Deployment is not changed until then)")
-		setReady(v)
 		return harnessState{}, ctrl.Result{RequeueAfter: time.Minute}, nil
 	}
 	p.TLS = v.broker.TLS
@@ -108,6 +107,5 @@ func (c *core) deployHarness(ctx context.Context, v view, holdSidecar bool, p re
 		return harnessState{}, ctrl.Result{}, err
 	}
 	setHarnessReady(v, dep)
-	setReady(v)
 	return harnessState{dep: dep, sidecarHeld: held}, ctrl.Result{}, nil
 }
