@@ -141,6 +141,9 @@ func Timeline(hs *hcpv1alpha1.HCPSession, events []corev1.Event) []TimelineEntry
 		}
 	}
 	created := "created PENDING: task_submit received, the L3 gate ran"
+	if hs.Annotations[hcpv1alpha1.AnnotationAdmitted] == "true" {
+		created = "created admitted: task_submit received, the L3 gate admitted it" // no concurrency limit: the create decided
+	}
 	if p := hs.Annotations[annotationDecidingPod]; p != "" {
 		created += " in pod " + p
 	}

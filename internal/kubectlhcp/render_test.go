@@ -440,3 +440,21 @@ func TestSidecarPort(t *testing.T) {
 		t.Errorf("default port %d", p)
 	}
 }
+
+// The timeline's first line says how the session was created: an
+// undecided claim, or admitted by the create itself (no concurrency limit).
+func TestTimelineCreatedLine(t *testing.T) {
+	at := metav1.NewTime(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	for _, c := range []struct {
+		annotations map[string]string
+		want        string
+	}{
+		{map[string]string{annotationDecidingPod: "p-0"}, "created PENDING: task_submit received, the L3 gate ran in pod p-0"},
+		{map[string]string{annotationDecidingPod: "p-0", hcpv1alpha1.AnnotationAdmitted: "true"}, "created admitted: task_submit received, the L3 gate admitted it in pod p-0"},
+	} {
+		hs := &hcpv1alpha1.HCPSession{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: at, Annotations: c.annotations}}
+		if tl := Timeline(hs, nil); len(tl) == 0 || tl[0].What != c.want {
+			t.Errorf("annotations %v: timeline %+v, want first %q", c.annotations, tl, c.want)
+		}
+	}
+}

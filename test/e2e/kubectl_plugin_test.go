@@ -169,7 +169,7 @@ func TestKubectlPlugin(t *testing.T) {
 			"Name: " + sessionID, "State: COMPLETED", "Intent: kubectl hcp e2e", "Verdict: admitted", "Risk: " + string(hs.Spec.RiskLevel) + " (assessed)",
 			"Decided by: pod " + hs.Status.PodName, "Name: " + hs.Status.PodName, "Status: Running, ready",
 			"CapabilityPolicies selecting callee " + calleeID + " now: " + r.policy.Name,
-			"created PENDING: task_submit received", "RUNNING: admitted", "last checkpoint ", "COMPLETED",
+			": task_submit received, the L3 gate", "RUNNING: admitted", "last checkpoint ", "COMPLETED",
 		} {
 			if !strings.Contains(flat, want) {
 				t.Errorf("describe lacks %q", want)
