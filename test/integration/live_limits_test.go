@@ -16,9 +16,7 @@ import (
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -38,13 +36,10 @@ import (
 // does not take effect (RabbitMQ applies the lower of argument and
 // policy), and the Callee gets a Warning Event saying so.
 func TestLiveLimitsWithWebhooks(t *testing.T) {
-	broker := testbed.EnsureRabbitMQ(t)
-	env := testbed.StartEnv(t, testbed.Options{AddToScheme: []func(*runtime.Scheme) error{hcpv1alpha1.AddToScheme}})
+	broker, env, vhost := startBed(t, "hcp-limits-")
 	c := env.Client
 	ctx := t.Context()
 	ns := env.CreateNamespace(t, "hcp-limits-")
-	vhost := "/" + testbed.RandomName("hcp-limits-")
-	broker.CleanupVhost(t, vhost)
 	if _, err := testbed.CreateConnectionSecret(ctx, c, ns, "rmq"); err != nil {
 		t.Fatal(err)
 	}
@@ -132,26 +127,16 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	topologyReady := func(ctx context.Context) error {
+	allTopologyReady := func(ctx context.Context) error {
 		var errs []error
 		for _, o := range []client.Object{lab, alpha, old} {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
-				return err
-			}
-			var conds []metav1.Condition
-			switch x := o.(type) {
-			case *hcpv1alpha1.Callee:
-				conds = x.Status.Conditions
-			case *hcpv1alpha1.Caller:
-				conds = x.Status.Conditions
-			}
-			if c := meta.FindStatusCondition(conds, hcpv1alpha1.ConditionTopologyReady); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != o.GetGeneration() {
-				errs = append(errs, fmt.Errorf("%s: TopologyReady %s", o.GetName(), condition(conds, hcpv1alpha1.ConditionTopologyReady)))
+			if err := topologyReady(ctx, c, o); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		return errors.Join(errs...)
 	}
-	testbed.Eventually(t, readyTimeout, "TopologyReady", topologyReady)
+	testbed.Eventually(t, readyTimeout, "TopologyReady", allTopologyReady)
 
 	effective := func(queue, key string, want int) func(context.Context) error {
 		return func(ctx context.Context) error {
@@ -238,7 +223,7 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 		return c.Update(ctx, alpha)
 	})
 	testbed.Eventually(t, readyTimeout, "message-ttl 3600000 on the live event queue", effective("hcp.evt.alpha", "message-ttl", 3600000))
-	testbed.Eventually(t, readyTimeout, "TopologyReady after the changes", topologyReady)
+	testbed.Eventually(t, readyTimeout, "TopologyReady after the changes", allTopologyReady)
 
 	// Never an update of the Queue objects; the same queue, with its
 	// messages in order.

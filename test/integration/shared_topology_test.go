@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -32,13 +31,10 @@ import (
 // bindings and its TopologyReady alone; deleting the last user removes the
 // shared topology (the vhost is retained, as asked).
 func TestSharedTopologyOutlivesATenant(t *testing.T) {
-	broker := testbed.EnsureRabbitMQ(t)
-	env := testbed.StartEnv(t, testbed.Options{AddToScheme: []func(*runtime.Scheme) error{hcpv1alpha1.AddToScheme}})
+	broker, env, vhost := startBed(t, "hcp-shared-")
 	c := env.Client
 	ctx := t.Context()
 	home, nsA, nsB := env.CreateNamespace(t, "hcp-operator-"), env.CreateNamespace(t, "tenant-a-"), env.CreateNamespace(t, "tenant-b-")
-	vhost := "/" + testbed.RandomName("hcp-shared-")
-	broker.CleanupVhost(t, vhost)
 
 	// The default broker, as the chart makes it: in the operator's
 	// namespace, open to every namespace.
@@ -126,26 +122,8 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	topologyReady := func(o client.Object) func(context.Context) error {
-		return func(ctx context.Context) error {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
-				return err
-			}
-			var conds []metav1.Condition
-			switch x := o.(type) {
-			case *hcpv1alpha1.Callee:
-				conds = x.Status.Conditions
-			case *hcpv1alpha1.Caller:
-				conds = x.Status.Conditions
-			}
-			if !meta.IsStatusConditionTrue(conds, hcpv1alpha1.ConditionTopologyReady) {
-				return fmt.Errorf("%s TopologyReady %s", o.GetName(), condition(conds, hcpv1alpha1.ConditionTopologyReady))
-			}
-			return nil
-		}
-	}
 	testbed.Eventually(t, readyTimeout, "both tenants' topology ready", func(ctx context.Context) error {
-		return errors.Join(topologyReady(lab)(ctx), topologyReady(beta)(ctx))
+		return errors.Join(topologyReady(ctx, c, lab), topologyReady(ctx, c, beta))
 	})
 	if lab.Labels[hcpv1alpha1.LabelVhostKey] != key {
 		t.Fatalf("vhost key %q, want %q", lab.Labels[hcpv1alpha1.LabelVhostKey], key)
@@ -190,18 +168,11 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 		}
 	}
 	bindings := func() []string {
-		bs, err := broker.Bindings(vhost)
+		names, err := bindingNames(broker, vhost)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out []string
-		for _, bd := range bs {
-			if bd.Source != "" {
-				out = append(out, fmt.Sprintf("%s -> %s [%s]", bd.Source, bd.Destination, bd.RoutingKey))
-			}
-		}
-		slices.Sort(out)
-		return out
+		return names
 	}
 	want := []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.commands -> witness [witness]", "hcp.events -> hcp.evt.beta [beta.#]"}
 	if got := bindings(); !slices.Equal(got, want) {
@@ -257,7 +228,7 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 	if !slices.Equal(names, []string{"hcp.commands", "hcp.events"}) {
 		t.Errorf("broker exchanges after tenant B went: %v", names)
 	}
-	if err := topologyReady(lab)(ctx); err != nil {
+	if err := topologyReady(ctx, c, lab); err != nil {
 		t.Errorf("tenant A after tenant B went: %v", err)
 	}
 	for _, n := range []string{cmdName, evtName} {

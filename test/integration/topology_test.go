@@ -78,6 +78,38 @@ func startManager(t *testing.T, env *testbed.Env, opts controller.Options) {
 	})
 }
 
+// startBed starts what every test here runs against: the test RabbitMQ,
+// an API server that knows the HCP kinds, and a vhost of the test's own,
+// named vhostPrefix and six random hex digits, deleted when the test ends
+// (registered before all the test starts later: deleted after it stopped).
+func startBed(t *testing.T, vhostPrefix string) (*testbed.Broker, *testbed.Env, string) {
+	t.Helper()
+	broker := testbed.EnsureRabbitMQ(t)
+	env := testbed.StartEnv(t, testbed.Options{AddToScheme: []func(*runtime.Scheme) error{hcpv1alpha1.AddToScheme}})
+	vhost := "/" + testbed.RandomName(vhostPrefix)
+	broker.CleanupVhost(t, vhost)
+	return broker, env, vhost
+}
+
+// topologyReady reads o (a Callee or a Caller) again and says why its
+// TopologyReady is not True for its current generation, if it is not.
+func topologyReady(ctx context.Context, c client.Client, o client.Object) error {
+	if err := c.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+		return err
+	}
+	var conds []metav1.Condition
+	switch x := o.(type) {
+	case *hcpv1alpha1.Callee:
+		conds = x.Status.Conditions
+	case *hcpv1alpha1.Caller:
+		conds = x.Status.Conditions
+	}
+	if c := meta.FindStatusCondition(conds, hcpv1alpha1.ConditionTopologyReady); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != o.GetGeneration() {
+		return fmt.Errorf("%s: TopologyReady %s", o.GetName(), condition(conds, hcpv1alpha1.ConditionTopologyReady))
+	}
+	return nil
+}
+
 func condition(conds []metav1.Condition, typ string) string {
 	c := meta.FindStatusCondition(conds, typ)
 	if c == nil {
@@ -91,13 +123,10 @@ func condition(conds []metav1.Condition, typ string) string {
 // operator, give real quorum queues with exactly the expected arguments and
 // bindings, and users that can do exactly what DESIGN section 3 allows.
 func TestTopologyAndPermissionsOnTheBroker(t *testing.T) {
-	broker := testbed.EnsureRabbitMQ(t)
-	env := testbed.StartEnv(t, testbed.Options{AddToScheme: []func(*runtime.Scheme) error{hcpv1alpha1.AddToScheme}})
+	broker, env, vhost := startBed(t, "hcp-it-")
 	c := env.Client
 	ctx := t.Context()
 	ns := env.CreateNamespace(t, "hcp-it-")
-	vhost := "/" + testbed.RandomName("hcp-it-")
-	broker.CleanupVhost(t, vhost) // registered first: runs last
 	if _, err := testbed.CreateConnectionSecret(ctx, c, ns, "rmq"); err != nil {
 		t.Fatal(err)
 	}
@@ -136,20 +165,7 @@ func TestTopologyAndPermissionsOnTheBroker(t *testing.T) {
 	// (HarnessReady stays False: envtest runs no Deployment controller.)
 	for _, o := range []client.Object{callee, alpha, beta} {
 		testbed.Eventually(t, readyTimeout, fmt.Sprintf("%T %s TopologyReady", o, o.GetName()), func(ctx context.Context) error {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
-				return err
-			}
-			var conds []metav1.Condition
-			switch x := o.(type) {
-			case *hcpv1alpha1.Callee:
-				conds = x.Status.Conditions
-			case *hcpv1alpha1.Caller:
-				conds = x.Status.Conditions
-			}
-			if !meta.IsStatusConditionTrue(conds, hcpv1alpha1.ConditionTopologyReady) {
-				return fmt.Errorf("TopologyReady %s", condition(conds, hcpv1alpha1.ConditionTopologyReady))
-			}
-			return nil
+			return topologyReady(ctx, c, o)
 		})
 	}
 	if cond := meta.FindStatusCondition(alpha.Status.Conditions, hcpv1alpha1.ConditionReady); cond == nil || cond.Status != metav1.ConditionTrue {
@@ -270,6 +286,23 @@ func exchangeNames(b *testbed.Broker, vhost string) ([]string, error) {
 	return names, nil
 }
 
+// bindingNames lists vhost's bindings, but the default exchange's, as
+// "source -> destination [routing key]", sorted.
+func bindingNames(b *testbed.Broker, vhost string) ([]string, error) {
+	bs, err := b.Bindings(vhost)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, bd := range bs {
+		if bd.Source != "" {
+			names = append(names, fmt.Sprintf("%s -> %s [%s]", bd.Source, bd.Destination, bd.RoutingKey))
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
 func hasBinding(bs []rabbithole.BindingInfo, source, dest, key string) bool {
 	for _, b := range bs {
 		if b.Source == source && b.Destination == dest && b.DestinationType == "queue" && b.RoutingKey == key {
@@ -352,17 +385,10 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 		t.Errorf("exchanges missing: %v", slices.Collect(maps.Keys(wantX)))
 	}
 
-	bs, err := b.Bindings(vhost)
+	bindings, err := bindingNames(b, vhost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var bindings []string
-	for _, bd := range bs {
-		if bd.Source != "" {
-			bindings = append(bindings, fmt.Sprintf("%s -> %s [%s]", bd.Source, bd.Destination, bd.RoutingKey))
-		}
-	}
-	slices.Sort(bindings)
 	if want := []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.events -> hcp.evt.alpha [alpha.#]", "hcp.events -> hcp.evt.beta [beta.#]"}; !slices.Equal(bindings, want) {
 		t.Errorf("bindings %v, want exactly %v", bindings, want)
 	}
