@@ -137,6 +137,10 @@ dashboard-picture: testbed ## Draw docs/images/dashboard.png: the chart's Grafan
 test-e2e: ## Run the end-to-end suite (test/e2e): chart install, samples, sessions on the local stack (root; brought up if not running) or, with HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.
 	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
+.PHONY: test-upgrade
+test-upgrade: ## The upgrade test alone (docs/upgrades.md; make test-e2e runs it too): helm install of version N (HCP_UPGRADE_FROM, a git ref) on the local stack (root), sessions streaming, helm upgrade to the working tree; every session completes.
+	go test -tags e2e -count=1 -run '^TestUpgrade$$' -v -timeout 20m ./test/e2e/...
+
 # CONFORMANCE_REPORT receives the table of `make conformance-kit`.
 CONFORMANCE_REPORT ?= $(CURDIR)/test/e2e/_artifacts/conformance.md
 
