@@ -45,6 +45,7 @@ func TestCalleeLifecycle(t *testing.T) {
 	harness := harnessChildren(ns, base)
 	creds := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: credsName}}
 	tok := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tokenName}}
+	declareUser(t, ns, base)
 	children := append(append(slices.Clone(topo), harness...), creds, tok)
 	checks := make([]func(context.Context) error, 0, len(children))
 	for _, o := range children {

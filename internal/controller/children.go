@@ -73,8 +73,12 @@ type childKind struct {
 	// generic step skips it, the watches and the finalizer do not.
 	build func(in desiredInput) client.Object
 	// upToDate, when set, decides whether the live child needs no apply;
-	// otherwise upToDate's generic comparison decides (applyChild).
+	// otherwise holdsApplied's generic comparison decides (applyChild).
 	upToDate func(live, desired client.Object) bool
+	// createAfter, when set, holds back the creation of a child until it
+	// returns true for the children of the group applied before it (an
+	// existing child is always applied).
+	createAfter func(applied []client.Object) bool
 }
 
 // childKinds is the children table, in the order children are applied
@@ -91,8 +95,12 @@ var childKinds = []childKind{
 		}},
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.User{} },
 		build: func(in desiredInput) client.Object { return resource.User(in.sub, in.broker) }},
+	// A Permission the topology operator declares before its User fails
+	// (vhost_or_user_not_found) and waits out the topology operator's
+	// back-off, up to 1,000 s: it is created once the User is Ready.
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Permission{} },
-		build: func(in desiredInput) client.Object { return resource.Permission(in.sub, in.broker) }},
+		build:       func(in desiredInput) client.Object { return resource.Permission(in.sub, in.broker) },
+		createAfter: readyApplied[*topologyv1beta1.User]},
 	// The limits Policy keeps the webhook-immutable fields of the live
 	// object: applied by ensureLimitsPolicy.
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Policy{} }},
@@ -114,6 +122,18 @@ var childKinds = []childKind{
 	{group: groupHarness, empty: func() client.Object { return &appsv1.Deployment{} },
 		build:    ifHarness(func(in desiredInput) client.Object { return resource.Deployment(*in.harness) }),
 		upToDate: deploymentUpToDate},
+}
+
+// readyApplied: the applied child of type T is Ready for the topology
+// operator (topologyObjectReady).
+func readyApplied[T client.Object](applied []client.Object) bool {
+	for _, o := range applied {
+		if t, ok := o.(T); ok {
+			ready, _ := topologyObjectReady(t)
+			return ready
+		}
+	}
+	return false
 }
 
 // ifHarness builds nothing for an object without a harness.

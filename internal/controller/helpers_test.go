@@ -171,6 +171,13 @@ func topologyChildren(ns, base string) []client.Object {
 	}
 }
 
+// declareUser plays the topology operator for a subject's User: the
+// operator creates the Permission only once its User is Ready.
+func declareUser(t *testing.T, ns, base string) {
+	t.Helper()
+	setTopologyStatus(t, &topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
+}
+
 // limitsPolicy is a subject's queue limits Policy.
 func limitsPolicy(ns, base string) *topologyv1beta1.Policy {
 	return &topologyv1beta1.Policy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}

@@ -41,6 +41,7 @@ func TestChildrenServerSideApply(t *testing.T) {
 	callee := newCallee(ns, "ssa")
 	create(t, callee)
 	base, _, _ := childNames("callee", "ssa")
+	declareUser(t, ns, base)
 	children := append(topologyChildren(ns, base), harnessChildren(ns, base)...)
 	eventually(t, "every child is applied by "+resource.FieldManager, func(ctx context.Context) error {
 		for _, o := range children {
@@ -111,11 +112,35 @@ func TestOneChangeEventPerReconcile(t *testing.T) {
 		}
 		t.Fatalf("%d Created Events, want 1: %q", len(created), notes)
 	}
-	for _, want := range []string{"Queue " + base, "Binding " + base, "User " + base, "Permission " + base, "Role " + base, "Secret " + base + "-credentials"} {
+	for _, want := range []string{"Queue " + base, "Binding " + base, "User " + base, "Role " + base, "Secret " + base + "-credentials"} {
 		if !strings.Contains(created[0].Note, want) {
 			t.Errorf("Created Event %q does not name %s", created[0].Note, want)
 		}
 	}
+}
+
+// TestPermissionAfterUser: the Permission is created only once its User
+// is Ready; declared before it, the topology operator fails it
+// (vhost_or_user_not_found) and retries with a back-off of up to 1,000 s.
+func TestPermissionAfterUser(t *testing.T) {
+	ns := newNamespace(t, "perm-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "perm")
+	create(t, callee)
+	base, _, _ := childNames("callee", "perm")
+	user := &topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	perm := &topologyv1beta1.Permission{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	// The Deployment is applied after the topology in the same reconcile:
+	// once it exists, a Permission would exist too.
+	eventually(t, "the User and the Deployment exist", all(exists(user, callee),
+		exists(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, callee)))
+	if err := gone(perm)(t.Context()); err != nil {
+		t.Fatalf("Permission created before its User is Ready: %v", err)
+	}
+	eventually(t, "TopologyReady names the User it waits for", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
+		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "User "+base+": not yet declared"))
+	declareUser(t, ns, base)
+	eventually(t, "the Permission follows its Ready User", exists(perm, callee))
 }
 
 func testSubject() resource.Subject {

@@ -23,7 +23,8 @@ import (
 
 // applyChildren applies the desired children of one group in table order
 // and deletes the unwanted ones the owner controls. It returns the live
-// children that were applied, in order.
+// children that were applied, in order; a child whose creation is held
+// back (childKind.createAfter) is not among them.
 func (c *core) applyChildren(ctx context.Context, owner client.Object, children []desiredChild) ([]client.Object, error) {
 	var live []client.Object
 	for _, ch := range children {
@@ -33,11 +34,13 @@ func (c *core) applyChildren(ctx context.Context, owner client.Object, children 
 			}
 			continue
 		}
-		o, err := c.applyChild(ctx, owner, ch.kind, ch.obj)
+		o, err := c.applyChild(ctx, owner, ch.kind, ch.obj, live)
 		if err != nil {
 			return nil, err
 		}
-		live = append(live, o)
+		if o != nil {
+			live = append(live, o)
+		}
 	}
 	return live, nil
 }
@@ -50,8 +53,9 @@ func (c *core) applyChildren(ctx context.Context, owner client.Object, children 
 // cached live child already holds what desired sets (kind.upToDate, or
 // holdsApplied), so a reconcile with nothing to change writes nothing. It
 // returns the live child and notes the change for the owner's Event
-// (noteChange).
-func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childKind, desired client.Object) (client.Object, error) {
+// (noteChange); nil when its creation is held back (kind.createAfter
+// over the children applied before it).
+func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childKind, desired client.Object, applied []client.Object) (client.Object, error) {
 	gvk, err := apiutil.GVKForObject(desired, c.scheme)
 	if err != nil {
 		return nil, err
@@ -67,6 +71,10 @@ func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childK
 		exists = false
 	case err != nil:
 		return nil, err
+	}
+	if !exists && kind != nil && kind.createAfter != nil && !kind.createAfter(applied) {
+		ctrl.LoggerFrom(ctx).V(1).Info("Child held back until what it needs is ready", "kind", gvk.Kind, "child", klog.KObj(desired))
+		return nil, nil
 	}
 	if exists {
 		same := false
