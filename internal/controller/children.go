@@ -30,7 +30,7 @@ import (
 //
 // Adding a child type: a builder in internal/resource (with a golden
 // test), one row here, and the RBAC marker on CalleeReconciler. See
-// docs/design-notes.md, "One reconciler shape".
+// docs/operator.md, "The reconciler: one shape for Callees and Callers".
 
 // childGroup is the step of the reconcile that applies a child.
 type childGroup int

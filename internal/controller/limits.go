@@ -9,7 +9,6 @@ import (
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
@@ -17,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
-	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
 )
 
@@ -108,51 +106,12 @@ func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topology
 	return live, nil
 }
 
-// policyReady reads a Policy's own Ready condition, as topologyObjectReady
-// does for the other topology objects.
-func policyReady(p *topologyv1beta1.Policy) (bool, string) {
-	for _, c := range p.Status.Conditions {
-		if c.Type != "Ready" {
-			continue
-		}
-		if c.Status != corev1.ConditionTrue {
-			return false, c.Message
-		}
-		if p.Status.ObservedGeneration < p.Generation {
-			return false, fmt.Sprintf("not yet declared at generation %d (declared: %d)", p.Generation, p.Status.ObservedGeneration)
-		}
-		return true, ""
-	}
-	return false, "not yet declared by the messaging-topology-operator"
-}
-
 // setTopologyReadyWithPolicy is setTopologyReady over objs plus the
 // limits Policy (nil: none): a Policy that is not ready makes TopologyReady
 // false and is named in its message.
 func (c *core) setTopologyReadyWithPolicy(v view, objs []client.Object, pol *topologyv1beta1.Policy) {
+	if pol != nil {
+		objs = append(objs, pol)
+	}
 	c.setTopologyReady(v, objs)
-	if pol == nil {
-		return
-	}
-	ready, msg := policyReady(pol)
-	if ready {
-		if cur := meta.FindStatusCondition(*v.conditions, hcpv1alpha1.ConditionTopologyReady); cur != nil && cur.Status == metav1.ConditionTrue {
-			setCondition(v, hcpv1alpha1.ConditionTopologyReady, true, hcpv1alpha1.ReasonReconciled,
-				fmt.Sprintf("%d topology objects ready", len(objs)+1))
-		}
-		return
-	}
-	reason := hcpv1alpha1.ReasonTopologyFailed
-	if strings.HasPrefix(msg, "not yet") {
-		reason = hcpv1alpha1.ReasonTopologyPending
-	}
-	detail := fmt.Sprintf("Policy %s: %s", pol.Name, msg)
-	cur := meta.FindStatusCondition(*v.conditions, hcpv1alpha1.ConditionTopologyReady)
-	if cur != nil && cur.Status == metav1.ConditionFalse {
-		if cur.Reason == hcpv1alpha1.ReasonTopologyFailed {
-			reason = cur.Reason
-		}
-		detail = cur.Message + "; " + detail
-	}
-	setCondition(v, hcpv1alpha1.ConditionTopologyReady, false, reason, detail)
 }

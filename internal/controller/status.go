@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -149,24 +150,23 @@ func waiting(c *metav1.Condition) bool {
 	return c.Reason == hcpv1alpha1.ReasonTopologyPending || c.Reason == hcpv1alpha1.ReasonDeploymentProgressing
 }
 
-// topologyStatus returns a topology operator object's Ready condition and
-// observed generation.
+// topologyStatus returns a topology operator object's conditions and
+// observed generation: every kind of the topology operator has them under
+// status, so any kind is read the same way.
 func topologyStatus(o client.Object) ([]topologyv1beta1.Condition, int64) {
-	switch x := o.(type) {
-	case *topologyv1beta1.Queue:
-		return x.Status.Conditions, x.Status.ObservedGeneration
-	case *topologyv1beta1.Exchange:
-		return x.Status.Conditions, x.Status.ObservedGeneration
-	case *topologyv1beta1.Binding:
-		return x.Status.Conditions, x.Status.ObservedGeneration
-	case *topologyv1beta1.User:
-		return x.Status.Conditions, x.Status.ObservedGeneration
-	case *topologyv1beta1.Permission:
-		return x.Status.Conditions, x.Status.ObservedGeneration
-	case *topologyv1beta1.Vhost:
-		return x.Status.Conditions, x.Status.ObservedGeneration
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	if err != nil {
+		return nil, 0
 	}
-	return nil, 0
+	st, _ := m["status"].(map[string]any)
+	var out struct {
+		Conditions         []topologyv1beta1.Condition `json:"conditions"`
+		ObservedGeneration int64                       `json:"observedGeneration"`
+	}
+	if st == nil || runtime.DefaultUnstructuredConverter.FromUnstructured(st, &out) != nil {
+		return nil, 0
+	}
+	return out.Conditions, out.ObservedGeneration
 }
 
 // topologyObjectReady reads a topology operator object's own Ready
