@@ -183,24 +183,8 @@ func chaosTable(results []chaosResult) string {
 // second execution, no failure.
 func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
 	r.setCalleeReplicas(t, f.replicas)
-	ids := make([]string, chaosSessions)
-	for i := range ids {
-		in := fmt.Sprintf(`{"recipe":"s3://lab/recipes/chaos-%d.yaml","steps":%d,"step_ms":%d,"log_every":5,"checkpoint_every":2}`, i, chaosSteps, chaosStepMS)
-		ids[i] = r.submit(t, synthesis, "chaos: "+f.name, in, samplecaller.Constraints{DataClassification: "T2"}).SessionID
-	}
-	// Warm: every session streams; the fault hits the pod running the first.
-	eventually(t, sessionTimeout, "every chaos session streams", func(ctx context.Context) error {
-		snap, err := r.received(ctx)
-		if err != nil {
-			return err
-		}
-		for _, id := range ids {
-			if s := snap.Sessions[id]; s == nil || count(s, "progress") < chaosWarmSteps {
-				return fmt.Errorf("session %s has not streamed %d steps yet", id, chaosWarmSteps)
-			}
-		}
-		return nil
-	})
+	// The fault hits the pod running the first session.
+	ids := r.streamingSessions(t, "chaos: "+f.name, chaosSteps)
 	owner := &corev1.Pod{}
 	eventually(t, 30*time.Second, "the pod running session "+ids[0], func(ctx context.Context) error {
 		hs, err := r.session(ctx, ids[0])
@@ -217,7 +201,6 @@ func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
 	t.Logf("injecting %q (sessions %v, pod %s)", f.name, ids, owner.Name)
 	f.inject(t, r, owner)
 
-	res := chaosResult{fault: f.name}
 	var snap samplecaller.Snapshot
 	if f.callerMoves {
 		before := <-old
@@ -226,6 +209,47 @@ func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
 	} else {
 		snap = r.finishedWithin(t, ids, chaosTimeout)
 	}
+	res := r.judgeSessions(t, f.name, ids, snap, at)
+	if f.minRecovery > 0 && res.recovery < f.minRecovery {
+		t.Errorf("%s: sessions went on after %s; a lost owner fences itself only %s after its last renewal, so no replica may resume its sessions sooner",
+			f.name, res.recovery.Round(100*time.Millisecond), f.minRecovery)
+	}
+	// The next fault starts from a settled Caller.
+	r.refreshCaller(t)
+	return res
+}
+
+// streamingSessions submits chaosSessions tasks of steps steps each and
+// waits until every session has streamed chaosWarmSteps progress events.
+func (r *samplesRun) streamingSessions(t *testing.T, intent string, steps int) []string {
+	t.Helper()
+	ids := make([]string, chaosSessions)
+	for i := range ids {
+		in := fmt.Sprintf(`{"recipe":"s3://lab/recipes/chaos-%d.yaml","steps":%d,"step_ms":%d,"log_every":5,"checkpoint_every":2}`, i, steps, chaosStepMS)
+		ids[i] = r.submit(t, synthesis, intent, in, samplecaller.Constraints{DataClassification: "T2"}).SessionID
+	}
+	eventually(t, sessionTimeout, "every session streams", func(ctx context.Context) error {
+		snap, err := r.received(ctx)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			if s := snap.Sessions[id]; s == nil || count(s, "progress") < chaosWarmSteps {
+				return fmt.Errorf("session %s has not streamed %d steps yet", id, chaosWarmSteps)
+			}
+		}
+		return nil
+	})
+	return ids
+}
+
+// judgeSessions measures the sessions ids in what the app received (snap)
+// after a fault at `at`, checks each against its HCPSession, and fails
+// unless the fault cost nothing: no loss, no duplicate, no second
+// execution, no failure.
+func (r *samplesRun) judgeSessions(t *testing.T, fault string, ids []string, snap samplecaller.Snapshot, at time.Time) chaosResult {
+	t.Helper()
+	res := chaosResult{fault: fault}
 	for _, id := range ids {
 		s := snap.Sessions[id]
 		m := measure(s, at)
@@ -249,15 +273,9 @@ func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
 		}
 		r.chaosSessionMatches(t, s, m.renumbered == 0)
 	}
-	if f.minRecovery > 0 && res.recovery < f.minRecovery {
-		t.Errorf("%s: sessions went on after %s; a lost owner fences itself only %s after its last renewal, so no replica may resume its sessions sooner",
-			f.name, res.recovery.Round(100*time.Millisecond), f.minRecovery)
-	}
 	if res.lost+res.dups+res.twice+res.failed != 0 {
-		t.Errorf("%s cost lost %d, duplicates %d, executed twice %d, failed %d; want 0", f.name, res.lost, res.dups, res.twice, res.failed)
+		t.Errorf("%s cost lost %d, duplicates %d, executed twice %d, failed %d; want 0", fault, res.lost, res.dups, res.twice, res.failed)
 	}
-	// The next fault starts from a settled Caller.
-	r.refreshCaller(t)
 	return res
 }
 

@@ -127,14 +127,7 @@ func (s *suite) apply(ctx context.Context, manifests []byte, extra ...string) (s
 // watching the run's namespace only (so it leaves any other install's
 // objects alone, and gets Roles, not ClusterRoles, for them).
 func (s *suite) renderChart(ctx context.Context) ([]byte, []string, error) {
-	args := append([]string{"template", release, filepath.Join(s.cfg.root, chartDir), "--namespace", s.opNS, "--include-crds",
-		"--set", "defaultBroker.secret.create=true",
-		"--set-string", "defaultBroker.secret.uri=" + s.cfg.brokerURI,
-		"--set-string", "defaultBroker.secret.username=" + s.cfg.username,
-		"--set-string", "defaultBroker.secret.password=" + s.cfg.password,
-		"--set-string", "defaultBroker.secret.amqpURL=" + s.cfg.amqpURL,
-		"--set", "watchNamespaces={" + s.ns + "}",
-	}, s.cfg.helmArgs...)
+	args := append([]string{"template", release, filepath.Join(s.cfg.root, chartDir), "--namespace", s.opNS, "--include-crds"}, s.helmValues()...)
 	cmd := exec.CommandContext(ctx, s.cfg.helm, args...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -142,6 +135,21 @@ func (s *suite) renderChart(ctx context.Context) ([]byte, []string, error) {
 		return nil, args, fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, errOut.String())
 	}
 	return out.Bytes(), args, nil
+}
+
+// helmValues are the chart's values of a run (renderChart's, and both
+// releases of TestUpgrade): the default broker's connection Secret created
+// by the chart, the manager watching the run's namespace, and
+// HCP_E2E_HELM_ARGS.
+func (s *suite) helmValues() []string {
+	return append([]string{
+		"--set", "defaultBroker.secret.create=true",
+		"--set-string", "defaultBroker.secret.uri=" + s.cfg.brokerURI,
+		"--set-string", "defaultBroker.secret.username=" + s.cfg.username,
+		"--set-string", "defaultBroker.secret.password=" + s.cfg.password,
+		"--set-string", "defaultBroker.secret.amqpURL=" + s.cfg.amqpURL,
+		"--set", "watchNamespaces={" + s.ns + "}",
+	}, s.cfg.helmArgs...)
 }
 
 func decodeManifests(data []byte) ([]*unstructured.Unstructured, error) {

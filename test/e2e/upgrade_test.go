@@ -1,0 +1,347 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hcp-io/hcp-operator/internal/samplecaller"
+)
+
+// TestUpgrade is docs/upgrades.md on the local stack: version N of the
+// chart and of its binaries (HCP_UPGRADE_FROM, a git ref; default
+// upgradeFrom) installed with `helm install`, the samples Ready, sessions
+// streaming, then `helm upgrade` to the working tree's chart and binaries
+// while they stream. Every session must end COMPLETED with nothing lost,
+// duplicated or executed twice (measured as the chaos step measures a
+// fault), and the CRDs must then be the working tree's, owned by the release
+// and kept on uninstall.
+//
+// Version N's manager and hcp-sidecar are built from `git archive` of the
+// ref into bin/upgrade-from/<commit> (kept: a second run reuses them) and
+// mapped to an image repository of their own in the pod runner's image
+// table, so the upgrade changes the manager's and the sidecars' binaries
+// as a new image would.
+func TestUpgrade(t *testing.T) {
+	if cfg.existing {
+		t.Skip("TestUpgrade needs the local stack: version N's binaries become an image through the pod runner's image table")
+	}
+	ref := envOr("HCP_UPGRADE_FROM", upgradeFrom)
+	prev := buildVersion(t, ref)
+	s := newSuite(t)
+	t.Logf("run %s: version N %s (%s), samples in %s, release %s in %s, vhost %s", s.id, ref, prev.commit[:12], s.ns, release, s.opNS, s.vhost)
+	s.helmInstall(t, prev)
+	s.dumpOnFailure(t)
+
+	r := &samplesRun{suite: s, parent: t}
+	if !t.Run("SamplesReady", r.samplesReady) {
+		t.FailNow()
+	}
+	start := time.Now()
+	res := r.sessionsAcrossUpgrade(t, s.helmUpgrade)
+	record("upgrade: sessions across helm upgrade", time.Since(start))
+	t.Logf("sessions across the upgrade:\n%s", chaosTable([]chaosResult{res}))
+	s.crdsUpgraded(t)
+}
+
+const (
+	// upgradeFrom is version N by default: the chart and binaries of
+	// 2026-11-25, the last chart that shipped its CRDs in crds/.
+	upgradeFrom = "ca9e768f1e845e1a5ed186e7dfa31bd3174ff134"
+	// upgradeFromRepository is the image repository of version N's binaries
+	// in the pod runner's image table.
+	upgradeFromRepository = "ghcr.io/hcp-io/hcp-operator-upgrade-from"
+)
+
+// upgradeSteps makes the sessions long enough (60 s) to stream through the
+// whole upgrade: helm upgrade --wait, then the callee and caller pods
+// rolling (about 20 s on the local stack).
+const upgradeSteps = 240
+
+// sessionsAcrossUpgrade runs chaosSessions sessions on a Callee with two
+// replicas and upgrades while they stream; they are judged as a chaos
+// fault's: every one must end COMPLETED, with no event lost, duplicated or
+// executed twice. The caller pod rolls too, so what its old app received is
+// joined to what the new one receives.
+func (r *samplesRun) sessionsAcrossUpgrade(t *testing.T, upgrade func(*testing.T)) chaosResult {
+	t.Helper()
+	r.setCalleeReplicas(t, 2)
+	ids := r.streamingSessions(t, "upgrade", upgradeSteps)
+	old := r.recordUntilGone(t)
+	at := time.Now()
+	t.Logf("upgrading while sessions %v stream", ids)
+	upgrade(t)
+	for _, id := range ids {
+		hs, err := r.session(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs.Status.State.IsTerminal() {
+			t.Fatalf("session %s was %s by the time helm upgrade returned: it did not run across the upgrade (raise upgradeSteps)", id, hs.Status.State)
+		}
+	}
+	before := <-old
+	r.refreshCaller(t)
+	var snap samplecaller.Snapshot
+	eventually(t, chaosTimeout, fmt.Sprintf("%d sessions closed at the caller app", len(ids)), func(ctx context.Context) error {
+		after, err := r.received(ctx)
+		if err != nil {
+			return err
+		}
+		snap = joinRecords(before, after)
+		for _, id := range ids {
+			if s := snap.Sessions[id]; s == nil || s.FinalState == "" {
+				return fmt.Errorf("session %s not closed at the app yet", id)
+			}
+		}
+		return nil
+	})
+	return r.judgeSessions(t, "helm upgrade", ids, snap, at)
+}
+
+// hcpCRDs are the CRDs the chart ships.
+var hcpCRDs = []string{"callees.hcp.io", "callers.hcp.io", "capabilitypolicies.hcp.io", "hcpsessions.hcp.io"}
+
+// version is an older tree of the repository with its binaries built.
+type version struct {
+	commit, dir string
+}
+
+func (v version) chart() string { return filepath.Join(v.dir, chartDir) }
+
+// buildVersion extracts ref into bin/upgrade-from/<commit>, builds its
+// manager and hcp-sidecar there, and maps them to upgradeFromRepository in
+// the pod runner's image table until the test ends.
+func buildVersion(t *testing.T, ref string) version {
+	t.Helper()
+	defer timed("upgrade: build version N")()
+	ctx := t.Context()
+	commit, err := output(ctx, "git", "rev-parse", "--verify", ref+"^{commit}")
+	if err != nil {
+		t.Fatalf("HCP_UPGRADE_FROM=%s: %v", ref, err)
+	}
+	v := version{commit: strings.TrimSpace(commit)}
+	v.dir = filepath.Join(cfg.root, "bin", "upgrade-from", v.commit)
+	built := filepath.Join(v.dir, ".built")
+	if _, err := os.Stat(built); err != nil {
+		if err := os.RemoveAll(v.dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(v.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := output(ctx, "sh", "-c", `git archive --format=tar "$1" | tar -x -C "$2"`, "sh", v.commit, v.dir); err != nil {
+			t.Fatalf("git archive %s: %v\n%s", v.commit, err, out)
+		}
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", "bin/", "./cmd/manager", "./cmd/hcp-sidecar")
+		cmd.Dir = v.dir
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build of version N (%s): %v\n%s", v.commit, err, out)
+		}
+		if err := os.WriteFile(built, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("built version N's manager and hcp-sidecar in %s", v.dir)
+	}
+	mapImage(t, upgradeFromRepository, filepath.Join(v.dir, "bin"))
+	return v
+}
+
+// mapImage adds repository to the local stack's image table (read at every
+// container start) with the manager image's configuration and the binaries
+// in bin, and removes it when the test ends.
+func mapImage(t *testing.T, repository, bin string) {
+	t.Helper()
+	table := filepath.Join(os.Getenv("HCP_STACK_DIR"), "images.yaml")
+	orig, err := os.ReadFile(table)
+	if err != nil {
+		t.Fatalf("the local stack's image table (HCP_STACK_DIR): %v", err)
+	}
+	begin, end := "# begin "+t.Name()+"\n", "# end "+t.Name()+"\n"
+	base := string(orig)
+	if i := strings.Index(base, begin); i >= 0 {
+		if j := strings.Index(base, end); j > i {
+			base = base[:i] + base[j+len(end):]
+		}
+	}
+	entry := fmt.Sprintf(`%s- repository: %s
+  entrypoint: ["/manager"]
+  user: "65532:65532"
+  env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"]
+  files:
+    /manager: %s
+    /hcp-sidecar: %s
+%s`, begin, repository, filepath.Join(bin, "manager"), filepath.Join(bin, "hcp-sidecar"), end)
+	if err := os.WriteFile(table, []byte(base+entry), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(table, []byte(base), 0o644); err != nil {
+			t.Errorf("restore the image table %s: %v", table, err)
+		}
+	})
+}
+
+func (s *suite) helm(ctx context.Context, args ...string) (string, error) {
+	args = append(args, "--kubeconfig", os.Getenv("KUBECONFIG"))
+	return output(ctx, s.cfg.helm, args...)
+}
+
+// helmInstall installs version N as a user of it did: its CRDs applied
+// server-side (Helm installs crds/ only when they do not exist yet, and an
+// earlier run may have left newer ones), then `helm install` with its
+// manager image. It registers the suite's teardown first, as install does.
+func (s *suite) helmInstall(t *testing.T, v version) {
+	t.Helper()
+	ctx := t.Context()
+	defer timed("upgrade: helm install version N, manager available")()
+	t.Cleanup(func() { s.resumeOtherManagers(t) })
+	s.registerTeardown(t)
+	t.Cleanup(func() { s.disownCRDs(t) })
+	for _, ns := range []string{s.ns, s.opNS} {
+		obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"app.kubernetes.io/part-of": "hcp-e2e"}}}
+		if err := s.c.Create(ctx, obj); err != nil {
+			t.Fatalf("create namespace %s: %v", ns, err)
+		}
+	}
+	s.pauseOtherManagers(t)
+
+	if crds := filepath.Join(v.chart(), "crds"); exists(crds) {
+		out, err := s.kubectl(ctx, nil, "apply", "--server-side", "--force-conflicts", "--field-manager=hcp-e2e-upgrade-from", "-f", crds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("version N's CRDs: kubectl apply --server-side -f crds/:\n%s", indent(out))
+	}
+	args := append([]string{"install", release, v.chart(), "--namespace", s.opNS, "--wait", "--timeout", installTimeout.String(),
+		"--set", "image.repository=" + upgradeFromRepository}, s.helmValues()...)
+	out, err := s.helm(ctx, args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s\npods: %s", strings.Join(redact(args), " "), err, out, s.podsSummary(ctx, s.opNS))
+	}
+	t.Logf("helm %s:\n%s", strings.Join(redact(args), " "), indent(out))
+	s.trackRelease(t)
+}
+
+// trackRelease points the teardown at the release's objects as Helm has
+// them now (the teardown deletes the cluster-scoped ones, except CRDs).
+func (s *suite) trackRelease(t *testing.T) {
+	t.Helper()
+	manifest, err := s.helm(t.Context(), "get", "manifest", release, "--namespace", s.opNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.rendered, err = decodeManifests([]byte(manifest)); err != nil {
+		t.Fatalf("decode the release's manifest: %v", err)
+	}
+}
+
+// helmUpgrade is the upgrade as docs/upgrades.md tells it: from a chart
+// whose CRDs were in crds/ Helm refuses to take over the CRDs, so they get
+// the release's ownership label and annotations first; then `helm upgrade`
+// to the working tree's chart with the manager image back to the default
+// repository (the working tree's binaries).
+func (s *suite) helmUpgrade(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	defer timed("upgrade: helm upgrade, manager available")()
+	args := append([]string{"upgrade", release, filepath.Join(s.cfg.root, chartDir), "--namespace", s.opNS, "--wait", "--timeout", installTimeout.String()},
+		s.helmValues()...)
+	out, err := s.helm(ctx, args...)
+	switch {
+	case err == nil:
+		t.Logf("helm upgrade took the CRDs over without help (version N had them as templates already):\n%s", indent(out))
+	case strings.Contains(err.Error(), "invalid ownership metadata"):
+		t.Logf("helm upgrade refused to adopt version N's CRDs, as docs/upgrades.md says: %v", err)
+		for _, crd := range hcpCRDs {
+			for _, cmd := range [][]string{
+				{"label", "crd", crd, "--overwrite", "app.kubernetes.io/managed-by=Helm"},
+				{"annotate", "crd", crd, "--overwrite", "meta.helm.sh/release-name=" + release, "meta.helm.sh/release-namespace=" + s.opNS},
+			} {
+				if out, err := s.kubectl(ctx, nil, cmd...); err != nil {
+					t.Fatalf("%v\n%s", err, out)
+				}
+			}
+		}
+		if out, err = s.helm(ctx, args...); err != nil {
+			t.Fatalf("helm %s after labelling and annotating the CRDs: %v\n%s\npods: %s", strings.Join(redact(args), " "), err, out, s.podsSummary(ctx, s.opNS))
+		}
+		t.Logf("helm upgrade:\n%s", indent(out))
+	default:
+		t.Fatalf("helm %s: %v\n%s", strings.Join(redact(args), " "), err, out)
+	}
+	s.trackRelease(t)
+}
+
+// crdsUpgraded: the CRDs are the working tree's chart's, owned by the
+// release, with the keep policy (so `helm uninstall` leaves them and the
+// objects of their kinds).
+func (s *suite) crdsUpgraded(t *testing.T) {
+	t.Helper()
+	want := map[string]string{}
+	for _, o := range s.rendered {
+		if o.GetKind() == "CustomResourceDefinition" {
+			want[o.GetName()] = o.GetLabels()["helm.sh/chart"]
+		}
+	}
+	if len(want) != len(hcpCRDs) {
+		t.Fatalf("the upgraded release has %d CRDs (%v), want %v", len(want), want, hcpCRDs)
+	}
+	for _, name := range hcpCRDs {
+		crd := &unstructured.Unstructured{}
+		crd.SetAPIVersion("apiextensions.k8s.io/v1")
+		crd.SetKind("CustomResourceDefinition")
+		if err := s.c.Get(t.Context(), client.ObjectKey{Name: name}, crd); err != nil {
+			t.Fatal(err)
+		}
+		a, l := crd.GetAnnotations(), crd.GetLabels()
+		if a["meta.helm.sh/release-name"] != release || a["meta.helm.sh/release-namespace"] != s.opNS || l["app.kubernetes.io/managed-by"] != "Helm" ||
+			a["helm.sh/resource-policy"] != "keep" || l["helm.sh/chart"] != want[name] {
+			t.Errorf("CRD %s after the upgrade: labels %v, annotations %v; want the release's ownership, helm.sh/resource-policy: keep and helm.sh/chart %s",
+				name, l, a, want[name])
+		}
+	}
+}
+
+// disownCRDs takes the release's ownership label and annotations off the
+// CRDs, which outlive the release (keep policy) and its namespace: a later
+// `helm install` of another release would be refused them.
+func (s *suite) disownCRDs(t *testing.T) {
+	if s.cfg.keep {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, crd := range hcpCRDs {
+		ns, err := s.kubectl(ctx, nil, "get", "crd", crd, "-o", `jsonpath={.metadata.annotations.meta\.helm\.sh/release-namespace}`)
+		if err != nil || ns != s.opNS {
+			continue
+		}
+		for _, cmd := range [][]string{
+			{"label", "crd", crd, "app.kubernetes.io/managed-by-"},
+			{"annotate", "crd", crd, "meta.helm.sh/release-name-", "meta.helm.sh/release-namespace-"},
+		} {
+			if out, err := s.kubectl(ctx, nil, cmd...); err != nil {
+				t.Errorf("teardown: %v\n%s", err, out)
+			}
+		}
+	}
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
