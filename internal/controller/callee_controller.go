@@ -49,6 +49,10 @@ type CalleeReconciler struct {
 	Recorder  events.EventRecorder
 	Options   Options
 
+	// claims is the claim log shared with the other kind's reconciler
+	// (Setup); nil: every finalizer asks the API server.
+	claims *claimLog
+
 	core *core
 	loop *harnessReconciler[*hcpv1alpha1.Callee]
 }
@@ -176,6 +180,7 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 // SetupWithManager registers the reconciler. SetupIndexes must have run.
 func (r *CalleeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCallee)
+	r.core.claims = r.claims
 	r.loop = &harnessReconciler[*hcpv1alpha1.Callee]{core: r.core, newObject: func() *hcpv1alpha1.Callee { return &hcpv1alpha1.Callee{} }, build: r.reconcile}
 	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Callee{})).
 		Watches(&hcpv1alpha1.Callee{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).

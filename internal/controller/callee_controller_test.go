@@ -554,10 +554,18 @@ func TestSharedExchanges(t *testing.T) {
 		string(secret.Data["uri"]) != "http://rabbitmq.hcp-system.svc:15672" || secret.Labels[resource.LabelTopologyOperator] != "true" {
 		t.Errorf("connection Secret copy %+v data keys %v", secret.ObjectMeta, slices.Sorted(maps.Keys(secret.Data)))
 	}
-	// One user does not ask for delete: retain, whatever the other asks.
-	if vh.Spec.DeletionPolicy != "retain" || vh.Spec.Name != "/shared-"+ns1 {
-		t.Errorf("vhost: policy %s name %s, want retain", vh.Spec.DeletionPolicy, vh.Spec.Name)
-	}
+	// One user does not ask for delete: retain, whatever the other asks
+	// (the first to apply the Vhost may not see the other's claim yet: the
+	// other applies it again once it holds its id).
+	eventually(t, "the vhost is retained", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(vh), vh); err != nil {
+			return err
+		}
+		if vh.Spec.DeletionPolicy != "retain" || vh.Spec.Name != "/shared-"+ns1 {
+			return fmt.Errorf("vhost: policy %s name %s, want retain", vh.Spec.DeletionPolicy, vh.Spec.Name)
+		}
+		return nil
+	})
 
 	// The first user goes (as with its namespace): everything shared stays.
 	if err := k8sClient.Delete(t.Context(), callee); err != nil {

@@ -28,6 +28,10 @@ type CallerReconciler struct {
 	Recorder  events.EventRecorder
 	Options   Options
 
+	// claims is the claim log shared with the other kind's reconciler
+	// (Setup); nil: every finalizer asks the API server.
+	claims *claimLog
+
 	core *core
 	loop *harnessReconciler[*hcpv1alpha1.Caller]
 }
@@ -144,6 +148,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 // SetupWithManager registers the reconciler. SetupIndexes must have run.
 func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCaller)
+	r.core.claims = r.claims
 	r.loop = &harnessReconciler[*hcpv1alpha1.Caller]{core: r.core, newObject: func() *hcpv1alpha1.Caller { return &hcpv1alpha1.Caller{} }, build: r.reconcile}
 	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{})).
 		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).

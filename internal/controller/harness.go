@@ -40,6 +40,8 @@ type core struct {
 	opts      Options
 	role      topology.Role
 	epochs    *epochs
+	// claims is shared by the Callee and Caller reconcilers (nil: none).
+	claims *claimLog
 }
 
 // view is the part of a Callee or Caller the shared code works on.
@@ -249,6 +251,7 @@ func (c *core) claim(ctx context.Context, v view, key string) error {
 	labels[hcpv1alpha1.LabelVhostKey] = key
 	v.obj.SetLabels(labels)
 	controllerutil.AddFinalizer(v.obj, TopologyFinalizer)
+	defer c.claims.claiming()()
 	if err := c.Patch(ctx, v.obj, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}), client.FieldOwner(resource.FieldManager)); err != nil {
 		return fmt.Errorf("claim id: %w", err)
 	}

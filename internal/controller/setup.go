@@ -17,12 +17,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("field indexes: %w", err)
 	}
 	rec := mgr.GetEventRecorder(EventRecorderName)
+	// The two kinds share one claim log: a finalizer of either may trust
+	// the API server's "no other user of the vhost" until either claims.
+	claims := &claimLog{}
 	for name, r := range map[string]interface{ SetupWithManager(ctrl.Manager) error }{
 		calleeKind: &CalleeReconciler{
-			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recorder: rec, Options: o,
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recorder: rec, Options: o, claims: claims,
 		},
 		"Caller": &CallerReconciler{
-			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recorder: rec, Options: o,
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recorder: rec, Options: o, claims: claims,
 		},
 		"HCPSession":       &HCPSessionReconciler{Client: mgr.GetClient()},
 		"CapabilityPolicy": &CapabilityPolicyReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: rec},
