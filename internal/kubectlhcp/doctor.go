@@ -117,7 +117,7 @@ func (d *doctor) run(ctx context.Context) []Check {
 	hcpOK := true
 	for _, ch := range []Check{
 		d.crds(ctx, "hcp.io CRDs", hcpv1alpha1.GroupVersion.Group, []string{"callees", "callers", "capabilitypolicies", "hcpsessions"},
-			"install them: helm install hcp-operator charts/hcp-operator (crds/), or kubectl apply --server-side -k config/crd"),
+			"install them: helm install hcp-operator charts/hcp-operator, or kubectl apply --server-side -k config/crd"),
 		d.crds(ctx, "rabbitmq.com CRDs", topologyv1beta1.GroupVersion.Group, []string{"vhosts", "exchanges", "queues", "bindings", "users", "permissions", "policies"},
 			"install the RabbitMQ messaging-topology-operator (v1.20 or later) with its CRDs, and cluster-operator's RabbitmqCluster CRD (docs/install.md)"),
 	} {
