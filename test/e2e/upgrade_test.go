@@ -61,8 +61,10 @@ const (
 	// 2026-11-25, the last chart that shipped its CRDs in crds/.
 	upgradeFrom = "ca9e768f1e845e1a5ed186e7dfa31bd3174ff134"
 	// upgradeFromRepository is the image repository of version N's binaries
-	// in the pod runner's image table.
+	// in the pod runner's image table; imageRepository the chart's default,
+	// the working tree's binaries.
 	upgradeFromRepository = "ghcr.io/hcp-io/hcp-operator-upgrade-from"
+	imageRepository       = "ghcr.io/hcp-io/hcp-operator"
 )
 
 // upgradeSteps makes the sessions long enough (60 s) to stream through the
@@ -252,14 +254,15 @@ func (s *suite) trackRelease(t *testing.T) {
 // helmUpgrade is the upgrade as docs/upgrades.md tells it: from a chart
 // whose CRDs were in crds/ Helm refuses to take over the CRDs, so they get
 // the release's ownership label and annotations first; then `helm upgrade`
-// to the working tree's chart with the manager image back to the default
-// repository (the working tree's binaries).
+// to the working tree's chart, as docs/upgrades.md has it: the values of
+// the install reused over the new chart's defaults, and the manager image
+// back to the default repository (the working tree's binaries).
 func (s *suite) helmUpgrade(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	defer timed("upgrade: helm upgrade, manager available")()
-	args := append([]string{"upgrade", release, filepath.Join(s.cfg.root, chartDir), "--namespace", s.opNS, "--wait", "--timeout", installTimeout.String()},
-		s.helmValues()...)
+	args := []string{"upgrade", release, filepath.Join(s.cfg.root, chartDir), "--namespace", s.opNS, "--wait", "--timeout", installTimeout.String(),
+		"--reset-then-reuse-values", "--set", "image.repository=" + imageRepository}
 	out, err := s.helm(ctx, args...)
 	switch {
 	case err == nil:
