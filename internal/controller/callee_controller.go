@@ -122,7 +122,11 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	in := desiredInput{sub: v.sub, broker: b, queue: queue, bindingAnnotations: r.core.redeclareAnnotations(key)}
+	annotations, err := r.core.bindingAnnotations(ctx, v, key)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	in := desiredInput{sub: v.sub, broker: b, queue: queue, bindingAnnotations: annotations}
 	topo, err := r.core.applyChildren(ctx, callee, desiredChildren(groupTopology, in))
 	if err != nil {
 		return ctrl.Result{}, err

@@ -86,7 +86,11 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	in := desiredInput{sub: v.sub, broker: b, queue: queue, bindingAnnotations: r.core.redeclareAnnotations(key)}
+	annotations, err := r.core.bindingAnnotations(ctx, v, key)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	in := desiredInput{sub: v.sub, broker: b, queue: queue, bindingAnnotations: annotations}
 	topo, err := r.core.applyChildren(ctx, caller, desiredChildren(groupTopology, in))
 	if err != nil {
 		return ctrl.Result{}, err

@@ -267,3 +267,35 @@ func TestHoldsApplied(t *testing.T) {
 		t.Error("another sidecar hash is up to date")
 	}
 }
+
+// TestBindingKeepsRedeclareAfterRestart: a manager that did not see the
+// exchange loss (it started later) keeps the Binding's redeclare
+// annotation instead of having server-side apply remove it.
+func TestBindingKeepsRedeclareAfterRestart(t *testing.T) {
+	ns := newNamespace(t, "redeclare-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "rd")
+	create(t, callee)
+	base, _, _ := childNames("callee", "rd")
+	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	eventually(t, "the Binding exists", exists(binding, callee))
+	patch := []byte(`{"metadata":{"annotations":{"` + annotationRedeclare + `":"epoch-1"}}}`)
+	if err := k8sClient.Patch(t.Context(), binding, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh core: no epochs, as after a restart.
+	c := newCore(suiteManager.GetClient(), k8sClient, suiteManager.GetScheme(), nil, suiteOptions(), topology.RoleCallee)
+	eventually(t, "the annotation is kept", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(callee), callee); err != nil {
+			return err
+		}
+		got, err := c.bindingAnnotations(ctx, calleeView(callee), callee.Labels[hcpv1alpha1.LabelVhostKey])
+		if err != nil {
+			return err
+		}
+		if got[annotationRedeclare] != "epoch-1" {
+			return fmt.Errorf("binding annotations %v", got)
+		}
+		return nil
+	})
+}

@@ -403,6 +403,25 @@ func (c *core) orphanDelete(ctx context.Context, o client.Object) (bool, error) 
 
 // redeclareAnnotations are set on a user's Binding after its exchange was
 // lost.
+// bindingAnnotations are the annotations of v's Binding: the redeclare
+// epoch of key, or, when this process has none (it started after the
+// exchange loss), the one the live Binding carries, so that server-side
+// apply does not remove it (an update that would make the topology
+// operator declare the binding once more for nothing).
+func (c *core) bindingAnnotations(ctx context.Context, v view, key string) (map[string]string, error) {
+	if a := c.redeclareAnnotations(key); a != nil {
+		return a, nil
+	}
+	live := &topologyv1beta1.Binding{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: v.sub.Namespace, Name: v.sub.BaseName()}, live); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if e := live.Annotations[annotationRedeclare]; e != "" {
+		return map[string]string{annotationRedeclare: e}, nil
+	}
+	return nil, nil
+}
+
 func (c *core) redeclareAnnotations(key string) map[string]string {
 	if e := c.epochs.get(key); e != "" {
 		return map[string]string{annotationRedeclare: e}
