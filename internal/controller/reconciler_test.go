@@ -299,3 +299,19 @@ func TestBindingKeepsRedeclareAfterRestart(t *testing.T) {
 		return nil
 	})
 }
+
+// TestChangeNote: an Event's note names the children and stays within the
+// API's 1 KiB.
+func TestChangeNote(t *testing.T) {
+	if got, want := changeNote("Created", []string{"Queue a", "Binding a"}), "Created Queue a, Binding a"; got != want {
+		t.Errorf("note %q, want %q", got, want)
+	}
+	long := make([]string, 12)
+	for i := range long {
+		long[i] = fmt.Sprintf("Deployment %s-%d", strings.Repeat("x", 190), i)
+	}
+	note := changeNote("Updated", long)
+	if len(note) > maxEventNote || !strings.HasPrefix(note, "Updated Deployment ") || !strings.HasSuffix(note, " more") {
+		t.Errorf("note of %d bytes: %q", len(note), note)
+	}
+}

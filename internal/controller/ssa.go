@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -276,13 +275,35 @@ func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind st
 	c.recorder.Eventf(owner, obj, corev1.EventTypeNormal, verb, "Apply", "%s %s", verb, what)
 }
 
+// maxEventNote is an Event's note limit (events.k8s.io: 1 KiB).
+const maxEventNote = 1024
+
 // emitChanges records one Event per verb for what the reconcile of owner
 // created and updated.
 func (c *core) emitChanges(owner client.Object, l *changeLog) {
 	if len(l.created) > 0 {
-		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Created", "Apply", "Created %s", strings.Join(l.created, ", "))
+		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Created", "Apply", "%s", changeNote("Created", l.created))
 	}
 	if len(l.updated) > 0 {
-		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Updated", "Apply", "Updated %s", strings.Join(l.updated, ", "))
+		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Updated", "Apply", "%s", changeNote("Updated", l.updated))
 	}
+}
+
+// changeNote names the children after verb, as many as fit in an Event's
+// note, and counts the rest.
+func changeNote(verb string, children []string) string {
+	note := verb
+	for i, ch := range children {
+		sep := " "
+		if i > 0 {
+			sep = ", "
+		}
+		more := fmt.Sprintf(" and %d more", len(children)-i)
+		if len(note)+len(sep)+len(ch)+len(more) > maxEventNote && i < len(children)-1 ||
+			len(note)+len(sep)+len(ch) > maxEventNote {
+			return note + more
+		}
+		note += sep + ch
+	}
+	return note
 }
