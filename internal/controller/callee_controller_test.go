@@ -332,6 +332,9 @@ func TestCalleeLifecycle(t *testing.T) {
 		if c.Status.TokenPublicKey != string(tok.Data["public.pem"]) {
 			return errors.New("status.tokenPublicKey is not the new key yet")
 		}
+		if typ := eventReasons(ctx, ns, "Callee", callee.Name)[reasonTokenKeyRotated]; typ != corev1.EventTypeNormal {
+			return errors.New("no TokenKeyRotated Event on the Callee yet")
+		}
 		return nil
 	})
 	if err := k8sClient.Get(t.Context(), key(ns, base), dep); err != nil {

@@ -89,5 +89,13 @@ func (c *core) ensureTokenKey(ctx context.Context, v view) (*corev1.Secret, erro
 	if err != nil {
 		return nil, err
 	}
+	if len(have.PrivatePEM) > 0 && keys.Rotation != have.Rotation {
+		c.recorder.Eventf(v.obj, live, corev1.EventTypeNormal, reasonTokenKeyRotated, "Rotate",
+			"Rotated the session-token signing key in Secret %s (%s %s); tokens signed with the retired key verify until they expire",
+			name, hcpv1alpha1.AnnotationRotateTokenKey, keys.Rotation)
+	}
 	return live.(*corev1.Secret), nil
 }
+
+// reasonTokenKeyRotated is the Event a callee's token key rotation records.
+const reasonTokenKeyRotated = "TokenKeyRotated"

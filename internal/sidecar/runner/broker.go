@@ -29,9 +29,10 @@ type broker struct {
 }
 
 // dialBroker dials both connections and checks that the broker URL's user
-// is HCP_USERNAME. On error nothing stays open.
-func dialBroker(ctx context.Context, cfg *config.Config, m *metrics.Metrics, log logr.Logger) (*broker, error) {
-	url, err := amqpURLSource(cfg, log)
+// is HCP_USERNAME. On error nothing stays open. rotated is called when the
+// mounted credentials change.
+func dialBroker(ctx context.Context, cfg *config.Config, m *metrics.Metrics, log logr.Logger, rotated func()) (*broker, error) {
+	url, err := amqpURLSource(cfg, log, rotated)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +96,7 @@ func (b *broker) close(log logr.Logger) {
 // amqpURLSource gives the broker URL: as set in the environment, or from
 // the mounted credentials Secret (pods), reread at each dial so that a
 // rotated password needs no restart and no secret sits in the environment.
-func amqpURLSource(cfg *config.Config, log logr.Logger) (func() string, error) {
+func amqpURLSource(cfg *config.Config, log logr.Logger, rotated func()) (func() string, error) {
 	if cfg.AMQPURLFile == "" {
 		return func() string { return cfg.AMQPURL }, nil
 	}
@@ -103,7 +104,10 @@ func amqpURLSource(cfg *config.Config, log logr.Logger) (func() string, error) {
 		u := strings.TrimSpace(string(b))
 		return u, config.CheckAMQPURL(u)
 	}, secretfile.Options[string]{
-		OnChange: func(string) { log.Info("The broker credentials changed; the next connection uses them") },
+		OnChange: func(string) {
+			log.Info("The broker credentials changed; the next connection uses them")
+			rotated()
+		},
 		OnError: func(err error) {
 			log.Error(err, "The rotated broker URL is unusable; keeping the previous one")
 		},

@@ -27,11 +27,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
@@ -174,7 +176,10 @@ func Run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	}
 	cacheSynced.Set(nil)
 
-	b, err := dialBroker(ctx, cfg, m, log)
+	b, err := dialBroker(ctx, cfg, m, log, func() {
+		kube.recorder.Eventf(harnessRef(cfg), corev1.EventTypeNormal, ReasonBrokerCredentialsChanged,
+			"Pod %s read new broker credentials from its Secret; its next connection uses them", cfg.PodName)
+	})
 	if err != nil {
 		return err
 	}
@@ -252,3 +257,16 @@ var (
 	_ mode = (*callee.Sidecar)(nil)
 	_ mode = (*caller.Sidecar)(nil)
 )
+
+// ReasonBrokerCredentialsChanged is the Event a sidecar records on its
+// Callee or Caller when the mounted broker credentials change (a rotation).
+const ReasonBrokerCredentialsChanged = "BrokerCredentialsChanged"
+
+// harnessRef is the sidecar's Callee or Caller.
+func harnessRef(cfg *config.Config) *corev1.ObjectReference {
+	kind := "Callee"
+	if cfg.Mode == config.ModeCaller {
+		kind = "Caller"
+	}
+	return &corev1.ObjectReference{APIVersion: hcpv1alpha1.GroupVersion.String(), Kind: kind, Namespace: cfg.Namespace, Name: cfg.ObjectName}
+}
