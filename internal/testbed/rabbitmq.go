@@ -134,6 +134,23 @@ func (b *Broker) Bindings(vhost string) ([]rabbithole.BindingInfo, error) {
 	return b.API.ListBindingsIn(vhost)
 }
 
+// BindingNames lists vhost's bindings, the default exchange's left out, as
+// "source -> destination [routing key]", sorted.
+func (b *Broker) BindingNames(vhost string) ([]string, error) {
+	bs, err := b.Bindings(vhost)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, bd := range bs {
+		if bd.Source != "" {
+			names = append(names, fmt.Sprintf("%s -> %s [%s]", bd.Source, bd.Destination, bd.RoutingKey))
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
 // Users lists every user of the broker (users are global, not per vhost).
 func (b *Broker) Users() ([]rabbithole.UserInfo, error) {
 	return b.API.ListUsers()

@@ -308,13 +308,16 @@ func (a *acker) settle(op string, tag uint64, multiple bool, send func() error) 
 	if !a.t.settle(tag, multiple) {
 		return fmt.Errorf("transport: %s of delivery %d refused: already settled", op, tag)
 	}
-	if err := send(); err != nil {
-		if errors.Is(err, amqp.ErrClosed) || a.ch.IsClosed() {
-			return a.stale(op, tag, err)
-		}
-		return err
+	return a.sent(op, tag, send())
+}
+
+// sent is the outcome of sending op's frame for tag: an error from a
+// closed channel becomes ErrStaleDelivery.
+func (a *acker) sent(op string, tag uint64, err error) error {
+	if err != nil && (errors.Is(err, amqp.ErrClosed) || a.ch.IsClosed()) {
+		return a.stale(op, tag, err)
 	}
-	return nil
+	return err
 }
 
 // AckAll acks deliveries with as few basic.ack frames as is safe: per
@@ -332,27 +335,28 @@ func AckAll(ds []amqp.Delivery) error {
 			first = err
 		}
 	}
-	byChannel := map[*acker][]uint64{}
-	var order []*acker
+	// Each delivery has an acker of its own; those of one channel share
+	// its tracker. A burst spans a handful of channels at most.
+	type burst struct {
+		a    *acker
+		tags []uint64
+	}
+	var bursts []*burst
 	for i := range ds {
 		a, ok := ds[i].Acknowledger.(*acker)
 		if !ok {
 			keep(ds[i].Ack(false))
 			continue
 		}
-		for _, o := range order { // a handful of channels at most
-			if o.ch == a.ch {
-				a = o
-				break
-			}
+		j := slices.IndexFunc(bursts, func(b *burst) bool { return b.a.ch == a.ch })
+		if j < 0 {
+			j = len(bursts)
+			bursts = append(bursts, &burst{a: a})
 		}
-		if _, seen := byChannel[a]; !seen {
-			order = append(order, a)
-		}
-		byChannel[a] = append(byChannel[a], ds[i].DeliveryTag)
+		bursts[j].tags = append(bursts[j].tags, ds[i].DeliveryTag)
 	}
-	for _, a := range order {
-		keep(a.ackAll(byChannel[a]))
+	for _, b := range bursts {
+		keep(b.a.ackAll(b.tags))
 	}
 	return first
 }
@@ -367,11 +371,7 @@ func (a *acker) ackAll(tags []uint64) error {
 	upTo, single := a.t.settleAll(tags)
 	var first error
 	send := func(tag uint64, multiple bool) {
-		err := a.ch.Ack(tag, multiple)
-		if err != nil && (errors.Is(err, amqp.ErrClosed) || a.ch.IsClosed()) {
-			err = a.stale("ack", tag, err)
-		}
-		if err != nil && first == nil {
+		if err := a.sent("ack", tag, a.ch.Ack(tag, multiple)); err != nil && first == nil {
 			first = err
 		}
 	}

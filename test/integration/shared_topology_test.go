@@ -168,7 +168,7 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 		}
 	}
 	bindings := func() []string {
-		names, err := bindingNames(broker, vhost)
+		names, err := broker.BindingNames(vhost)
 		if err != nil {
 			t.Fatal(err)
 		}

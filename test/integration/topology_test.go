@@ -286,23 +286,6 @@ func exchangeNames(b *testbed.Broker, vhost string) ([]string, error) {
 	return names, nil
 }
 
-// bindingNames lists vhost's bindings, but the default exchange's, as
-// "source -> destination [routing key]", sorted.
-func bindingNames(b *testbed.Broker, vhost string) ([]string, error) {
-	bs, err := b.Bindings(vhost)
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, bd := range bs {
-		if bd.Source != "" {
-			names = append(names, fmt.Sprintf("%s -> %s [%s]", bd.Source, bd.Destination, bd.RoutingKey))
-		}
-	}
-	slices.Sort(names)
-	return names, nil
-}
-
 func hasBinding(bs []rabbithole.BindingInfo, source, dest, key string) bool {
 	for _, b := range bs {
 		if b.Source == source && b.Destination == dest && b.DestinationType == "queue" && b.RoutingKey == key {
@@ -385,7 +368,7 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 		t.Errorf("exchanges missing: %v", slices.Collect(maps.Keys(wantX)))
 	}
 
-	bindings, err := bindingNames(b, vhost)
+	bindings, err := b.BindingNames(vhost)
 	if err != nil {
 		t.Fatal(err)
 	}

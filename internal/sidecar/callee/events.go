@@ -1,10 +1,9 @@
 package callee
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/events"
 )
 
 // Reasons of the Kubernetes Events the callee sidecar records.
@@ -28,25 +27,15 @@ const (
 
 // event records an Event on the Callee, if there is a recorder.
 func (s *Sidecar) event(typ, reason, format string, args ...any) {
-	if s.rec == nil {
-		return
+	if s.rec != nil {
+		s.rec.Eventf(events.Ref("Callee", s.ns, s.cfg.ObjectName, ""), typ, reason, format, args...)
 	}
-	ref := &corev1.ObjectReference{
-		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Callee",
-		Namespace: s.ns, Name: s.cfg.ObjectName,
-	}
-	s.rec.Eventf(ref, typ, reason, format, args...)
 }
 
 // sessionEvent records an Event on the HCPSession name (uid: kubectl
 // describe selects its Events by it), if there is a recorder.
 func (s *Sidecar) sessionEvent(name string, uid types.UID, typ, reason, format string, args ...any) {
-	if s.rec == nil {
-		return
+	if s.rec != nil {
+		s.rec.Eventf(events.Ref("HCPSession", s.ns, name, uid), typ, reason, format, args...)
 	}
-	ref := &corev1.ObjectReference{
-		APIVersion: v1alpha1.GroupVersion.String(), Kind: "HCPSession",
-		Namespace: s.ns, Name: name, UID: uid,
-	}
-	s.rec.Eventf(ref, typ, reason, format, args...)
 }

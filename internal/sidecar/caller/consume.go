@@ -305,11 +305,19 @@ func (s *Sidecar) Held() int { return int(s.holding.Load()) }
 // forget marks a delivery whose channel is gone as settled without
 // settling it (the broker redelivers it), so that it no longer counts as
 // held.
-func (s *Sidecar) forget(it *item) {
-	if it.settled.CompareAndSwap(false, true) && it.holder != nil {
+func (s *Sidecar) forget(it *item) { s.markSettled(it) }
+
+// markSettled marks it settled and no longer held, once: it reports
+// whether this call did (the caller then sends the frame, if any).
+func (s *Sidecar) markSettled(it *item) bool {
+	if !it.settled.CompareAndSwap(false, true) {
+		return false
+	}
+	if it.holder != nil {
 		it.holder.Add(-1)
 		s.holding.Add(-1)
 	}
+	return true
 }
 
 // ackAll acks items once each, with as few frames as is safe
@@ -318,14 +326,9 @@ func (s *Sidecar) forget(it *item) {
 func (s *Sidecar) ackAll(items []*item) {
 	ds := make([]amqp.Delivery, 0, len(items))
 	for _, it := range items {
-		if !it.settled.CompareAndSwap(false, true) {
-			continue
+		if s.markSettled(it) {
+			ds = append(ds, it.d)
 		}
-		if it.holder != nil {
-			it.holder.Add(-1)
-			s.holding.Add(-1)
-		}
-		ds = append(ds, it.d)
 	}
 	if len(ds) == 0 {
 		return
@@ -341,12 +344,8 @@ func (s *Sidecar) ackAll(items []*item) {
 // queue a nacked message goes to the back of the queue, so a nack would
 // reorder a session's stream (release: the worker reorders by sequence).
 func (s *Sidecar) settle(it *item, ack bool) {
-	if !it.settled.CompareAndSwap(false, true) {
+	if !s.markSettled(it) {
 		return
-	}
-	if it.holder != nil {
-		it.holder.Add(-1)
-		s.holding.Add(-1)
 	}
 	var err error
 	if ack {

@@ -10,10 +10,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 )
 
 // Component is the source of the sidecar's Events.
@@ -47,4 +50,11 @@ func SpamKey(e *corev1.Event) string {
 		e.InvolvedObject.Kind, e.InvolvedObject.Namespace, e.InvolvedObject.Name, string(e.InvolvedObject.UID), e.InvolvedObject.APIVersion,
 		e.Type, e.Reason,
 	}, "/")
+}
+
+// Ref is the reference an Event names for the hcp.io object kind/name in
+// ns; uid may be empty (kubectl describe matches an object's Events by
+// it, so give it when known).
+func Ref(kind, ns, name string, uid types.UID) *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: kind, Namespace: ns, Name: name, UID: uid}
 }

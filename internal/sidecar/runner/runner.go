@@ -33,10 +33,10 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/events"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
@@ -268,5 +268,5 @@ func harnessRef(cfg *config.Config) *corev1.ObjectReference {
 	if cfg.Mode == config.ModeCaller {
 		kind = "Caller"
 	}
-	return &corev1.ObjectReference{APIVersion: hcpv1alpha1.GroupVersion.String(), Kind: kind, Namespace: cfg.Namespace, Name: cfg.ObjectName}
+	return events.Ref(kind, cfg.Namespace, cfg.ObjectName, "")
 }

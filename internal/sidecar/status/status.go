@@ -292,11 +292,7 @@ func (w *Writer) Run(ctx context.Context) error {
 func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	e := w.entries[name]
-	if e == nil {
-		e = &entry{}
-		w.entries[name] = e
-	}
+	e := w.entryLocked(name)
 	e.base = *st.DeepCopy()
 	e.desired = *st.DeepCopy()
 	e.version++
@@ -318,12 +314,19 @@ func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.
 func (w *Writer) SeedLabel(name string, st v1alpha1.SessionState) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	e := w.entryLocked(name)
+	e.label = st
+}
+
+// entryLocked is name's entry, a new one if the writer has none. Called
+// with w.mu held.
+func (w *Writer) entryLocked(name string) *entry {
 	e := w.entries[name]
 	if e == nil {
 		e = &entry{}
 		w.entries[name] = e
 	}
-	e.label = st
+	return e
 }
 
 // Update applies mutate to the desired status of name and schedules a write:
@@ -336,11 +339,7 @@ func (w *Writer) SeedLabel(name string, st v1alpha1.SessionState) {
 func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	e := w.entries[name]
-	if e == nil {
-		e = &entry{}
-		w.entries[name] = e
-	}
+	e := w.entryLocked(name)
 	if e.gone {
 		return
 	}
