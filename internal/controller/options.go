@@ -116,6 +116,10 @@ type ManagerConfig struct {
 	EnableHTTP2 bool
 	// HealthProbeAddr serves /healthz and /readyz; "0" disables them.
 	HealthProbeAddr string
+	// PprofAddr serves Go's /debug/pprof/ profiles (heap, CPU,
+	// goroutines); empty or "0" (the default) disables them. Bind it to
+	// loopback: the profiles are not authenticated.
+	PprofAddr string
 
 	// LeaderElect makes the replicas elect a leader through a Lease.
 	LeaderElect bool
@@ -167,6 +171,7 @@ func (c *ManagerConfig) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.SecureMetrics, "metrics-secure", c.SecureMetrics, "Serve metrics over HTTPS with authentication and authorization.")
 	fs.BoolVar(&c.EnableHTTP2, "enable-http2", c.EnableHTTP2, "Enable HTTP/2 for the metrics server (off: CVE-2023-44487, CVE-2023-39325).")
 	fs.StringVar(&c.HealthProbeAddr, "health-probe-bind-address", c.HealthProbeAddr, "Address of /healthz and /readyz.")
+	fs.StringVar(&c.PprofAddr, "pprof-bind-address", c.PprofAddr, "Address of Go's /debug/pprof/ profiles (heap, CPU, goroutines), unauthenticated: bind it to loopback (127.0.0.1:6060) and reach it with kubectl port-forward; empty or 0 disables them.")
 
 	fs.BoolVar(&c.LeaderElect, "leader-elect", c.LeaderElect, "Elect a leader, so that only one replica reconciles.")
 	fs.StringVar(&c.LeaderElectionID, "leader-election-id", c.LeaderElectionID, "Name of the leader election Lease.")
@@ -366,6 +371,7 @@ func (c *ManagerConfig) ManagerOptions(scheme *runtime.Scheme) ctrl.Options {
 		Metrics:                 metrics,
 		WebhookServer:           webhook.NewServer(webhook.Options{TLSOpts: tlsOpts}),
 		HealthProbeBindAddress:  c.HealthProbeAddr,
+		PprofBindAddress:        c.PprofAddr,
 		LeaderElection:          c.LeaderElect,
 		LeaderElectionID:        c.LeaderElectionID,
 		LeaderElectionNamespace: c.LeaderElectionNamespace,

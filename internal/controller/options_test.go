@@ -94,6 +94,9 @@ func TestManagerFlagsDefaults(t *testing.T) {
 	if o.Metrics.BindAddress != "0" || !o.Metrics.SecureServing || o.Metrics.FilterProvider == nil || o.HealthProbeBindAddress != ":8081" {
 		t.Errorf("metrics %q secure %v filter %v, probes %q", o.Metrics.BindAddress, o.Metrics.SecureServing, o.Metrics.FilterProvider != nil, o.HealthProbeBindAddress)
 	}
+	if o.PprofBindAddress != "" {
+		t.Errorf("pprof served on %q by default; want off", o.PprofBindAddress)
+	}
 	if o.Cache.DefaultTransform == nil {
 		t.Error("no default cache transform: managed fields are cached")
 	}
@@ -114,6 +117,7 @@ func TestManagerFlags(t *testing.T) {
 		"--leader-election-lease-duration=60s", "--leader-election-renew-deadline=40s", "--leader-election-retry-period=5s",
 		"--cache-sync-timeout=10m", "--watch-namespaces=team-a, team-b,team-a", "--default-connection-secret=hcp-system/rmq",
 		"--metrics-bind-address=:8443", "--metrics-secure=false", "--sidecar-image=example.com/hcp:1",
+		"--pprof-bind-address=127.0.0.1:6060",
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +138,9 @@ func TestManagerFlags(t *testing.T) {
 	}
 	if o.Metrics.BindAddress != ":8443" || o.Metrics.SecureServing || o.Metrics.FilterProvider != nil {
 		t.Errorf("metrics %q secure %v filter %v", o.Metrics.BindAddress, o.Metrics.SecureServing, o.Metrics.FilterProvider != nil)
+	}
+	if o.PprofBindAddress != "127.0.0.1:6060" {
+		t.Errorf("pprof on %q", o.PprofBindAddress)
 	}
 	if got := slices.Sorted(maps.Keys(o.Cache.DefaultNamespaces)); !slices.Equal(got, []string{"team-a", "team-b"}) {
 		t.Errorf("cached namespaces %v", got)

@@ -26,6 +26,7 @@ type manager struct {
 	cmd         *exec.Cmd
 	metricsAddr string
 	healthAddr  string
+	pprofAddr   string
 	logPath     string
 	exited      chan struct{}
 }
@@ -65,7 +66,11 @@ func startManager(bin, logDir, home, secret string, watch []string, extra []stri
 	if err != nil {
 		return nil, err
 	}
-	m := &manager{metricsAddr: metrics, healthAddr: health, logPath: filepath.Join(logDir, "manager.log"), exited: make(chan struct{})}
+	pprof, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	m := &manager{metricsAddr: metrics, healthAddr: health, pprofAddr: pprof, logPath: filepath.Join(logDir, "manager.log"), exited: make(chan struct{})}
 	logf, err := os.Create(m.logPath)
 	if err != nil {
 		return nil, err
@@ -76,6 +81,7 @@ func startManager(bin, logDir, home, secret string, watch []string, extra []stri
 		"--metrics-bind-address=" + metrics,
 		"--metrics-secure=false",
 		"--health-probe-bind-address=" + health,
+		"--pprof-bind-address=" + pprof,
 		"--leader-elect=false",
 	}
 	args = append(args, extra...)
@@ -279,4 +285,30 @@ func (s samples) writes() float64 {
 func (s samples) queued() float64 {
 	return s.sum("workqueue_depth", `name="callee"`) + s.sum("workqueue_depth", `name="caller"`) +
 		s.sum("controller_runtime_active_workers", `controller="callee"`) + s.sum("controller_runtime_active_workers", `controller="caller"`)
+}
+
+// heapProfile writes the manager's heap profile (after a GC) to path, for
+// go tool pprof: where its memory per object goes.
+func (m *manager) heapProfile(ctx context.Context, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.pprofAddr+"/debug/pprof/heap?gc=1", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("heap profile: %s", resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

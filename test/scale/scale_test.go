@@ -48,10 +48,13 @@ type settings struct {
 	managerArgs []string
 	// report receives the table too (HCP_SCALE_REPORT).
 	report string
+	// heapProfile receives the manager's heap profile at the end of the
+	// idle window (HCP_SCALE_HEAP_PROFILE).
+	heapProfile string
 }
 
 func loadSettings(t *testing.T) settings {
-	s := settings{n: 50, idle: 10 * time.Second, managerArgs: strings.Fields(os.Getenv("HCP_SCALE_MANAGER_ARGS")), report: os.Getenv("HCP_SCALE_REPORT")}
+	s := settings{n: 50, idle: 10 * time.Second, managerArgs: strings.Fields(os.Getenv("HCP_SCALE_MANAGER_ARGS")), report: os.Getenv("HCP_SCALE_REPORT"), heapProfile: os.Getenv("HCP_SCALE_HEAP_PROFILE")}
 	if v := os.Getenv("HCP_SCALE_N"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -188,6 +191,13 @@ func TestScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.sizeFull, r.sizeTrimmed = b.serializedSize(ctx)
+	if s.heapProfile != "" {
+		if err := mgr.heapProfile(ctx, s.heapProfile); err != nil {
+			t.Errorf("manager heap profile: %v", err)
+		} else {
+			t.Logf("manager heap profile: %s (go tool pprof -sample_index=inuse_space -top %s)", s.heapProfile, s.heapProfile)
+		}
+	}
 
 	// Cleanup.
 	r.opCleanup, r.opLeft = b.cleanupOperator(ctx)
