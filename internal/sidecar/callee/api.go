@@ -34,6 +34,10 @@ type harnessEvent struct {
 	// session) answer with the sequence it already got instead of being
 	// published again; keys survive a sidecar restart.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+
+	// decoded is Data decoded and validated by parseEvents (for a
+	// progress event, what the HCPSession's status shows).
+	decoded session.EventData
 }
 
 // routes is the harness → sidecar side of the local API (docs/harness-api.md).
@@ -117,12 +121,12 @@ func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 	if ss == nil {
 		return
 	}
-	var raw json.RawMessage
-	if err := server.DecodeJSON(r, maxBatchBody, false, &raw); err != nil {
+	body, err := server.ReadJSON(r, maxBatchBody, false)
+	if err != nil {
 		err.(*server.RequestError).Write(w)
 		return
 	}
-	evs, batch, err := parseEvents(raw)
+	evs, batch, err := parseEvents(body)
 	if err != nil {
 		writeAPIError(w, badRequest(err))
 		return
@@ -140,61 +144,89 @@ func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 // parseEvents parses the body of POST .../events: one event, or a batch (a
-// JSON array of 1 to maxBatchSize events).
-func parseEvents(raw json.RawMessage) (evs []harnessEvent, batch bool, err error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '[' {
-		ev, err := parseEvent(raw)
-		if err != nil {
+// JSON array of 1 to maxBatchSize events). A valid body is decoded in one
+// pass; only one that fails is taken apart again, to name the event at
+// fault.
+func parseEvents(body []byte) (evs []harnessEvent, batch bool, err error) {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '[' {
+		var ev harnessEvent
+		if err := decodeStrict(body, &ev); err != nil {
+			return nil, false, fmt.Errorf("want {\"event_type\": ..., \"data\": {...}}: %w", err)
+		}
+		if err := checkEvent(&ev); err != nil {
 			return nil, false, err
 		}
 		return []harnessEvent{ev}, false, nil
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, true, fmt.Errorf("invalid batch: %w", err)
+	if err := decodeStrict(body, &evs); err != nil {
+		return nil, true, batchError(body, err)
 	}
-	if len(items) == 0 || len(items) > maxBatchSize {
-		return nil, true, fmt.Errorf("a batch holds 1 to %d events, got %d", maxBatchSize, len(items))
+	if len(evs) == 0 || len(evs) > maxBatchSize {
+		return nil, true, fmt.Errorf("a batch holds 1 to %d events, got %d", maxBatchSize, len(evs))
 	}
-	evs = make([]harnessEvent, 0, len(items))
-	for i, it := range items {
-		ev, err := parseEvent(it)
-		if err != nil {
+	for i := range evs {
+		if err := checkEvent(&evs[i]); err != nil {
 			return nil, true, fmt.Errorf("event [%d]: %w", i, err)
 		}
-		evs = append(evs, ev)
 	}
 	return evs, true, nil
 }
 
-// parseEvent validates one harness event: a type the harness may emit and
-// data valid for it (pkg/hcp/session), within the envelope size limit.
-func parseEvent(raw json.RawMessage) (harnessEvent, error) {
-	if len(raw) > maxEventBody-1024 {
-		return harnessEvent{}, fmt.Errorf("the event is %d bytes; an event must fit an envelope of %d bytes", len(raw), maxEventBody)
-	}
-	var ev harnessEvent
-	dec := json.NewDecoder(bytes.NewReader(raw))
+// decodeStrict decodes exactly one JSON value, refusing unknown fields.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ev); err != nil {
-		return ev, fmt.Errorf("want {\"event_type\": ..., \"data\": {...}}: %w", err)
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(b[dec.InputOffset():])) != 0 {
+		return errors.New("trailing data after the JSON value")
+	}
+	return nil
+}
+
+// batchError words why a batch did not decode: which event, or the
+// batch's own syntax.
+func batchError(body []byte, err error) error {
+	var items []json.RawMessage
+	if json.Unmarshal(body, &items) != nil {
+		return fmt.Errorf("invalid batch: %w", err)
+	}
+	for i, it := range items {
+		var ev harnessEvent
+		if e := decodeStrict(it, &ev); e != nil {
+			return fmt.Errorf("event [%d]: want {\"event_type\": ..., \"data\": {...}}: %w", i, e)
+		}
+	}
+	return fmt.Errorf("invalid batch: %w", err)
+}
+
+// checkEvent validates one harness event: a type the harness may emit and
+// data valid for it (pkg/hcp/session), within the envelope size limit. It
+// keeps the decoded data and compacts Data for the envelope.
+func checkEvent(ev *harnessEvent) error {
+	if len(ev.Data) > maxEventBody-1024 {
+		return fmt.Errorf("the event's data is %d bytes; an event must fit an envelope of %d bytes", len(ev.Data), maxEventBody)
 	}
 	if !ev.EventType.Valid() {
-		return ev, fmt.Errorf("unknown event_type %q (progress, intermediate_result, log, warning or error)", truncate(string(ev.EventType), 64))
+		return fmt.Errorf("unknown event_type %q (progress, intermediate_result, log, warning or error)", truncate(string(ev.EventType), 64))
 	}
 	if !ev.EventType.HarnessEmittable() {
-		return ev, fmt.Errorf("event_type %s is the sidecar's to emit; use the pause, resume, checkpoint, complete, fail and aborted endpoints", ev.EventType)
+		return fmt.Errorf("event_type %s is the sidecar's to emit; use the pause, resume, checkpoint, complete, fail and aborted endpoints", ev.EventType)
 	}
 	p := session.EventPayload{EventType: ev.EventType, Sequence: 1, Data: ev.Data}
-	if _, err := p.Decode(); err != nil {
-		return ev, err
+	d, err := p.Decode()
+	if err != nil {
+		return err
 	}
+	ev.decoded = d
 	var compact bytes.Buffer
+	compact.Grow(len(ev.Data))
 	if err := json.Compact(&compact, ev.Data); err == nil {
 		ev.Data = compact.Bytes()
 	}
-	return ev, nil
+	return nil
 }
 
 type reasonBody struct {

@@ -66,6 +66,18 @@ func (ss *sess) emitLocked(ctx context.Context, et session.EventType, data json.
 
 // emitKeyedLocked is emitLocked with the harness's idempotency key.
 func (ss *sess) emitKeyedLocked(ctx context.Context, et session.EventType, data json.RawMessage, key string) (*pending, error) {
+	p, err := ss.publishEventLocked(ctx, et, data, key)
+	if err != nil {
+		return nil, err
+	}
+	ss.noteEventsLocked(p, nil)
+	return p, nil
+}
+
+// publishEventLocked sequences and publishes one event; the caller records
+// it in the status (noteEventsLocked). data must be compact, valid JSON.
+// Called with lock.
+func (ss *sess) publishEventLocked(ctx context.Context, et session.EventType, data json.RawMessage, key string) (*pending, error) {
 	if err := ss.sc.fence(ss); err != nil {
 		return nil, err
 	}
@@ -73,13 +85,8 @@ func (ss *sess) emitKeyedLocked(ctx context.Context, et session.EventType, data 
 	if err != nil {
 		return nil, err
 	}
-	now := ss.sc.clk.Now()
-	payload := session.EventPayload{EventType: et, Sequence: seq, Data: data}
-	env, err := envelope.NewAt(now, envelope.TypeEvent, ss.id, payload)
-	if err != nil {
-		return nil, err
-	}
-	pub, err := envelope.EncodePublishing(env, ss.sc.username)
+	payload := session.EventPayload{EventType: et, Sequence: seq, Data: data}.AppendJSON(make([]byte, 0, 64+len(data)))
+	pub, err := envelope.NewPublishing(ss.sc.clk.Now(), envelope.TypeEvent, ss.id, json.RawMessage(payload), ss.sc.username)
 	if err != nil {
 		return nil, err
 	}
@@ -88,13 +95,22 @@ func (ss *sess) emitKeyedLocked(ctx context.Context, et session.EventType, data 
 		return nil, err
 	}
 	ss.events++
-	events := ss.events
+	return p, nil
+}
+
+// noteEventsLocked records in the status the events published up to last
+// (its sequence and time, the count so far) and, if given, the latest
+// progress. Called with lock.
+func (ss *sess) noteEventsLocked(last *pending, progress *v1alpha1.SessionProgress) {
+	seq, events, at := last.seq, ss.events, last.pub.Timestamp
 	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) {
 		st.LastSequence = seq
 		st.EventCount = events
-		st.LastEventAt = &metav1.Time{Time: now.UTC().Truncate(time.Second)}
+		st.LastEventAt = &metav1.Time{Time: at.Truncate(time.Second)}
+		if progress != nil {
+			st.Progress = progress
+		}
 	})
-	return p, nil
 }
 
 func (ss *sess) emitTyped(ctx context.Context, d session.EventData) (*pending, error) {
@@ -110,11 +126,7 @@ func (ss *sess) emitTyped(ctx context.Context, d session.EventData) (*pending, e
 
 // resultLocked publishes task_completed or task_failed. Called with lock.
 func (ss *sess) resultLocked(ctx context.Context, t envelope.MessageType, payload any) (*pending, error) {
-	env, err := envelope.NewAt(ss.sc.clk.Now(), t, ss.id, payload)
-	if err != nil {
-		return nil, err
-	}
-	pub, err := envelope.EncodePublishing(env, ss.sc.username)
+	pub, err := envelope.NewPublishing(ss.sc.clk.Now(), t, ss.id, payload, ss.sc.username)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package callee
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -66,6 +65,14 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 	}
 	var ps []*pending
 	var seqs []int64
+	// The status records the batch once: its last sequence and the last
+	// progress in it (one status update per request, not two per event).
+	var progress *v1alpha1.SessionProgress
+	defer func() {
+		if len(ps) > 0 {
+			ss.noteEventsLocked(ps[len(ps)-1], progress)
+		}
+	}()
 	for _, ev := range evs {
 		if ev.IdempotencyKey != "" {
 			if seq, ok := ss.keys.Get(ev.IdempotencyKey); ok {
@@ -73,30 +80,27 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 				continue
 			}
 		}
-		p, err := ss.emitKeyedLocked(ss.sc.life, ev.EventType, ev.Data, ev.IdempotencyKey)
+		p, err := ss.publishEventLocked(ss.sc.life, ev.EventType, ev.Data, ev.IdempotencyKey)
 		if err != nil {
 			return ps, seqs, fencedError(err)
 		}
 		ps = append(ps, p)
 		seqs = append(seqs, p.seq)
-		if ev.EventType == session.EventProgress {
-			ss.recordProgress(ev.Data)
+		if d, ok := ev.decoded.(*session.ProgressData); ok {
+			progress = statusProgress(d)
 		}
 	}
 	return ps, seqs, nil
 }
 
-func (ss *sess) recordProgress(raw json.RawMessage) {
-	var d session.ProgressData
-	if json.Unmarshal(raw, &d) != nil {
-		return
-	}
+// statusProgress is a progress event as the HCPSession's status shows it.
+func statusProgress(d *session.ProgressData) *v1alpha1.SessionProgress {
 	p := &v1alpha1.SessionProgress{Stage: truncate(d.Stage, 256), Message: truncate(d.Message, 512)}
 	if d.Percent != nil && !math.IsNaN(*d.Percent) {
 		v := int32(math.Round(max(0, min(100, *d.Percent))))
 		p.Percent = &v
 	}
-	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) { st.Progress = p })
+	return p
 }
 
 func unavailable(err error) *apiError {

@@ -4,6 +4,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -194,31 +195,11 @@ func (e *RequestError) Write(w http.ResponseWriter) { WriteError(w, e.Status, e.
 // DefaultMaxBody), exactly one JSON value. Failures are *RequestError (400,
 // 413 or 415).
 func DecodeJSON(r *http.Request, maxBytes int64, allowEmpty bool, v any) error {
-	if maxBytes <= 0 {
-		maxBytes = DefaultMaxBody
+	body, err := ReadJSON(r, maxBytes, allowEmpty)
+	if err != nil || body == nil {
+		return err
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBytes+1))
-	if err != nil {
-		return &RequestError{http.StatusBadRequest, &Error{Code: CodeBadRequest, Message: "reading the request body: " + err.Error()}}
-	}
-	if int64(len(body)) > maxBytes {
-		return &RequestError{http.StatusRequestEntityTooLarge, &Error{Code: CodeTooLarge, Message: fmt.Sprintf("request body exceeds %d bytes", maxBytes)}}
-	}
-	if len(strings.TrimSpace(string(body))) == 0 {
-		if allowEmpty {
-			return nil
-		}
-		return &RequestError{http.StatusBadRequest, &Error{Code: CodeBadRequest, Message: "request body is empty; want a JSON object"}}
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, params, err := mime.ParseMediaType(ct)
-		if err != nil || mt != "application/json" || (params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8")) {
-			return &RequestError{http.StatusUnsupportedMediaType, &Error{Code: CodeUnsupportedMediaType, Message: fmt.Sprintf("content type %q is not application/json", ct)}}
-		}
-	} else {
-		return &RequestError{http.StatusUnsupportedMediaType, &Error{Code: CodeUnsupportedMediaType, Message: "Content-Type application/json is required"}}
-	}
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(v); err != nil {
 		return &RequestError{http.StatusBadRequest, &Error{Code: CodeBadRequest, Message: "invalid JSON: " + err.Error()}}
 	}
@@ -226,6 +207,37 @@ func DecodeJSON(r *http.Request, maxBytes int64, allowEmpty bool, v any) error {
 		return &RequestError{http.StatusBadRequest, &Error{Code: CodeBadRequest, Message: "trailing data after the JSON value"}}
 	}
 	return nil
+}
+
+// ReadJSON is DecodeJSON without the decoding: the body, checked for size
+// and Content-Type, for a handler that parses it itself (in one pass). An
+// empty body (allowEmpty) is nil.
+func ReadJSON(r *http.Request, maxBytes int64, allowEmpty bool) ([]byte, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBody
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBytes+1))
+	if err != nil {
+		return nil, &RequestError{http.StatusBadRequest, &Error{Code: CodeBadRequest, Message: "reading the request body: " + err.Error()}}
+	}
+	if int64(len(body)) > maxBytes {
+		return nil, &RequestError{http.StatusRequestEntityTooLarge, &Error{Code: CodeTooLarge, Message: fmt.Sprintf("request body exceeds %d bytes", maxBytes)}}
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		if allowEmpty {
+			return nil, nil
+		}
+		return nil, &RequestError{http.StatusBadRequest, &Error{Code: CodeBadRequest, Message: "request body is empty; want a JSON object"}}
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, params, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" || (params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8")) {
+			return nil, &RequestError{http.StatusUnsupportedMediaType, &Error{Code: CodeUnsupportedMediaType, Message: fmt.Sprintf("content type %q is not application/json", ct)}}
+		}
+	} else {
+		return nil, &RequestError{http.StatusUnsupportedMediaType, &Error{Code: CodeUnsupportedMediaType, Message: "Content-Type application/json is required"}}
+	}
+	return body, nil
 }
 
 // Serve serves h on ln until ctx ends, then shuts down gracefully: no new

@@ -3,6 +3,7 @@ package envelope
 import (
 	"mime"
 	"strings"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -32,6 +33,17 @@ func ToPublishing(env *Envelope, body []byte, userID string) amqp.Publishing {
 		UserId:          userID,
 		Body:            body,
 	}
+}
+
+// NewPublishing is NewAt followed by EncodePublishing, validating the
+// envelope once instead of twice: the publisher's hot path (one per
+// event) where the envelope itself is not needed.
+func NewPublishing(now time.Time, t MessageType, sessionID string, payload any, userID string) (amqp.Publishing, error) {
+	env, err := NewAt(now, t, sessionID, payload)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	return ToPublishing(env, appendValid(env), userID), nil
 }
 
 // EncodePublishing is Encode followed by ToPublishing.

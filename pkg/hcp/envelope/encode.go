@@ -14,6 +14,11 @@ func Encode(e *Envelope) ([]byte, error) {
 	if err := e.Validate(); err != nil {
 		return nil, err
 	}
+	return appendValid(e), nil
+}
+
+// appendValid is Encode of an envelope already validated.
+func appendValid(e *Envelope) []byte {
 	payload := trimJSONSpace(e.Payload)
 	// Every value but the payload was validated to be plain ASCII without
 	// quotes or backslashes, so it needs no escaping.
@@ -37,7 +42,7 @@ func Encode(e *Envelope) ([]byte, error) {
 	buf = append(buf, `","payload":`...)
 	buf = append(buf, payload...)
 	buf = append(buf, '}')
-	return buf, nil
+	return buf
 }
 
 // MarshalJSON implements json.Marshaler with Encode. It has a value

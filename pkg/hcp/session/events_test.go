@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -217,6 +218,28 @@ func TestEventPayloadValidate(t *testing.T) {
 	}
 }
 
+// TestEventPayloadDataErrors: the data is scanned once (by the decode), and
+// the error still says what is wrong with it.
+func TestEventPayloadDataErrors(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"stage":`:   "not valid JSON",
+		`[1,`:         "not valid JSON",
+		`[1]`:         "must be a JSON object",
+		`"progress"`:  "must be a JSON object",
+		`{"stage":1}`: "must be a JSON string",
+	} {
+		for _, et := range []EventType{EventProgress, "heartbeat"} {
+			err := (&EventPayload{EventType: et, Sequence: 1, Data: json.RawMessage(raw)}).Validate()
+			if et == "heartbeat" && want == "must be a JSON string" {
+				want = "" // an unknown type's data is only checked as JSON
+			}
+			if err == nil || (want != "" && !strings.Contains(err.Error(), want)) || (want == "" && strings.Contains(err.Error(), "data")) {
+				t.Errorf("%s data %s: %v, want %q", et, raw, err, want)
+			}
+		}
+	}
+}
+
 func TestEventRoundTrip(t *testing.T) {
 	for typ, d := range validData() {
 		t.Run(string(typ), func(t *testing.T) {
@@ -287,5 +310,28 @@ func TestNewEventRejects(t *testing.T) {
 	checkFields(t, err, "data.stage")
 	if _, err := NewEvent(1, nil); err == nil {
 		t.Error("nil data accepted")
+	}
+}
+
+// TestEventPayloadAppendJSON: the hand-built payload is byte for byte what
+// the envelope's encoder (encoding/json without HTML escaping) writes, for
+// compact data as the publisher has it.
+func TestEventPayloadAppendJSON(t *testing.T) {
+	for _, p := range []EventPayload{
+		{EventProgress, 1, json.RawMessage(`{"stage":"s","percent":50,"message":"<a & b>"}`)},
+		{EventLog, 1 << 62, json.RawMessage(`{"level":"info","message":"é\u2028"}`)},
+		{"not \"a\" type", 7, json.RawMessage(`{}`)},
+		{EventError, 3, nil},
+	} {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(p); err != nil {
+			t.Fatal(err)
+		}
+		want := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+		if got := p.AppendJSON([]byte("x")); string(got) != "x"+string(want) {
+			t.Errorf("AppendJSON %s, json.Marshal %s", got[1:], want)
+		}
 	}
 }
