@@ -10,7 +10,7 @@ import (
 // TestParseEvents: a body is decoded in one pass, and what is wrong with a
 // bad one is still named: the event at fault in a batch, unknown fields,
 // trailing data. An accepted event carries its decoded data (the status's
-// progress) and compact JSON (the envelope's).
+// progress) and its data as sent (the envelope's).
 func TestParseEvents(t *testing.T) {
 	evs, batch, err := parseEvents([]byte(` [ {"event_type":"progress","data":{ "stage" : "a", "percent": 10 }},
 		{"event_type":"log","data":{"level":"info","message":"m"},"idempotency_key":"k"} ] `))
@@ -20,7 +20,7 @@ func TestParseEvents(t *testing.T) {
 	if p, ok := evs[0].decoded.(*session.ProgressData); !ok || p.Stage != "a" || *p.Percent != 10 {
 		t.Errorf("progress decoded as %#v", evs[0].decoded)
 	}
-	if string(evs[0].Data) != `{"stage":"a","percent":10}` || evs[1].IdempotencyKey != "k" {
+	if string(evs[0].Data) != `{ "stage" : "a", "percent": 10 }` || evs[1].IdempotencyKey != "k" {
 		t.Errorf("data %s, key %q", evs[0].Data, evs[1].IdempotencyKey)
 	}
 	if evs, batch, err := parseEvents([]byte(`{"event_type":"warning","data":{"code":"c","message":"m"}}`)); err != nil || batch || len(evs) != 1 || evs[0].EventType != session.EventWarning {

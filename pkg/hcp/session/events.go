@@ -407,11 +407,12 @@ type EventPayload struct {
 	Data json.RawMessage `json:"data"`
 }
 
-// AppendJSON appends p's JSON to b, byte for byte what json.Marshal
-// writes for it, without reflection and without scanning Data again: Data
-// must be compact, valid JSON (as Decode accepted it and json.Compact
-// wrote it). The publisher's hot path; an envelope built from it is
-// validated as a whole anyway.
+// AppendJSON appends p's JSON to b without reflection and without scanning
+// Data again: Data must be valid JSON (as Decode accepted it), and is
+// copied as it is. For compact Data the result is byte for byte what the
+// envelope's encoder (encoding/json without HTML escaping) writes. The
+// publisher's hot path; an envelope built from it is validated as a whole
+// anyway.
 func (p EventPayload) AppendJSON(b []byte) []byte {
 	b = append(b, `{"event_type":`...)
 	if p.EventType.Valid() { // a plain word: nothing to escape
