@@ -23,6 +23,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
@@ -806,7 +807,7 @@ func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	body, err := io.ReadAll(r.Body)
+	body, err := server.ReadJSON(r, 64<<20, false)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

@@ -91,6 +91,28 @@ func TestDecodeJSON(t *testing.T) {
 	}
 }
 
+// TestReadJSONBodyLength: the body is read whole whatever Content-Length
+// announced (nothing, too little, too much), and the size limit holds.
+func TestReadJSONBodyLength(t *testing.T) {
+	body := `{"a":"` + strings.Repeat("x", 3000) + `"}`
+	for _, cl := range []int64{-1, 0, 3, int64(len(body)), 1 << 20} {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.ContentLength = cl
+		got, err := ReadJSON(r, 4096, false)
+		if err != nil || string(got) != body {
+			t.Errorf("Content-Length %d: %d bytes, %v", cl, len(got), err)
+		}
+		r = httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.ContentLength = cl
+		var re *RequestError
+		if _, err := ReadJSON(r, 2048, false); !errors.As(err, &re) || re.Status != 413 {
+			t.Errorf("Content-Length %d over the limit: %v, want 413", cl, err)
+		}
+	}
+}
+
 func TestErrorBody(t *testing.T) {
 	w := httptest.NewRecorder()
 	WriteError(w, 409, &Error{Code: "invalid_transition", Message: "m", State: "PAUSED"})
