@@ -128,7 +128,7 @@ func (s *Sidecar) decode(ctx context.Context, d amqp.Delivery) (*item, string, e
 	switch env.Type {
 	case envelope.TypeEvent:
 		var p session.EventPayload
-		if perr = decodePayload(env.Payload, &p); perr == nil {
+		if p, perr = session.UnmarshalEventPayload(env.Payload); perr == nil {
 			it.eventData, perr = p.Decode()
 			it.event = &p
 			it.mark, it.marked = envelope.ConfirmedThrough(d.Headers)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"unicode/utf8"
 )
 
 // hardMaxDepth bounds nesting where no Decoder limit applies (Validate), so
@@ -293,4 +294,84 @@ func unquote(tok []byte) string {
 		return string(tok[1 : len(tok)-1])
 	}
 	return out
+}
+
+// Members calls fn with each member of the JSON object obj, in order: its
+// key (unescaped; valid only during the call) and its raw value (a slice of
+// obj), checking the syntax as it goes (no
+// duplicate-key check: the envelope's decoder has done that for a
+// payload). It is one pass over obj, for a payload's fields where
+// encoding/json would scan it twice and reflect; String unquotes a string
+// value.
+func Members(obj []byte, fn func(key, value []byte) error) error {
+	s := scanner{data: obj, maxDepth: hardMaxDepth}
+	s.skipWS()
+	if s.pos >= len(obj) || obj[s.pos] != '{' {
+		return s.syntaxErr("expected a JSON object")
+	}
+	s.pos++
+	s.skipWS()
+	if s.pos < len(obj) && obj[s.pos] == '}' {
+		s.pos++
+	} else {
+		for {
+			s.skipWS()
+			if s.pos >= len(obj) || obj[s.pos] != '"' {
+				return s.syntaxErr("expected a string object key")
+			}
+			start := s.pos
+			escaped, err := s.str()
+			if err != nil {
+				return err
+			}
+			key := obj[start+1 : s.pos-1]
+			if escaped {
+				key = []byte(unquote(obj[start:s.pos]))
+			}
+			s.skipWS()
+			if s.pos >= len(obj) || obj[s.pos] != ':' {
+				return s.syntaxErr("expected ':' after object key")
+			}
+			s.pos++
+			s.skipWS()
+			vstart := s.pos
+			if err := s.value(1); err != nil {
+				return err
+			}
+			if err := fn(key, obj[vstart:s.pos]); err != nil {
+				return err
+			}
+			s.skipWS()
+			if s.pos >= len(obj) {
+				return s.syntaxErr("unexpected end of input in object")
+			}
+			if obj[s.pos] == '}' {
+				s.pos++
+				break
+			}
+			if obj[s.pos] != ',' {
+				return s.syntaxErr("expected ',' or '}' in object")
+			}
+			s.pos++
+		}
+	}
+	s.skipWS()
+	if s.pos != len(obj) {
+		return s.syntaxErr("trailing data after the JSON object")
+	}
+	return nil
+}
+
+// String returns the string a raw JSON string value (as Members gives it)
+// holds, as encoding/json decodes it (invalid UTF-8 becomes U+FFFD), and
+// false for any other value.
+func String(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", false
+	}
+	if !utf8.Valid(raw) {
+		var out string
+		return out, json.Unmarshal(raw, &out) == nil
+	}
+	return unquote(raw), true
 }

@@ -434,6 +434,42 @@ func (p EventPayload) AppendJSON(b []byte) []byte {
 	return append(b, '}')
 }
 
+// UnmarshalEventPayload decodes an event payload in one pass (envelope.Members):
+// the receiver's hot path, where json.Unmarshal would scan the payload
+// twice. Keys match exactly (as the envelope's own do; encoding/json would
+// also take "Event_Type"), unknown keys are ignored, a null leaves its
+// field zero, and Data is a slice of raw. It checks the form of the three
+// fields, not their values: see Decode.
+func UnmarshalEventPayload(raw []byte) (EventPayload, error) {
+	var p EventPayload
+	err := envelope.Members(raw, func(key, value []byte) error {
+		if string(value) == "null" {
+			return nil
+		}
+		switch string(key) {
+		case "event_type":
+			s, ok := envelope.String(value)
+			if !ok {
+				return errors.New("event payload: event_type must be a string")
+			}
+			p.EventType = EventType(s)
+		case "sequence":
+			n, err := strconv.ParseInt(string(value), 10, 64)
+			if err != nil {
+				return fmt.Errorf("event payload: sequence must be a whole number, got %.32s", value)
+			}
+			p.Sequence = n
+		case "data":
+			p.Data = value
+		}
+		return nil
+	})
+	if err != nil {
+		return EventPayload{}, err
+	}
+	return p, nil
+}
+
 // MessageType returns "event", the L1 type of messages carrying an
 // EventPayload.
 func (EventPayload) MessageType() envelope.MessageType { return envelope.TypeEvent }

@@ -3,6 +3,7 @@ package session
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -75,4 +76,60 @@ func normalize(d EventData) EventData {
 		return &c
 	}
 	return d
+}
+
+// FuzzUnmarshalEventPayload: the one-pass decoder agrees with json.Unmarshal
+// on every payload whose keys are spelt exactly: where both succeed they
+// give the same payload (a null data aside, which Decode refuses either
+// way), and json.Unmarshal never succeeds where it fails.
+func FuzzUnmarshalEventPayload(f *testing.F) {
+	for _, s := range []string{
+		`{"event_type":"progress","sequence":42,"data":{"stage":"s","percent":50,"message":"m"}}`,
+		` { "sequence" : 7 , "event_type" : "l\u006fg" , "data" : { "level" : "info" } , "extra" : [1,{"a":null}] } `,
+		`{"event_type":null,"sequence":null,"data":null}`,
+		`{"event_type":1,"sequence":1,"data":{}}`,
+		`{"event_type":"log","sequence":1.5,"data":{}}`,
+		`{"event_type":"log","sequence":"1","data":{}}`,
+		`{"event_type":"log","sequence":99999999999999999999,"data":{}}`,
+		`{"event_type":"log","sequence":-0,"data":{}}`,
+		`{"event_type":"log","sequence":1e2,"data":{}}`,
+		`{}`, `[]`, `{"event_type":"log"`, `{"event_type":"log"} x`, `"s"`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := UnmarshalEventPayload(b)
+		var want EventPayload
+		werr := json.Unmarshal(b, &want)
+		if string(want.Data) == "null" {
+			want.Data = nil
+		}
+		switch {
+		case !exactKeys(b) && werr == nil:
+			// json.Unmarshal binds "Sequence" too; this decoder does not.
+		case err == nil && werr == nil:
+			if got.EventType != want.EventType || got.Sequence != want.Sequence || string(got.Data) != string(want.Data) {
+				t.Fatalf("%s: got %+v, json.Unmarshal %+v", b, got, want)
+			}
+		case err != nil && werr == nil:
+			t.Fatalf("%s: refused (%v), json.Unmarshal took it as %+v", b, err, want)
+		}
+	})
+}
+
+// exactKeys reports whether no top-level key of b is a field name spelt in
+// another case (which json.Unmarshal binds and this decoder ignores).
+func exactKeys(b []byte) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil {
+		return false
+	}
+	for k := range m {
+		switch {
+		case k == "event_type" || k == "sequence" || k == "data":
+		case strings.EqualFold(k, "event_type") || strings.EqualFold(k, "sequence") || strings.EqualFold(k, "data"):
+			return false
+		}
+	}
+	return true
 }
