@@ -69,6 +69,13 @@ func loadSettings(t *testing.T) settings {
 		}
 		s.idle = d
 	}
+	// Paths are relative to the repository's root, where make runs (go
+	// test runs in this package's directory).
+	for _, p := range []*string{&s.report, &s.heapProfile} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(repoRoot, *p)
+		}
+	}
 	s.wait = 5*time.Minute + time.Duration(s.n)*2*time.Second
 	if v := os.Getenv("HCP_SCALE_WAIT"); v != "" {
 		d, err := time.ParseDuration(v)
