@@ -27,17 +27,17 @@ func TestParseEvents(t *testing.T) {
 		t.Errorf("single: %v %v %v", evs, batch, err)
 	}
 	for body, want := range map[string]string{
-		`[{"event_type":"log","data":{"level":"info","message":"m"}},{"event_type":"log","data":{},"extra":1}]`: `event [1]: want {"event_type": ..., "data": {...}}: json: unknown field "extra"`,
+		`[{"event_type":"log","data":{"level":"info","message":"m"}},{"event_type":"log","data":{},"extra":1}]`:       `event [1]: want {"event_type": ..., "data": {...}}: json: unknown field "extra"`,
 		`[{"event_type":"log","data":{"level":"info","message":"m"}},{"event_type":"progress","data":{"percent":7}}]`: "event [1]: ",
-		`[{"event_type":"log","data":{"level":"info","message":"m"}},{"event_type":"session_closed","data":{}}]`: "event [1]: event_type session_closed is the sidecar's",
-		`[{"event_type":"log","data":{"level":"info","message":"m"}}`: "invalid batch: ",
+		`[{"event_type":"log","data":{"level":"info","message":"m"}},{"event_type":"session_closed","data":{}}]`:      "event [1]: event_type session_closed is the sidecar's",
+		`[{"event_type":"log","data":{"level":"info","message":"m"}}`:                                                 "invalid batch: ",
 		`[]`: "a batch holds 1 to 1000 events, got 0",
 		`[` + strings.Repeat(`{"event_type":"log","data":{"level":"info","message":"m"}},`, 1000) + `{"event_type":"log","data":{"level":"info","message":"m"}}]`: "a batch holds 1 to 1000 events, got 1001",
-		`{"event_type":"log","data":{"level":"info","message":"m"}} {}`:  "trailing data after the JSON value",
-		`[{"event_type":"log","data":{"level":"info","message":"m"}}] ]`: "trailing data after the JSON value",
-		`{"event_type":"log","data":{"level":"info","message":"m"},"x":1}`: `json: unknown field "x"`,
-		`{"event_type":"telemetry","data":{}}`:                            `unknown event_type "telemetry"`,
-		`{"event_type":"progress","data":{"stage":"s","percent":"x"}}`:    "data.percent",
+		`{"event_type":"log","data":{"level":"info","message":"m"}} {}`:                                                                                           "trailing data after the JSON value",
+		`[{"event_type":"log","data":{"level":"info","message":"m"}}] ]`:                                                                                          "trailing data after the JSON value",
+		`{"event_type":"log","data":{"level":"info","message":"m"},"x":1}`:                                                                                        `json: unknown field "x"`,
+		`{"event_type":"telemetry","data":{}}`:                                                                                                                    `unknown event_type "telemetry"`,
+		`{"event_type":"progress","data":{"stage":"s","percent":"x"}}`:                                                                                            "data.percent",
 	} {
 		_, _, err := parseEvents([]byte(body))
 		if err == nil || !strings.Contains(err.Error(), want) {
