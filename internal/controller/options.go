@@ -462,10 +462,11 @@ func CacheOptions(o Options) cache.Options {
 // by merge patches computed between two copies of the same cached object
 // (claim, removeFinalizer, the status patches) and by Delete, so a field
 // missing from both copies is left alone on the server. Its children are
-// written by CreateOrUpdate (a whole-object Update from the cached copy):
-// for those only managed fields go, which an Update with none leaves
-// unchanged on the server (an empty managedFields is ignored; only [{}]
-// resets them).
+// written by server-side apply of what the builders make (the cache is only
+// compared with it), the shared objects and limit Policies by
+// CreateOrUpdate (a whole-object Update from the cached copy): for all of
+// those only managed fields go, which an Update with none leaves unchanged
+// on the server (an empty managedFields is ignored; only [{}] resets them).
 var (
 	stripManagedFields = cache.TransformStripManagedFields()
 
