@@ -96,11 +96,11 @@ func (r *results) figures() string {
 	return sb.String()
 }
 
-func (r *results) print(t *testing.T) {
+func (r *results) print(t *testing.T, path string) {
 	out := r.table() + "\n" + r.figures()
 	fmt.Println()
 	fmt.Println(out)
-	if path := os.Getenv("HCP_SCALE_REPORT"); path != "" {
+	if path != "" {
 		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
 			t.Errorf("write %s: %v", path, err)
 		}

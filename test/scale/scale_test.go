@@ -209,7 +209,7 @@ func TestScale(t *testing.T) {
 	// Cleanup.
 	r.opCleanup, r.opLeft = b.cleanupOperator(ctx)
 
-	r.print(t)
+	r.print(t, s.report)
 }
 
 func newBed(t *testing.T, s settings) *bed {
