@@ -75,7 +75,8 @@ func (ss *sess) emitKeyedLocked(ctx context.Context, et session.EventType, data 
 }
 
 // publishEventLocked sequences and publishes one event; the caller records
-// it in the status (noteEventsLocked). data must be compact, valid JSON.
+// it in the status (noteEventsLocked). data must be valid JSON (it goes
+// into the payload as it is).
 // Called with lock.
 func (ss *sess) publishEventLocked(ctx context.Context, et session.EventType, data json.RawMessage, key string) (*pending, error) {
 	if err := ss.sc.fence(ss); err != nil {
