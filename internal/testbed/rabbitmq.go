@@ -171,7 +171,8 @@ func (b *Broker) DeleteVhost(vhost string) error {
 	return err
 }
 
-// DeleteUsers deletes users; missing ones are fine.
+// DeleteUsers deletes users; missing ones are fine (rabbit-hole takes a
+// 404 on DELETE as done).
 func (b *Broker) DeleteUsers(names ...string) error {
 	var errs []error
 	for _, n := range names {
@@ -182,13 +183,31 @@ func (b *Broker) DeleteUsers(names ...string) error {
 	return errors.Join(errs...)
 }
 
-// CleanupVhost deletes vhost when the test ends. Register it before
-// DumpOnFailure so the dump still sees the vhost (cleanups run last first).
+// CleanupVhost deletes vhost, and the users named for it, when the test
+// ends. Register it before DumpOnFailure so the dump still sees the vhost
+// (cleanups run last first).
 func (b *Broker) CleanupVhost(t testing.TB, vhost string) {
 	t.Helper()
 	t.Cleanup(func() {
 		if err := b.DeleteVhost(vhost); err != nil {
 			t.Errorf("testbed: delete vhost %s: %v", vhost, err)
+		}
+		// Users named for it (role.id@vhost) that the test left, for
+		// instance when the topology operator stopped before their
+		// finalizers ran: deleting a vhost does not delete users.
+		users, err := b.Users()
+		if err != nil {
+			t.Errorf("testbed: list users: %v", err)
+			return
+		}
+		var left []string
+		for _, u := range users {
+			if strings.HasSuffix(u.Name, "@"+vhost) {
+				left = append(left, u.Name)
+			}
+		}
+		if err := b.DeleteUsers(left...); err != nil {
+			t.Errorf("testbed: %v", err)
 		}
 	})
 }
