@@ -195,9 +195,10 @@ func (b *Broker) CleanupVhost(t testing.TB, vhost string) {
 		// Users named for it (role.id@vhost) that the test left, for
 		// instance when the topology operator stopped before their
 		// finalizers ran: deleting a vhost does not delete users.
+		// Best effort: the test's own subject is not at stake here.
 		users, err := b.Users()
 		if err != nil {
-			t.Errorf("testbed: list users: %v", err)
+			t.Logf("testbed: list users: %v", err)
 			return
 		}
 		var left []string
@@ -207,7 +208,7 @@ func (b *Broker) CleanupVhost(t testing.TB, vhost string) {
 			}
 		}
 		if err := b.DeleteUsers(left...); err != nil {
-			t.Errorf("testbed: %v", err)
+			t.Logf("testbed: %v", err)
 		}
 	})
 }
