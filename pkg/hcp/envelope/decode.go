@@ -103,60 +103,28 @@ func (d Decoder) Decode(body []byte) (*Envelope, error) {
 	if body[s.pos] != '{' {
 		return nil, s.syntaxErr("envelope must be a JSON object")
 	}
-	s.pos++
-	s.skipWS()
-	if s.pos < len(body) && body[s.pos] == '}' {
-		s.pos++
-	} else {
-		for {
-			s.skipWS()
-			if s.pos >= len(body) || body[s.pos] != '"' {
-				return nil, s.syntaxErr("expected a string object key")
-			}
-			start := s.pos
-			escaped, err := s.str()
-			if err != nil {
-				return nil, err
-			}
-			name := body[start+1 : s.pos-1]
-			if escaped {
-				name = []byte(unquote(body[start:s.pos]))
-			}
-			idx := lookupField(name)
-			if idx < 0 {
-				return nil, &FieldError{Field: truncateName(string(name)), Reason: "unknown field"}
-			}
-			if spans[idx] != nil {
-				return nil, &FieldError{Field: string(name), Reason: "duplicate key"}
-			}
-			s.skipWS()
-			if s.pos >= len(body) || body[s.pos] != ':' {
-				return nil, s.syntaxErr("expected ':' after object key")
-			}
-			s.pos++
-			s.skipWS()
-			vstart := s.pos
-			if err := s.value(1); err != nil {
-				var dup *dupKeyError
-				if errors.As(err, &dup) {
-					return nil, &FieldError{Field: string(name), Reason: dup.Error()}
-				}
-				return nil, err
-			}
-			spans[idx] = body[vstart:s.pos]
-			s.skipWS()
-			if s.pos >= len(body) {
-				return nil, s.syntaxErr("unexpected end of input in object")
-			}
-			if body[s.pos] == '}' {
-				s.pos++
-				break
-			}
-			if body[s.pos] != ',' {
-				return nil, s.syntaxErr("expected ',' or '}' in object")
-			}
-			s.pos++
+	err := s.members(func(name []byte) error {
+		idx := lookupField(name)
+		if idx < 0 {
+			return &FieldError{Field: truncateName(string(name)), Reason: "unknown field"}
 		}
+		if spans[idx] != nil {
+			return &FieldError{Field: string(name), Reason: "duplicate key"}
+		}
+		return nil
+	}, func(name, value []byte, err error) error {
+		var dup *dupKeyError
+		if errors.As(err, &dup) {
+			return &FieldError{Field: string(name), Reason: dup.Error()}
+		}
+		if err != nil {
+			return err
+		}
+		spans[lookupField(name)] = value
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	s.skipWS()
 	if s.pos != len(body) {

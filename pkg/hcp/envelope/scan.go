@@ -309,57 +309,79 @@ func Members(obj []byte, fn func(key, value []byte) error) error {
 	if s.pos >= len(obj) || obj[s.pos] != '{' {
 		return s.syntaxErr("expected a JSON object")
 	}
-	s.pos++
-	s.skipWS()
-	if s.pos < len(obj) && obj[s.pos] == '}' {
-		s.pos++
-	} else {
-		for {
-			s.skipWS()
-			if s.pos >= len(obj) || obj[s.pos] != '"' {
-				return s.syntaxErr("expected a string object key")
-			}
-			start := s.pos
-			escaped, err := s.str()
-			if err != nil {
-				return err
-			}
-			key := obj[start+1 : s.pos-1]
-			if escaped {
-				key = []byte(unquote(obj[start:s.pos]))
-			}
-			s.skipWS()
-			if s.pos >= len(obj) || obj[s.pos] != ':' {
-				return s.syntaxErr("expected ':' after object key")
-			}
-			s.pos++
-			s.skipWS()
-			vstart := s.pos
-			if err := s.value(1); err != nil {
-				return err
-			}
-			if err := fn(key, obj[vstart:s.pos]); err != nil {
-				return err
-			}
-			s.skipWS()
-			if s.pos >= len(obj) {
-				return s.syntaxErr("unexpected end of input in object")
-			}
-			if obj[s.pos] == '}' {
-				s.pos++
-				break
-			}
-			if obj[s.pos] != ',' {
-				return s.syntaxErr("expected ',' or '}' in object")
-			}
-			s.pos++
+	err := s.members(nil, func(key, value []byte, err error) error {
+		if err != nil {
+			return err
 		}
+		return fn(key, value)
+	})
+	if err != nil {
+		return err
 	}
 	s.skipWS()
 	if s.pos != len(obj) {
 		return s.syntaxErr("trailing data after the JSON object")
 	}
 	return nil
+}
+
+// members scans the object at s.pos (its '{') member by member, through
+// its '}'. key, if set, sees each key (unescaped) before its value is
+// scanned; value sees the key and the raw value, or the error scanning
+// the value, and what it returns stops the scan.
+func (s *scanner) members(key func(k []byte) error, value func(k, v []byte, err error) error) error {
+	s.pos++ // '{'
+	s.skipWS()
+	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+		s.pos++
+		return nil
+	}
+	for {
+		s.skipWS()
+		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+			return s.syntaxErr("expected a string object key")
+		}
+		start := s.pos
+		escaped, err := s.str()
+		if err != nil {
+			return err
+		}
+		k := s.data[start+1 : s.pos-1]
+		if escaped {
+			k = []byte(unquote(s.data[start:s.pos]))
+		}
+		if key != nil {
+			if err := key(k); err != nil {
+				return err
+			}
+		}
+		s.skipWS()
+		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+			return s.syntaxErr("expected ':' after object key")
+		}
+		s.pos++
+		s.skipWS()
+		vstart := s.pos
+		if err := s.value(1); err != nil {
+			return value(k, nil, err)
+		}
+		if err := value(k, s.data[vstart:s.pos], nil); err != nil {
+			return err
+		}
+		s.skipWS()
+		if s.pos >= len(s.data) {
+			return s.syntaxErr("unexpected end of input in object")
+		}
+		switch s.data[s.pos] {
+		case '}':
+			s.pos++
+			return nil
+		case ',':
+			s.pos++
+		default:
+			return s.syntaxErr("expected ',' or '}' in object")
+		}
+	}
 }
 
 // String returns the string a raw JSON string value (as Members gives it)
