@@ -38,7 +38,7 @@ func checkStream(t *testing.T, b *bed, sid string, steps int) []session.EventPay
 		e := eventOf(m)
 		if prev, ok := bySeq[e.Sequence]; ok {
 			if prev != string(m.d.Body) {
-				t.Fatalf("sequence %d was used for two different events", e.Sequence)
+				t.Fatalf("sequence %d was used for two different events:\n%s\n%s\n(%s)", e.Sequence, prev, m.d.Body, summary(b.messages(sid)))
 			}
 			continue
 		}

@@ -119,6 +119,9 @@ type Writer struct {
 
 	mu      sync.Mutex
 	entries map[string]*entry
+	// writing holds, for each session with a write in flight, a channel
+	// closed when that write returns (Forget waits for it).
+	writing map[string]chan struct{}
 	// labelKey is the label mirroring status.state; "" means none.
 	labelKey string
 	// derive: Update derives the kstatus conditions (SetConditions).
@@ -205,6 +208,7 @@ func New(o Options) *Writer {
 		timeout:  o.WriteTimeout,
 		queue:    workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Clock: o.Clock}),
 		entries:  map[string]*entry{},
+		writing:  map[string]chan struct{}{},
 	}
 }
 
@@ -416,13 +420,20 @@ func (w *Writer) FlushAll(ctx context.Context) error {
 }
 
 // Forget drops what the writer knows of name (the session ended here or the
-// object is gone). Pending changes are discarded.
+// object is gone). Pending changes are discarded. It returns once no write
+// of name is in flight, so a write the caller makes next (a release at a
+// drain) is not overwritten by a patch the writer sent before: patches
+// carry no resourceVersion.
 func (w *Writer) Forget(name string) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if e := w.entries[name]; e != nil {
 		w.notify(e, errors.New("status: forgotten"))
 		delete(w.entries, name)
+	}
+	inflight := w.writing[name]
+	w.mu.Unlock()
+	if inflight != nil {
+		<-inflight // bounded by the write's timeout
 	}
 }
 
@@ -529,6 +540,14 @@ func (w *Writer) processNext() bool {
 	if visible {
 		w.awaitTokens(writes)
 	}
+	w.mu.Lock()
+	if w.entries[name] != e { // forgotten while waiting for tokens
+		w.mu.Unlock()
+		return true
+	}
+	inflight := make(chan struct{})
+	w.writing[name] = inflight // the queue never hands out one name twice at once
+	w.mu.Unlock()
 
 	var err, labelErr error
 	if statusDue {
@@ -545,6 +564,8 @@ func (w *Writer) processNext() bool {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	delete(w.writing, name)
+	close(inflight)
 	if w.entries[name] == e { // not forgotten meanwhile
 		w.settle(name, e, attempt{statusDue: statusDue, version: version, target: target, err: err,
 			labelKey: labelKey, labelErr: labelErr, labelWritten: labelWritten})

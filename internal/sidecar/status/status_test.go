@@ -28,6 +28,19 @@ type countingClient struct {
 	client.Client
 	mu      sync.Mutex
 	patches []string // the patch bodies, in order
+	// gate, when set, holds the next status patch (after recording it)
+	// until it is closed; entered is closed when that patch arrives.
+	gate, entered chan struct{}
+}
+
+// holdNext makes the next status patch wait until the returned release
+// is called; entered is closed once it waits.
+func (c *countingClient) holdNext() (entered <-chan struct{}, release func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	gate, in := make(chan struct{}), make(chan struct{})
+	c.gate, c.entered = gate, in
+	return in, func() { close(gate) }
 }
 
 func (c *countingClient) count() int {
@@ -63,7 +76,13 @@ func newFixture(t *testing.T, interval time.Duration, objs ...client.Object) (*W
 				}
 				cc.mu.Lock()
 				cc.patches = append(cc.patches, string(data))
+				gate, entered := cc.gate, cc.entered
+				cc.gate, cc.entered = nil, nil
 				cc.mu.Unlock()
+				if gate != nil {
+					close(entered)
+					<-gate
+				}
 				return c.SubResource(sub).Patch(ctx, obj, p, opts...)
 			},
 		}).Build()
@@ -241,5 +260,44 @@ func TestSeedCountsAsWrite(t *testing.T) {
 	settle(t, cc, 1)
 	if got := cc.last(); got != `{"status":{"lastSequence":2}}` {
 		t.Fatalf("patch = %s", got)
+	}
+}
+
+// TestForgetWaitsForTheWriteInFlight: a caller that forgets a session and
+// then writes its status itself (the release at a drain) must not have
+// its write overwritten by a patch the writer had already sent. The
+// patch carries only the fields it changed, so a stale lastSequence
+// landing after the release would make the next replica reuse sequence
+// numbers.
+func TestForgetWaitsForTheWriteInFlight(t *testing.T) {
+	w, cc, _, _ := newFixture(t, time.Second, session("s1"))
+	entered, release := cc.holdNext()
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning; s.LastSequence = 9 })
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the writer did not write")
+	}
+	done := make(chan error, 1)
+	go func() {
+		w.Forget("s1")
+		hs := session("s1")
+		base := hs.DeepCopy()
+		hs.Status.LastSequence = 10
+		done <- cc.Status().Patch(context.Background(), hs, client.MergeFrom(base))
+	}()
+	time.Sleep(50 * time.Millisecond) // Forget returning early lets the release land first
+	release()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Forget did not return after the write in flight ended")
+	}
+	settle(t, cc, 2)
+	if st := get(t, cc, "s1"); st.LastSequence != 10 {
+		t.Fatalf("stored lastSequence = %d, want 10: the writer's patch landed after the caller's own write", st.LastSequence)
 	}
 }
