@@ -290,7 +290,17 @@ func (s samples) queued() float64 {
 // heapProfile writes the manager's heap profile (after a GC) to path, for
 // go tool pprof: where its memory per object goes.
 func (m *manager) heapProfile(ctx context.Context, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.pprofAddr+"/debug/pprof/heap?gc=1", nil)
+	return m.profile(ctx, "heap?gc=1", path)
+}
+
+// cpuProfile writes the manager's CPU profile over the next d to path.
+func (m *manager) cpuProfile(ctx context.Context, d time.Duration, path string) error {
+	return m.profile(ctx, fmt.Sprintf("profile?seconds=%d", int(d.Seconds())), path)
+}
+
+// profile saves /debug/pprof/<what> from the manager's pprof server.
+func (m *manager) profile(ctx context.Context, what, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.pprofAddr+"/debug/pprof/"+what, nil)
 	if err != nil {
 		return err
 	}
@@ -300,7 +310,7 @@ func (m *manager) heapProfile(ctx context.Context, path string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("heap profile: %s", resp.Status)
+		return fmt.Errorf("profile %s: %s", what, resp.Status)
 	}
 	f, err := os.Create(path)
 	if err != nil {

@@ -51,10 +51,17 @@ type settings struct {
 	// heapProfile receives the manager's heap profile at the end of the
 	// idle window (HCP_SCALE_HEAP_PROFILE).
 	heapProfile string
+	// cpuProfile receives the manager's CPU profile of the first
+	// cpuProfileFor of its convergence (HCP_SCALE_CPU_PROFILE).
+	cpuProfile string
 }
 
+// cpuProfileFor is the span of the manager's CPU profile: the operator's
+// phase from the Callees' and Callers' creation on.
+const cpuProfileFor = 60 * time.Second
+
 func loadSettings(t *testing.T) settings {
-	s := settings{n: 50, idle: 10 * time.Second, managerArgs: strings.Fields(os.Getenv("HCP_SCALE_MANAGER_ARGS")), report: os.Getenv("HCP_SCALE_REPORT"), heapProfile: os.Getenv("HCP_SCALE_HEAP_PROFILE")}
+	s := settings{n: 50, idle: 10 * time.Second, managerArgs: strings.Fields(os.Getenv("HCP_SCALE_MANAGER_ARGS")), report: os.Getenv("HCP_SCALE_REPORT"), heapProfile: os.Getenv("HCP_SCALE_HEAP_PROFILE"), cpuProfile: os.Getenv("HCP_SCALE_CPU_PROFILE")}
 	if v := os.Getenv("HCP_SCALE_N"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -71,7 +78,7 @@ func loadSettings(t *testing.T) settings {
 	}
 	// Paths are relative to the repository's root, where make runs (go
 	// test runs in this package's directory).
-	for _, p := range []*string{&s.report, &s.heapProfile} {
+	for _, p := range []*string{&s.report, &s.heapProfile, &s.cpuProfile} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(repoRoot, *p)
 		}
@@ -145,7 +152,9 @@ func TestScale(t *testing.T) {
 	t.Logf("manager started (pid %d, log %s): RSS %s idle with no objects", mgr.cmd.Process.Pid, mgr.logPath, mib(r.mem0.rss))
 
 	// Baseline: the same children, created directly.
+	cpu0 := sampleCPU()
 	r.baseCounts, r.baseReady, r.baseRequests = b.baseline(ctx)
+	r.baseCPU = sampleCPU().since(cpu0)
 	r.baseCleanup, r.baseLeft = b.cleanupBaseline(ctx)
 
 	// The operator.
@@ -153,7 +162,20 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cpu0 = sampleCPU()
+	profiled := make(chan error, 1)
+	if s.cpuProfile != "" {
+		go func() { profiled <- mgr.cpuProfile(ctx, cpuProfileFor, s.cpuProfile) }()
+	}
 	r.opReady, r.opTopologyReady = b.operatorPhase(ctx)
+	r.opCPU = sampleCPU().since(cpu0)
+	if s.cpuProfile != "" {
+		if err := <-profiled; err != nil {
+			t.Errorf("manager CPU profile: %v", err)
+		} else {
+			t.Logf("manager CPU profile of the first %s of its convergence: %s (go tool pprof -top %s)", cpuProfileFor, s.cpuProfile, s.cpuProfile)
+		}
+	}
 	after, err := mgr.scrape()
 	if err != nil {
 		t.Fatal(err)

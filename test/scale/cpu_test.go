@@ -1,0 +1,78 @@
+//go:build e2e
+
+package scale
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTick is the unit of utime and stime in /proc/PID/stat (USER_HZ,
+// 100 on every Linux architecture Go runs on).
+const clockTick = 10 * time.Millisecond
+
+// cpuByProcess is the CPU time (user + system) of this machine's
+// processes so far, summed by command name (/proc/PID/comm, at most 15
+// bytes: "kube-apiserver", "etcd", "messaging-topo" …). Processes that
+// ended are not counted, so compare two samples only over a window in
+// which the processes of interest live.
+type cpuByProcess map[string]time.Duration
+
+func sampleCPU() cpuByProcess {
+	out := cpuByProcess{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// pid (comm) state ppid … utime stime: comm may hold spaces and
+		// parentheses, so split after its last ')'.
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
+		if len(fields) < 13 {
+			continue
+		}
+		ut, err1 := strconv.ParseInt(fields[11], 10, 64)
+		st, err2 := strconv.ParseInt(fields[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		out[s[open+1:end]] += time.Duration(ut+st) * clockTick
+	}
+	return out
+}
+
+// since is the CPU each process name used between before and c, the
+// largest first, as "name 12.3 s" for those above 0.5 s.
+func (c cpuByProcess) since(before cpuByProcess) string {
+	type use struct {
+		name string
+		d    time.Duration
+	}
+	var all []use
+	var total time.Duration
+	for name, d := range c {
+		if d -= before[name]; d > 0 {
+			total += d
+			if d >= 500*time.Millisecond {
+				all = append(all, use{name, d})
+			}
+		}
+	}
+	slices.SortFunc(all, func(a, b use) int { return int(b.d - a.d) })
+	parts := make([]string, 0, len(all))
+	for _, u := range all {
+		parts = append(parts, fmt.Sprintf("%s %.1f s", u.name, u.d.Seconds()))
+	}
+	return fmt.Sprintf("%.1f s in all: %s", total.Seconds(), strings.Join(parts, ", "))
+}
