@@ -69,7 +69,7 @@ func (c *core) apply(ctx context.Context, owner client.Object, desired client.Ob
 	if res != controllerutil.OperationResultNone {
 		kind := c.kindOf(desired)
 		ctrl.LoggerFrom(ctx).Info("Applied child", "kind", kind, "child", klog.KObj(obj), "operation", res)
-		c.noteChange(ctx, owner, obj, kind, res)
+		c.noteChange(ctx, owner, obj, kind, verbOf(res))
 	}
 	return obj, nil
 }
@@ -159,7 +159,8 @@ func (c *core) deleteOwned(ctx context.Context, owner client.Object, obj client.
 	if err := c.Delete(ctx, obj, client.Preconditions{UID: new(obj.GetUID())}); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	ctrl.LoggerFrom(ctx).Info("Deleted child", "kind", c.kindOf(obj), "child", klog.KObj(obj))
-	c.recorder.Eventf(owner, obj, corev1.EventTypeNormal, "Deleted", "Delete", "Deleted %s %s", c.kindOf(obj), obj.GetName())
+	kind := c.kindOf(obj)
+	ctrl.LoggerFrom(ctx).Info("Deleted child", "kind", kind, "child", klog.KObj(obj))
+	c.noteChange(ctx, owner, obj, kind, verbDeleted)
 	return nil
 }

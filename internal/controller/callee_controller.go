@@ -66,6 +66,7 @@ func newCore(c client.Client, apiReader client.Reader, s *runtime.Scheme, rec ev
 		opts:      o,
 		role:      role,
 		epochs:    &epochs{},
+		writes:    newStatusWrites(StatusMessageInterval),
 	}
 }
 

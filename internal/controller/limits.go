@@ -92,7 +92,7 @@ func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topology
 	}
 	if res != controllerutil.OperationResultNone {
 		ctrl.LoggerFrom(ctx).Info("Applied child", "kind", "Policy", "child", klog.KObj(live), "operation", res, "definition", string(desired.Spec.Definition.Raw))
-		c.noteChange(ctx, v.obj, live, "Policy", res)
+		c.noteChange(ctx, v.obj, live, "Policy", verbOf(res))
 	}
 	if pinned := resource.PinnedLimits(args, limits); len(pinned) > 0 && res != controllerutil.OperationResultNone {
 		parts := make([]string, len(pinned))

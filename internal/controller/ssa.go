@@ -102,7 +102,7 @@ func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childK
 		op = controllerutil.OperationResultCreated
 	}
 	ctrl.LoggerFrom(ctx).Info("Applied child", "kind", gvk.Kind, "child", klog.KObj(out), "operation", op)
-	c.noteChange(ctx, owner, out, gvk.Kind, op)
+	c.noteChange(ctx, owner, out, gvk.Kind, verbOf(op))
 	return out, nil
 }
 
@@ -238,54 +238,74 @@ func metaOwnedBy(live, desired client.Object) bool {
 	return true
 }
 
-// changeLog collects the children one reconcile created and updated, for
-// one Event per verb instead of one per child (emitChanges).
+// changeLog collects the children one reconcile created, updated and
+// deleted, for one Event per verb instead of one per child (emitChanges).
 type changeLog struct {
-	created, updated []string
+	byVerb map[string][]string
+}
+
+// The verbs of a changeLog, in the order emitChanges records them.
+const (
+	verbCreated = "Created"
+	verbUpdated = "Updated"
+	verbDeleted = "Deleted"
+)
+
+var changeVerbs = []string{verbCreated, verbUpdated, verbDeleted}
+
+// actionOf is an Event's action for a changeLog verb.
+func actionOf(verb string) string {
+	if verb == verbDeleted {
+		return "Delete"
+	}
+	return "Apply"
 }
 
 type changeLogKey struct{}
 
 // withChangeLog returns ctx carrying a new changeLog.
 func withChangeLog(ctx context.Context) (context.Context, *changeLog) {
-	l := &changeLog{}
+	l := &changeLog{byVerb: map[string][]string{}}
 	return context.WithValue(ctx, changeLogKey{}, l), l
 }
 
-// noteChange records that obj (a child of owner) was created or updated:
-// in the reconcile's changeLog, or, outside a reconcile that keeps one, as
-// an Event of its own.
-func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind string, op controllerutil.OperationResult) {
-	if owner == nil || op == controllerutil.OperationResultNone {
+// verbOf is the changeLog verb of an apply's result ("" for none).
+func verbOf(op controllerutil.OperationResult) string {
+	switch op {
+	case controllerutil.OperationResultNone:
+		return ""
+	case controllerutil.OperationResultCreated:
+		return verbCreated
+	default:
+		return verbUpdated
+	}
+}
+
+// noteChange records that obj (a child of owner) was created, updated or
+// deleted (verb): in the reconcile's changeLog, or, outside a reconcile
+// that keeps one, as an Event of its own.
+func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind, verb string) {
+	if owner == nil || verb == "" {
 		return
 	}
 	what := kind + " " + obj.GetName()
 	if l, ok := ctx.Value(changeLogKey{}).(*changeLog); ok {
-		if op == controllerutil.OperationResultCreated {
-			l.created = append(l.created, what)
-		} else {
-			l.updated = append(l.updated, what)
-		}
+		l.byVerb[verb] = append(l.byVerb[verb], what)
 		return
 	}
-	verb := "Updated"
-	if op == controllerutil.OperationResultCreated {
-		verb = "Created"
-	}
-	c.recorder.Eventf(owner, obj, corev1.EventTypeNormal, verb, "Apply", "%s %s", verb, what)
+	c.recorder.Eventf(owner, obj, corev1.EventTypeNormal, verb, actionOf(verb), "%s %s", verb, what)
 }
 
 // maxEventNote is an Event's note limit (events.k8s.io: 1 KiB).
 const maxEventNote = 1024
 
 // emitChanges records one Event per verb for what the reconcile of owner
-// created and updated.
+// created, updated and deleted.
 func (c *core) emitChanges(owner client.Object, l *changeLog) {
-	if len(l.created) > 0 {
-		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Created", "Apply", "%s", changeNote("Created", l.created))
-	}
-	if len(l.updated) > 0 {
-		c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, "Updated", "Apply", "%s", changeNote("Updated", l.updated))
+	for _, verb := range changeVerbs {
+		if children := l.byVerb[verb]; len(children) > 0 {
+			c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, verb, actionOf(verb), "%s", changeNote(verb, children))
+		}
 	}
 }
 

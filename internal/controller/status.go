@@ -292,14 +292,21 @@ func (c *core) writeStatus(ctx context.Context, before, obj client.Object, befor
 	}
 	old := meta.FindStatusCondition(beforeConds, hcpv1alpha1.ConditionReady)
 	cur := meta.FindStatusCondition(afterConds, hcpv1alpha1.ConditionReady)
-	if cur != nil && (old == nil || old.Status != cur.Status || old.Reason != cur.Reason) {
-		typ := corev1.EventTypeNormal
-		if cur.Status != metav1.ConditionTrue && cur.Reason != hcpv1alpha1.ReasonTopologyPending && cur.Reason != hcpv1alpha1.ReasonDeploymentProgressing {
-			typ = corev1.EventTypeWarning
-		}
-		c.recorder.Eventf(obj, nil, typ, cur.Reason, "Reconcile", "Ready=%s: %s", cur.Status, cur.Message)
-		ctrl.LoggerFrom(ctx).Info("Ready changed", "status", cur.Status, "reason", cur.Reason, "message", cur.Message)
+	if cur == nil || (old != nil && old.Status == cur.Status && old.Reason == cur.Reason) {
+		return nil
 	}
+	ctrl.LoggerFrom(ctx).Info("Ready changed", "status", cur.Status, "reason", cur.Reason, "message", cur.Message)
+	if old == nil && waiting(cur) {
+		// No Event for the first Ready of a new object that only waits
+		// (TopologyPending, DeploymentProgressing): its Created Event says
+		// as much, and at scale it would be one more API write per object.
+		return nil
+	}
+	typ := corev1.EventTypeNormal
+	if cur.Status != metav1.ConditionTrue && !waiting(cur) {
+		typ = corev1.EventTypeWarning
+	}
+	c.recorder.Eventf(obj, nil, typ, cur.Reason, "Reconcile", "Ready=%s: %s", cur.Status, cur.Message)
 	return nil
 }
 
