@@ -3,6 +3,7 @@
 package scale
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -75,4 +76,73 @@ func (c cpuByProcess) since(before cpuByProcess) string {
 		parts = append(parts, fmt.Sprintf("%s %.1f s", u.name, u.d.Seconds()))
 	}
 	return fmt.Sprintf("%.1f s in all: %s", total.Seconds(), strings.Join(parts, ", "))
+}
+
+// apiWrites is the API server's count of write requests so far, from
+// every client, by verb and resource ("APPLY apps/deployments",
+// "PATCH hcp.io/callees/status"); empty when its metrics cannot be read.
+type apiWrites map[string]float64
+
+func (b *bed) apiWrites(ctx context.Context) apiWrites {
+	out := apiWrites{}
+	raw, err := b.api.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		b.t.Logf("API server metrics: %v", err)
+		return out
+	}
+	s, err := parseSamples(string(raw))
+	if err != nil {
+		b.t.Logf("API server metrics: %v", err)
+		return out
+	}
+	for series, v := range s {
+		name, labels, _ := strings.Cut(series, "{")
+		if name != "apiserver_request_total" {
+			continue
+		}
+		l := map[string]string{}
+		for kv := range strings.SplitSeq(strings.TrimSuffix(labels, "}"), ",") {
+			k, val, _ := strings.Cut(kv, "=")
+			l[k] = strings.Trim(val, `"`)
+		}
+		switch l["verb"] {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		default:
+			continue
+		}
+		what := l["resource"]
+		if l["group"] != "" {
+			what = l["group"] + "/" + what
+		}
+		if l["subresource"] != "" {
+			what += "/" + l["subresource"]
+		}
+		out[l["verb"]+" "+what] += v
+	}
+	return out
+}
+
+// since is the writes between before and w, the most first, as
+// "APPLY apps/deployments 400" for those above 1 % of the total.
+func (w apiWrites) since(before apiWrites) string {
+	type n struct {
+		what string
+		v    float64
+	}
+	var all []n
+	var total float64
+	for k, v := range w {
+		if v -= before[k]; v > 0 {
+			total += v
+			all = append(all, n{k, v})
+		}
+	}
+	slices.SortFunc(all, func(a, b n) int { return int(b.v - a.v) })
+	parts := []string{}
+	for _, x := range all {
+		if x.v >= total/100 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", x.what, x.v))
+		}
+	}
+	return fmt.Sprintf("%.0f in all: %s", total, strings.Join(parts, ", "))
 }

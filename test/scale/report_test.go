@@ -23,6 +23,8 @@ type results struct {
 	baseLeft             leftover
 	// baseCPU and opCPU: the machine's CPU by process until Ready.
 	baseCPU, opCPU string
+	// baseAPI and opAPI: the API server's writes (all clients) until Ready.
+	baseAPI, opAPI string
 
 	opReady, opTopologyReady time.Duration
 	opWrites                 float64
@@ -81,6 +83,7 @@ func (r *results) figures() string {
 	fmt.Fprintf(&sb, "operator: all TopologyReady after %s, all converged after %s; %.0f API writes on the way (%.1f per Callee/Caller; the baseline: %d creates, %.1f per object pair member)\n",
 		secs(r.opTopologyReady), secs(r.opReady), r.opWrites, r.opWrites/objs, r.baseRequests, float64(r.baseRequests)/objs)
 	fmt.Fprintf(&sb, "CPU until Ready, by process: baseline %s; operator %s\n", r.baseCPU, r.opCPU)
+	fmt.Fprintf(&sb, "API server writes until Ready, every client (apiserver_request_total): baseline %s; operator %s\n", r.baseAPI, r.opAPI)
 	fmt.Fprintf(&sb, "manager RSS: %s idle with no objects, %s after the idle window with %d objects (peak VmHWM %s); %s per Callee/Caller, peak %s\n",
 		mib(r.mem0.rss), mib(r.mem1.rss), 2*r.n, mib(r.mem1.hwm),
 		kib(float64(r.mem1.rss-r.mem0.rss)/objs), kib(float64(r.mem1.hwm-r.mem0.rss)/objs))

@@ -22,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -107,6 +109,8 @@ type bed struct {
 	opVhost, baseVhost  string
 	connSecret          string
 	managementURL, amqp string
+	// api reads the API server's own metrics (apiWrites).
+	api rest.Interface
 }
 
 const connSecretName = "hcp-broker"
@@ -152,9 +156,9 @@ func TestScale(t *testing.T) {
 	t.Logf("manager started (pid %d, log %s): RSS %s idle with no objects", mgr.cmd.Process.Pid, mgr.logPath, mib(r.mem0.rss))
 
 	// Baseline: the same children, created directly.
-	cpu0 := sampleCPU()
+	cpu0, api0 := sampleCPU(), b.apiWrites(ctx)
 	r.baseCounts, r.baseReady, r.baseRequests = b.baseline(ctx)
-	r.baseCPU = sampleCPU().since(cpu0)
+	r.baseCPU, r.baseAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
 	r.baseCleanup, r.baseLeft = b.cleanupBaseline(ctx)
 
 	// The operator.
@@ -162,13 +166,13 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpu0 = sampleCPU()
+	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
 	profiled := make(chan error, 1)
 	if s.cpuProfile != "" {
 		go func() { profiled <- mgr.cpuProfile(ctx, cpuProfileFor, s.cpuProfile) }()
 	}
 	r.opReady, r.opTopologyReady = b.operatorPhase(ctx)
-	r.opCPU = sampleCPU().since(cpu0)
+	r.opCPU, r.opAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
 	if s.cpuProfile != "" {
 		if err := <-profiled; err != nil {
 			t.Errorf("manager CPU profile: %v", err)
@@ -252,6 +256,10 @@ func newBed(t *testing.T, s settings) *bed {
 	if err != nil {
 		t.Fatal(err)
 	}
+	api, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The project's CRDs, as a chart install would leave them (the e2e
 	// suite, which runs before in make test, uninstalls its release).
 	if _, err := envtest.InstallCRDs(restCfg, envtest.CRDInstallOptions{
@@ -261,7 +269,7 @@ func newBed(t *testing.T, s settings) *bed {
 	}
 	id := randomID()
 	b := &bed{
-		t: t, s: s, cl: cl,
+		t: t, s: s, cl: cl, api: api.RESTClient(),
 		home: "hcp-scale-" + id + "-system", op: "hcp-scale-" + id, base: "hcp-scale-" + id + "-base",
 		opVhost: "/hcp-scale-" + id, baseVhost: "/hcp-scale-" + id + "-base",
 		connSecret:    connSecretName,
