@@ -66,7 +66,6 @@ func newCore(c client.Client, apiReader client.Reader, s *runtime.Scheme, rec ev
 		opts:      o,
 		role:      role,
 		epochs:    &epochs{},
-		writes:    newStatusWrites(StatusMessageInterval),
 	}
 }
 

@@ -379,6 +379,28 @@ func TestCalleeLifecycle(t *testing.T) {
 	eventually(t, "the Callee, its topology and the shared exchanges are gone", all(checks...))
 	// envtest has no garbage collector: the rest is left to owner
 	// references, checked above.
+
+	// The finalizer's deletions make one Event naming its children, not
+	// one API write per child.
+	eventually(t, "one Deleted Event for the topology objects", func(ctx context.Context) error {
+		var list eventsv1.EventList
+		if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		n := 0
+		for _, e := range list.Items {
+			if e.Regarding.Kind == "Callee" && e.Regarding.Name == "lab-cvd" && e.Reason == "Deleted" {
+				n++
+				if !strings.Contains(e.Note, "Queue ") || !strings.Contains(e.Note, "User ") {
+					return fmt.Errorf("Deleted Event %q does not name the Queue and the User", e.Note)
+				}
+			}
+		}
+		if n != 1 {
+			return fmt.Errorf("%d Deleted Events, want 1", n)
+		}
+		return nil
+	})
 }
 
 func managedBy(o client.Object, manager string) bool {

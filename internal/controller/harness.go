@@ -42,8 +42,6 @@ type core struct {
 	epochs    *epochs
 	// claims is shared by the Callee and Caller reconcilers (nil: none).
 	claims *claimLog
-	// writes holds message-only status changes back (StatusMessageInterval).
-	writes *statusWrites
 }
 
 // view is the part of a Callee or Caller the shared code works on.

@@ -33,8 +33,7 @@ type harnessObject interface {
 // the same way for both kinds: conflicts, Ready and kstatus' conditions
 // from the outcome (setOutcome, the one place they are set),
 // observedGeneration, one Event per verb for the children (emitChanges)
-// and a status write only when the status changed (a change of condition
-// messages alone at most once per StatusMessageInterval).
+// and a status write only when the status changed.
 type harnessReconciler[T harnessObject] struct {
 	core *core
 	// newObject returns an empty object of the kind.
@@ -74,27 +73,15 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 		err = nil // the user's to fix: no retry with back-off
 	}
 	setOutcome(v, deleting, prob, err)
-	if equality.Semantic.DeepEqual(bv.status, v.status) {
-		return res, err
+	if !equality.Semantic.DeepEqual(bv.status, v.status) {
+		// The status patch goes from before: obj's metadata as read, its
+		// status as it was.
+		statusBefore := obj.DeepCopyObject().(client.Object)
+		sv, _ := viewOf(statusBefore)
+		sv.setStatus(bv.status)
+		err = errors.Join(err, h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions))
 	}
-	now := time.Now()
-	if wait := h.core.writes.wait(obj.GetUID(), now); wait > 0 && messagesOnly(before, obj) {
-		// Coalesced: the next reconcile writes the latest messages.
-		if res.RequeueAfter == 0 || res.RequeueAfter > wait {
-			res.RequeueAfter = wait
-		}
-		return res, err
-	}
-	// The status patch goes from before: obj's metadata as read, its
-	// status as it was.
-	statusBefore := obj.DeepCopyObject().(client.Object)
-	sv, _ := viewOf(statusBefore)
-	sv.setStatus(bv.status)
-	werr := h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions)
-	if werr == nil {
-		h.core.writes.wrote(obj.GetUID(), now)
-	}
-	return res, errors.Join(err, werr)
+	return res, err
 }
 
 // ensureHarness applies the harness children (childKinds' harness group):
