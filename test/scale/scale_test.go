@@ -18,6 +18,7 @@ import (
 	"time"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -160,6 +161,7 @@ func TestScale(t *testing.T) {
 	r.baseCounts, r.baseReady, r.baseRequests = b.baseline(ctx)
 	r.baseCPU, r.baseAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
 	r.baseCleanup, r.baseLeft = b.cleanupBaseline(ctx)
+	b.waitReplicaSetsGone(ctx, b.base)
 
 	// The operator.
 	before, err := mgr.scrape()
@@ -579,6 +581,20 @@ func (b *bed) cleanupBaseline(ctx context.Context) (time.Duration, leftover) {
 	})
 	deleteAll("Secret")
 	return b.waitGone(ctx, "baseline cleanup", start, b.baseVhost, b.base)
+}
+
+// waitReplicaSetsGone waits, untimed, until the garbage collector has
+// removed the ReplicaSets of ns's deleted Deployments, so that its tail
+// after the baseline's cleanup does not load the machine in the
+// operator's phase.
+func (b *bed) waitReplicaSetsGone(ctx context.Context, ns string) {
+	b.waitFor(ctx, "baseline cleanup: ReplicaSets gone (garbage collection, untimed)", time.Now(), func() (bool, string) {
+		var l appsv1.ReplicaSetList
+		if err := b.cl.List(ctx, &l, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == 0, fmt.Sprintf("%d left", len(l.Items))
+	})
 }
 
 func containsName(names []string, n string) bool {
