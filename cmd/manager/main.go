@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/hcp-io/hcp-operator/internal/controller"
+	"github.com/hcp-io/hcp-operator/internal/memlimit"
 )
 
 func main() {
@@ -28,6 +29,7 @@ func main() {
 		os.Exit(2)
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	memlimit.Set(ctrl.Log.WithName("setup"), memlimit.FromCgroup)
 	if err := run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), cfg); err != nil {
 		ctrl.Log.WithName("setup").Error(err, "Manager failed")
 		os.Exit(1)

@@ -33,6 +33,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/hcp-io/hcp-operator/internal/memlimit"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
@@ -82,6 +83,7 @@ func Main(f Flags) int {
 		return ExitInvalidConfig
 	}
 	log := newLogger(cfg, f.Zap)
+	memlimit.Set(log, memlimit.FromCgroup)
 	defer tracing.Start(log.WithName("tracing"))()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
