@@ -210,30 +210,18 @@ func (s *scanner) object(depth int) error {
 	if depth > s.maxDepth {
 		return s.syntaxErr("nesting depth exceeds " + strconv.Itoa(s.maxDepth))
 	}
-	s.pos++ // '{'
-	s.skipWS()
-	if s.pos < len(s.data) && s.data[s.pos] == '}' {
-		s.pos++
+	if s.openObject() {
 		return nil
 	}
 	base := len(s.keys)
 	defer func() { s.keys = s.keys[:base] }()
 	var seen map[string]struct{} // only for large objects
 	for {
-		s.skipWS()
-		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
-			return s.syntaxErr("expected a string object key")
-		}
-		start := s.pos
-		escaped, err := s.str()
+		key, start, err := s.objectKey(s.checkDup)
 		if err != nil {
 			return err
 		}
 		if s.checkDup {
-			key := s.data[start+1 : s.pos-1]
-			if escaped {
-				key = []byte(unquote(s.data[start:s.pos]))
-			}
 			if seen != nil {
 				if _, dup := seen[string(key)]; dup {
 					return &dupKeyError{key: string(key), offset: start}
@@ -254,28 +242,76 @@ func (s *scanner) object(depth int) error {
 				}
 			}
 		}
-		s.skipWS()
-		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
-			return s.syntaxErr("expected ':' after object key")
+		if err := s.colon(); err != nil {
+			return err
 		}
-		s.pos++
-		s.skipWS()
 		if err := s.value(depth); err != nil {
 			return err
 		}
-		s.skipWS()
-		if s.pos >= len(s.data) {
-			return s.syntaxErr("unexpected end of input in object")
+		if done, err := s.nextMember(); done || err != nil {
+			return err
 		}
-		switch s.data[s.pos] {
-		case ',':
-			s.pos++
-		case '}':
-			s.pos++
-			return nil
-		default:
-			return s.syntaxErr("expected ',' or '}' in object")
-		}
+	}
+}
+
+// openObject consumes the '{' at s.pos and reports whether the object is
+// empty (its '}' consumed too).
+func (s *scanner) openObject() bool {
+	s.pos++ // '{'
+	s.skipWS()
+	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+		s.pos++
+		return true
+	}
+	return false
+}
+
+// objectKey scans a member's key and returns it and its offset; with
+// unescape the key is decoded (else it is nil: the caller does not need
+// it).
+func (s *scanner) objectKey(unescape bool) ([]byte, int, error) {
+	s.skipWS()
+	if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+		return nil, 0, s.syntaxErr("expected a string object key")
+	}
+	start := s.pos
+	escaped, err := s.str()
+	if err != nil || !unescape {
+		return nil, start, err
+	}
+	if escaped {
+		return []byte(unquote(s.data[start:s.pos])), start, nil
+	}
+	return s.data[start+1 : s.pos-1], start, nil
+}
+
+// colon consumes the ':' after a key and the space around it.
+func (s *scanner) colon() error {
+	s.skipWS()
+	if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+		return s.syntaxErr("expected ':' after object key")
+	}
+	s.pos++
+	s.skipWS()
+	return nil
+}
+
+// nextMember consumes the ',' or '}' after a member's value; done is
+// true at the '}'.
+func (s *scanner) nextMember() (done bool, err error) {
+	s.skipWS()
+	if s.pos >= len(s.data) {
+		return false, s.syntaxErr("unexpected end of input in object")
+	}
+	switch s.data[s.pos] {
+	case ',':
+		s.pos++
+		return false, nil
+	case '}':
+		s.pos++
+		return true, nil
+	default:
+		return false, s.syntaxErr("expected ',' or '}' in object")
 	}
 }
 
@@ -330,37 +366,22 @@ func Members(obj []byte, fn func(key, value []byte) error) error {
 // scanned; value sees the key and the raw value, or the error scanning
 // the value, and what it returns stops the scan.
 func (s *scanner) members(key func(k []byte) error, value func(k, v []byte, err error) error) error {
-	s.pos++ // '{'
-	s.skipWS()
-	if s.pos < len(s.data) && s.data[s.pos] == '}' {
-		s.pos++
+	if s.openObject() {
 		return nil
 	}
 	for {
-		s.skipWS()
-		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
-			return s.syntaxErr("expected a string object key")
-		}
-		start := s.pos
-		escaped, err := s.str()
+		k, _, err := s.objectKey(true)
 		if err != nil {
 			return err
-		}
-		k := s.data[start+1 : s.pos-1]
-		if escaped {
-			k = []byte(unquote(s.data[start:s.pos]))
 		}
 		if key != nil {
 			if err := key(k); err != nil {
 				return err
 			}
 		}
-		s.skipWS()
-		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
-			return s.syntaxErr("expected ':' after object key")
+		if err := s.colon(); err != nil {
+			return err
 		}
-		s.pos++
-		s.skipWS()
 		vstart := s.pos
 		if err := s.value(1); err != nil {
 			return value(k, nil, err)
@@ -368,18 +389,8 @@ func (s *scanner) members(key func(k []byte) error, value func(k, v []byte, err 
 		if err := value(k, s.data[vstart:s.pos], nil); err != nil {
 			return err
 		}
-		s.skipWS()
-		if s.pos >= len(s.data) {
-			return s.syntaxErr("unexpected end of input in object")
-		}
-		switch s.data[s.pos] {
-		case '}':
-			s.pos++
-			return nil
-		case ',':
-			s.pos++
-		default:
-			return s.syntaxErr("expected ',' or '}' in object")
+		if done, err := s.nextMember(); done || err != nil {
+			return err
 		}
 	}
 }
