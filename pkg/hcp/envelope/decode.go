@@ -103,8 +103,9 @@ func (d Decoder) Decode(body []byte) (*Envelope, error) {
 	if body[s.pos] != '{' {
 		return nil, s.syntaxErr("envelope must be a JSON object")
 	}
+	idx := -1 // the field of the member being scanned
 	err := s.members(func(name []byte) error {
-		idx := lookupField(name)
+		idx = lookupField(name)
 		if idx < 0 {
 			return &FieldError{Field: truncateName(string(name)), Reason: "unknown field"}
 		}
@@ -120,7 +121,7 @@ func (d Decoder) Decode(body []byte) (*Envelope, error) {
 		if err != nil {
 			return err
 		}
-		spans[lookupField(name)] = value
+		spans[idx] = value
 		return nil
 	})
 	if err != nil {
