@@ -103,7 +103,7 @@ func (d Decoder) Decode(body []byte) (*Envelope, error) {
 	if body[s.pos] != '{' {
 		return nil, s.syntaxErr("envelope must be a JSON object")
 	}
-	idx := -1 // the field of the member being scanned
+	var idx fieldIndex // the field of the member being scanned
 	err := s.members(func(name []byte) error {
 		idx = lookupField(name)
 		if idx < 0 {
