@@ -37,7 +37,7 @@ type sessionLoad struct {
 // session whose state is not written yet is PENDING), in all and per pod.
 func (r *CalleeReconciler) sessionLoad(ctx context.Context, callee *hcpv1alpha1.Callee) (sessionLoad, error) {
 	var list hcpv1alpha1.HCPSessionList
-	if err := r.List(ctx, &list, client.InNamespace(callee.Namespace), client.MatchingFields{indexSessionCallee: callee.ID()}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(callee.Namespace), client.MatchingFields{indexSessionCallee: callee.ID()}, client.UnsafeDisableDeepCopy); err != nil {
 		return sessionLoad{}, err
 	}
 	load := sessionLoad{perPod: map[string]int{}}
@@ -134,7 +134,7 @@ func (r *CalleeReconciler) mapPod(ctx context.Context, obj client.Object) []reco
 		return nil
 	}
 	var list hcpv1alpha1.CalleeList
-	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace())); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to find the Callee of a pod")
 		return nil
 	}

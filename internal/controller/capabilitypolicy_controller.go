@@ -63,11 +63,11 @@ func (r *CapabilityPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		return ctrl.Result{}, nil // nothing outside the object to clean up
 	}
 	var callees hcpv1alpha1.CalleeList
-	if err := r.List(ctx, &callees, client.InNamespace(p.Namespace)); err != nil {
+	if err := r.List(ctx, &callees, client.InNamespace(p.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
 	var callers hcpv1alpha1.CallerList
-	if err := r.List(ctx, &callers, client.InNamespace(p.Namespace)); err != nil {
+	if err := r.List(ctx, &callers, client.InNamespace(p.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
 
@@ -195,7 +195,7 @@ func (r *CapabilityPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // have stopped matching), and policies per namespace are few.
 func (r *CapabilityPolicyReconciler) policiesOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
 	var list hcpv1alpha1.CapabilityPolicyList
-	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace())); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list CapabilityPolicies", "namespace", obj.GetNamespace())
 		return nil
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -81,6 +80,18 @@ func viewOf(obj client.Object) (view, bool) {
 		return callerView(o), true
 	}
 	return view{}, false
+}
+
+// brokerSpecOf is a Callee's or Caller's spec.broker (viewOf without the
+// view, for loops over every user of a vhost).
+func brokerSpecOf(obj client.Object) hcpv1alpha1.BrokerSpec {
+	switch o := obj.(type) {
+	case *hcpv1alpha1.Callee:
+		return o.Spec.Broker
+	case *hcpv1alpha1.Caller:
+		return o.Spec.Broker
+	}
+	return hcpv1alpha1.BrokerSpec{}
 }
 
 func (c *core) newList() client.ObjectList {
@@ -192,7 +203,7 @@ func olderThan(a, b client.Object) bool {
 // a queue that is about to be deleted.
 func (c *core) idHolder(ctx context.Context, v view, key string) (client.Object, error) {
 	list := c.newList()
-	if err := c.List(ctx, list, client.MatchingFields{indexIDVhost: idVhost(v.sub.ID, v.broker)}); err != nil {
+	if err := c.List(ctx, list, client.MatchingFields{indexIDVhost: idVhost(v.sub.ID, v.broker)}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	self := v.obj
@@ -261,11 +272,13 @@ func (c *core) claim(ctx context.Context, v view, key string) error {
 
 // usersOfKey lists the Callees and Callers that hold an id in the vhost of
 // key, anywhere (namespace "") or in one namespace, except the object with
-// UID except and objects being deleted.
+// UID except and objects being deleted, in no particular order. It runs
+// on every reconcile (vhostDeletionPolicy) over every user of the vhost:
+// the objects are the cache's own, not copies, and must not be changed.
 func (c *core) usersOfKey(ctx context.Context, key, namespace string, except types.UID) ([]client.Object, error) {
 	var out []client.Object
 	for _, l := range []client.ObjectList{&hcpv1alpha1.CalleeList{}, &hcpv1alpha1.CallerList{}} {
-		opts := []client.ListOption{client.MatchingFields{indexVhostKey: key}}
+		opts := []client.ListOption{client.MatchingFields{indexVhostKey: key}, client.UnsafeDisableDeepCopy}
 		if namespace != "" {
 			opts = append(opts, client.InNamespace(namespace))
 		}
@@ -278,9 +291,6 @@ func (c *core) usersOfKey(ctx context.Context, key, namespace string, except typ
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b client.Object) int {
-		return strings.Compare(a.GetNamespace()+"/"+a.GetName(), b.GetNamespace()+"/"+b.GetName())
-	})
 	return out, nil
 }
 

@@ -149,7 +149,7 @@ func (r *HCPSessionReconciler) sessionsOfCallee(ctx context.Context, obj client.
 		return nil
 	}
 	var list hcpv1alpha1.HCPSessionList
-	if err := r.List(ctx, &list, client.InNamespace(c.Namespace), client.MatchingFields{indexSessionCallee: c.ID()}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(c.Namespace), client.MatchingFields{indexSessionCallee: c.ID()}, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list the sessions of a Callee")
 		return nil
 	}

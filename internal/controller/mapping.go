@@ -38,7 +38,7 @@ func (c *core) mapSecret(ctx context.Context, obj client.Object) []reconcile.Req
 	seen := map[types.UID]bool{}
 	for _, index := range []string{indexConnectionSecret, indexTLSSecret} {
 		list := c.newList()
-		if err := c.List(ctx, list, client.MatchingFields{index: key}); err != nil {
+		if err := c.List(ctx, list, client.MatchingFields{index: key}, client.UnsafeDisableDeepCopy); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Failed to list the users of a Secret", "index", index)
 			continue
 		}
@@ -65,7 +65,7 @@ func (c *core) mapIDPeers(ctx context.Context, obj client.Object) []reconcile.Re
 		return nil
 	}
 	list := c.newList()
-	if err := c.List(ctx, list, client.MatchingFields{indexIDVhost: idVhost(v.sub.ID, v.broker)}); err != nil {
+	if err := c.List(ctx, list, client.MatchingFields{indexIDVhost: idVhost(v.sub.ID, v.broker)}, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list id peers")
 		return nil
 	}
@@ -89,7 +89,7 @@ func calleeOfSession(ctx context.Context, c client.Reader, obj client.Object) []
 		return nil
 	}
 	var list hcpv1alpha1.CalleeList
-	if err := c.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{indexCalleeID: s.Spec.CalleeID}); err != nil {
+	if err := c.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{indexCalleeID: s.Spec.CalleeID}, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to find the Callee of a session")
 		return nil
 	}

@@ -300,11 +300,11 @@ func (c *core) vhostDeletionPolicy(ctx context.Context, key, home string, dedica
 	}
 	policy := resource.DeletionPolicyRetain
 	for _, u := range users {
-		uv, _ := viewOf(u)
-		if !uv.broker.CreateVhost {
+		broker := brokerSpecOf(u)
+		if !broker.CreateVhost {
 			continue
 		}
-		if uv.broker.VhostDeletionPolicy != resource.DeletionPolicyDelete {
+		if broker.VhostDeletionPolicy != resource.DeletionPolicyDelete {
 			return resource.DeletionPolicyRetain, nil
 		}
 		policy = resource.DeletionPolicyDelete
@@ -438,7 +438,7 @@ func (c *core) redeclareAnnotations(key string) map[string]string {
 func (c *core) exchangeLossHandler() handler.EventHandler {
 	users := func(ctx context.Context, key, ns string, live bool) []reconcile.Request {
 		list := c.newList()
-		opts := []client.ListOption{client.MatchingFields{indexVhostKey: key}}
+		opts := []client.ListOption{client.MatchingFields{indexVhostKey: key}, client.UnsafeDisableDeepCopy}
 		if ns != "" {
 			opts = append(opts, client.InNamespace(ns))
 		}

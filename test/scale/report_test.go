@@ -19,17 +19,20 @@ type results struct {
 	baseCounts, opCounts map[string]int
 	baseReady            time.Duration
 	baseRequests         int
-	baseCleanup          time.Duration
+	baseCleanup          cleanup
 	baseLeft             leftover
 	// baseCPU and opCPU: the machine's CPU by process until Ready.
 	baseCPU, opCPU string
 	// baseAPI and opAPI: the API server's writes (all clients) until Ready.
 	baseAPI, opAPI string
+	// The same two for the cleanups.
+	baseCleanupCPU, opCleanupCPU string
+	baseCleanupAPI, opCleanupAPI string
 
 	opReady, opTopologyReady time.Duration
 	opWrites                 float64
 	idleWrites               float64
-	opCleanup                time.Duration
+	opCleanup                cleanup
 	opLeft                   leftover
 
 	mem0, mem1            memory
@@ -69,9 +72,10 @@ func (r *results) table() string {
 	fmt.Fprintf(&sb, "| manager RSS per Callee/Caller (baseline: its objects' serialized size) | %s | %s | %.2f× %s | ≤ %.0f× |\n",
 		kib(sizePer), kib(rssPer), memRatio, mark(memRatio <= targetMemoryRatio), targetMemoryRatio)
 	fmt.Fprintf(&sb, "| operator API writes in %s idle | – | %.0f | %s | 0 |\n", r.idle, r.idleWrites, mark(r.idleWrites == 0))
-	cleanRatio := r.opCleanup.Seconds() / r.baseCleanup.Seconds()
 	fmt.Fprintf(&sb, "| time to clean up (baseline: the children deleted directly) | %s | %s | %.2f× | – |\n",
-		secs(r.baseCleanup), secs(r.opCleanup), cleanRatio)
+		secs(r.baseCleanup.all), secs(r.opCleanup.all), r.opCleanup.all.Seconds()/r.baseCleanup.all.Seconds())
+	fmt.Fprintf(&sb, "| — of which until the topology objects (and Callees, Callers) are gone | %s | %s | %.2f× | – |\n",
+		secs(r.baseCleanup.topology), secs(r.opCleanup.topology), r.opCleanup.topology.Seconds()/r.baseCleanup.topology.Seconds())
 	fmt.Fprintf(&sb, "| orphans on the broker (users, queues, permissions, exchanges) | %d | %d | %s | 0 |\n",
 		r.baseLeft.total(), r.opLeft.total(), mark(r.opLeft.total() == 0))
 	return sb.String()
@@ -84,6 +88,8 @@ func (r *results) figures() string {
 		secs(r.opTopologyReady), secs(r.opReady), r.opWrites, r.opWrites/objs, r.baseRequests, float64(r.baseRequests)/objs)
 	fmt.Fprintf(&sb, "CPU until Ready, by process: baseline %s; operator %s\n", r.baseCPU, r.opCPU)
 	fmt.Fprintf(&sb, "API server writes until Ready, every client (apiserver_request_total): baseline %s; operator %s\n", r.baseAPI, r.opAPI)
+	fmt.Fprintf(&sb, "CPU during cleanup, by process: baseline %s; operator %s\n", r.baseCleanupCPU, r.opCleanupCPU)
+	fmt.Fprintf(&sb, "API server writes during cleanup, every client: baseline %s; operator %s\n", r.baseCleanupAPI, r.opCleanupAPI)
 	fmt.Fprintf(&sb, "manager RSS: %s idle with no objects, %s after the idle window with %d objects (peak VmHWM %s); %s per Callee/Caller, peak %s\n",
 		mib(r.mem0.rss), mib(r.mem1.rss), 2*r.n, mib(r.mem1.hwm),
 		kib(float64(r.mem1.rss-r.mem0.rss)/objs), kib(float64(r.mem1.hwm-r.mem0.rss)/objs))

@@ -160,7 +160,9 @@ func TestScale(t *testing.T) {
 	cpu0, api0 := sampleCPU(), b.apiWrites(ctx)
 	r.baseCounts, r.baseReady, r.baseRequests = b.baseline(ctx)
 	r.baseCPU, r.baseAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
+	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
 	r.baseCleanup, r.baseLeft = b.cleanupBaseline(ctx)
+	r.baseCleanupCPU, r.baseCleanupAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
 	b.waitReplicaSetsGone(ctx, b.base)
 
 	// The operator.
@@ -235,7 +237,9 @@ func TestScale(t *testing.T) {
 	}
 
 	// Cleanup.
+	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
 	r.opCleanup, r.opLeft = b.cleanupOperator(ctx)
+	r.opCleanupCPU, r.opCleanupAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
 
 	r.print(t, s.report)
 }
@@ -550,7 +554,7 @@ func resourceRef(conn *corev1.Secret) topologyv1beta1.RabbitmqClusterReference {
 // removed them the shared ones, the rest at once), times it until
 // everything is gone from the cluster and the broker, and returns what
 // the broker still held then.
-func (b *bed) cleanupBaseline(ctx context.Context) (time.Duration, leftover) {
+func (b *bed) cleanupBaseline(ctx context.Context) (cleanup, leftover) {
 	t := b.t
 	start := time.Now()
 	deleteAll := func(names ...string) {
@@ -574,13 +578,14 @@ func (b *bed) cleanupBaseline(ctx context.Context) (time.Duration, leftover) {
 		return n == 0, fmt.Sprintf("%d left", n)
 	})
 	deleteAll("Exchange", "Vhost")
-	b.waitFor(ctx, "baseline cleanup: shared objects gone", start, func() (bool, string) {
+	r := b.waitFor(ctx, "baseline cleanup: shared objects gone", start, func() (bool, string) {
 		c := b.count(ctx, b.base)
 		n := c["Exchange"] + c["Vhost"]
 		return n == 0, fmt.Sprintf("%d left", n)
 	})
 	deleteAll("Secret")
-	return b.waitGone(ctx, "baseline cleanup", start, b.baseVhost, b.base)
+	d, left := b.waitGone(ctx, "baseline cleanup", start, b.baseVhost, b.base)
+	return cleanup{topology: r, all: d}, left
 }
 
 // waitReplicaSetsGone waits, untimed, until the garbage collector has
@@ -813,7 +818,7 @@ func (b *bed) serializedSize(ctx context.Context) (full, trimmed int64) {
 // cleanupOperator deletes every Callee and Caller and times it until
 // their children, the shared objects, and everything on the broker are
 // gone.
-func (b *bed) cleanupOperator(ctx context.Context) (time.Duration, leftover) {
+func (b *bed) cleanupOperator(ctx context.Context) (cleanup, leftover) {
 	t := b.t
 	start := time.Now()
 	for _, o := range []client.Object{&hcpv1alpha1.Callee{}, &hcpv1alpha1.Caller{}} {
@@ -821,5 +826,33 @@ func (b *bed) cleanupOperator(ctx context.Context) (time.Duration, leftover) {
 			t.Fatal(err)
 		}
 	}
-	return b.waitGone(ctx, "operator cleanup", start, b.opVhost, b.op, b.home)
+	// The finalizers' part: every Callee and Caller gone, which each
+	// lets go only once its topology objects (and, for the last user of
+	// the vhost, the shared ones) are gone. The rest is the garbage
+	// collector's.
+	r := b.waitFor(ctx, "operator cleanup: Callees, Callers and topology objects gone", start, func() (bool, string) {
+		n := 0
+		for _, l := range []client.ObjectList{&hcpv1alpha1.CalleeList{}, &hcpv1alpha1.CallerList{}} {
+			if err := b.cache.List(ctx, l, client.InNamespace(b.op)); err != nil {
+				t.Fatal(err)
+			}
+			n += meta.LenList(l)
+		}
+		c := b.count(ctx, b.op, b.home)
+		for _, k := range topologyKindNames {
+			n += c[k]
+		}
+		return n == 0, fmt.Sprintf("%d left", n)
+	})
+	d, left := b.waitGone(ctx, "operator cleanup", start, b.opVhost, b.op, b.home)
+	return cleanup{topology: r, all: d}, left
 }
+
+// topologyKindNames are the children the topology operator deletes on the
+// broker.
+var topologyKindNames = []string{"Vhost", "Exchange", "Queue", "Binding", "User", "Permission", "Policy"}
+
+// cleanup is how long a cleanup took: until the topology objects were gone
+// (and, for the operator, every Callee and Caller), and until everything
+// was (the rest by garbage collection for the operator).
+type cleanup struct{ topology, all time.Duration }
