@@ -91,14 +91,21 @@ func procCPU(pid string) time.Duration {
 	return time.Duration(ut+st) * clockTick
 }
 
+// RSS is the resident memory of this process now (VmRSS), in bytes (0
+// when unknown).
+func RSS() int64 { return procStatus("self", "VmRSS:") }
+
 // procHWM is VmHWM of /proc/PID/status.
-func procHWM(pid string) int64 {
+func procHWM(pid string) int64 { return procStatus(pid, "VmHWM:") }
+
+// procStatus reads a field in kB of /proc/PID/status, in bytes.
+func procStatus(pid, field string) int64 {
 	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err == nil {
 				return kb * 1024

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hcp-io/hcp-operator/internal/benchutil"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
@@ -17,7 +19,9 @@ import (
 // HCP_BENCH_MEMORY_SESSIONS (default 100,1000) sessions are started
 // through the relay (each accepted, its task running at the harness, its
 // session_created and state_changed delivered to the app) and left
-// running; the heap in use after a GC and the goroutine count are compared
+// running; the heap in use after a GC, the process's resident memory
+// (VmRSS, read after the freed memory was returned to the system) and the
+// goroutine count are compared
 // with the same bed before them. Both sidecars, the harness and the app
 // run in this process, so the figures are for the whole relay of a
 // session, both sides together.
@@ -26,26 +30,42 @@ func benchMemory(b *testing.B) {
 		return // the framework's probe run (see benchRelayVsRaw)
 	}
 	for _, n := range envInts("HCP_BENCH_MEMORY_SESSIONS", []int{100, 1000}) {
-		heap, goroutines, err := liveSessionCost(b, n)
+		c, err := liveSessionCost(b, n)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Logf("%d live sessions: %.1f KiB heap and %.1f goroutines per session (both sidecars, harness and app together)",
-			n, heap/1024, goroutines)
-		b.ReportMetric(heap/1024, fmt.Sprintf("KiB/session@%d", n))
-		b.ReportMetric(goroutines, fmt.Sprintf("goroutines/session@%d", n))
+		b.Logf("%d live sessions: %.1f KiB heap and %.1f goroutines per session (both sidecars, harness and app together); process RSS %.1f MiB with none, %.1f MiB with %d (%.1f KiB per session); CPU %.1f ms/s with none, %.1f ms/s while they wait (%.1f µs per session-second)",
+			n, c.heap/1024, c.goroutines, float64(c.rss0)/(1<<20), float64(c.rss1)/(1<<20), n, float64(c.rss1-c.rss0)/float64(n)/1024,
+			c.idleCPU0*1e3, c.idleCPU1*1e3, (c.idleCPU1-c.idleCPU0)*1e6/float64(n))
+		b.ReportMetric(c.heap/1024, fmt.Sprintf("KiB/session@%d", n))
+		b.ReportMetric(c.goroutines, fmt.Sprintf("goroutines/session@%d", n))
+		b.ReportMetric(float64(c.rss1)/(1<<20), fmt.Sprintf("MiB-RSS@%d", n))
 	}
 }
 
-func liveSessionCost(b *testing.B, n int) (heapPerSession, goroutinesPerSession float64, err error) {
+// sessionCost is what n live sessions cost: heap and goroutines per
+// session, and the process's RSS before and with them.
+type sessionCost struct {
+	heap, goroutines float64
+	rss0, rss1       int64
+	// idleCPU0 and idleCPU1 are this process's CPU seconds per second
+	// before the sessions and while they run with nothing to send.
+	idleCPU0, idleCPU1 float64
+}
+
+// idleWindow is how long live sessions are watched for their idle CPU.
+const idleWindow = 10 * time.Second
+
+func liveSessionCost(b *testing.B, n int) (sessionCost, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	r := newRelayRun(b, modeAsync, 1)
 	defer r.close()
 	if _, err := r.startSessions(ctx); err != nil { // warm-up: one session
-		return 0, 0, err
+		return sessionCost{}, err
 	}
-	heap0, g0 := heapInUse(), runtime.NumGoroutine()
+	idle0 := idleCPU()
+	heap0, g0, rss0 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
 	sem := make(chan struct{}, 16)
 	var (
 		wg   sync.WaitGroup
@@ -72,24 +92,36 @@ func liveSessionCost(b *testing.B, n int) (heapPerSession, goroutinesPerSession 
 	}
 	wg.Wait()
 	if ferr != nil {
-		return 0, 0, ferr
+		return sessionCost{}, ferr
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for _, sid := range sids {
 		for !r.h.running(sid) || r.app.session(sid).last < 2 {
 			if time.Now().After(deadline) {
-				return 0, 0, fmt.Errorf("session %s did not start", sid)
+				return sessionCost{}, fmt.Errorf("session %s did not start", sid)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	heap1, g1 := heapInUse(), runtime.NumGoroutine()
-	return float64(heap1-heap0) / float64(n), float64(g1-g0) / float64(n), nil
+	heap1, g1, rss1 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
+	idle1 := idleCPU()
+	return sessionCost{heap: float64(heap1-heap0) / float64(n), goroutines: float64(g1-g0) / float64(n),
+		rss0: rss0, rss1: rss1, idleCPU0: idle0, idleCPU1: idle1}, nil
 }
 
+// idleCPU is this process's CPU seconds per second over idleWindow.
+func idleCPU() float64 {
+	cpu0 := benchutil.SampleCPU()
+	time.Sleep(idleWindow)
+	return benchutil.SampleCPU().Sub(cpu0).Self.Seconds() / idleWindow.Seconds()
+}
+
+// heapInUse collects garbage and returns the freed memory to the system
+// (so that the RSS read after it is what is live, not what an earlier
+// peak left), then reads the heap in use.
 func heapInUse() int64 {
 	runtime.GC()
-	runtime.GC()
+	debug.FreeOSMemory()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse)
