@@ -45,7 +45,7 @@ func TestCalleeLifecycle(t *testing.T) {
 	harness := harnessChildren(ns, base)
 	creds := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: credsName}}
 	tok := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tokenName}}
-	declareUser(t, ns, base)
+	declarePrerequisites(t, ns, base)
 	children := append(append(slices.Clone(topo), harness...), creds, tok)
 	checks := make([]func(context.Context) error, 0, len(children))
 	for _, o := range children {
@@ -807,6 +807,7 @@ func TestExchangeLossRecovery(t *testing.T) {
 	create(t, callee)
 	base, _, _ := childNames("callee", "sturdy")
 	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	declarePrerequisites(t, ns, base)
 	eventually(t, "topology exists", exists(binding, callee))
 	key := callee.Labels[hcpv1alpha1.LabelVhostKey]
 	if key == "" {

@@ -27,7 +27,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 	create(t, caller)
 	base, credsName, tokenName := childNames("caller", "alpha")
 	topo := topologyChildren(ns, base)
-	declareUser(t, ns, base)
+	declarePrerequisites(t, ns, base)
 	checks := make([]func(context.Context) error, 0, len(topo)+3)
 	for _, o := range topo {
 		checks = append(checks, exists(o, caller))

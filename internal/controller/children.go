@@ -87,12 +87,17 @@ type childKind struct {
 var childKinds = []childKind{
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Queue{} },
 		build: func(in desiredInput) client.Object { return in.queue }},
+	// A Binding declared before its Queue fails (404 not_found: no
+	// queue) and waits out the same back-off: at 1,000 Callees + 1,000
+	// Callers, with the topology operator declaring queues one at a time,
+	// most Bindings did. It is created once its Queue is Ready.
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Binding{} },
 		build: func(in desiredInput) client.Object {
 			b := resource.Binding(in.sub, in.broker)
 			b.Annotations = in.bindingAnnotations
 			return b
-		}},
+		},
+		createAfter: readyApplied[*topologyv1beta1.Queue]},
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.User{} },
 		build: func(in desiredInput) client.Object { return resource.User(in.sub, in.broker) }},
 	// A Permission the topology operator declares before its User fails

@@ -171,11 +171,13 @@ func topologyChildren(ns, base string) []client.Object {
 	}
 }
 
-// declareUser plays the topology operator for a subject's User: the
-// operator creates the Permission only once its User is Ready.
-func declareUser(t *testing.T, ns, base string) {
+// declarePrerequisites plays the topology operator for a subject's User
+// and Queue: the operator creates the Permission only once its User is
+// Ready, and the Binding once its Queue is.
+func declarePrerequisites(t *testing.T, ns, base string) {
 	t.Helper()
 	setTopologyStatus(t, &topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
+	setTopologyStatus(t, &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
 }
 
 // limitsPolicy is a subject's queue limits Policy.

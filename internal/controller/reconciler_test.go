@@ -41,7 +41,7 @@ func TestChildrenServerSideApply(t *testing.T) {
 	callee := newCallee(ns, "ssa")
 	create(t, callee)
 	base, _, _ := childNames("callee", "ssa")
-	declareUser(t, ns, base)
+	declarePrerequisites(t, ns, base)
 	children := append(topologyChildren(ns, base), harnessChildren(ns, base)...)
 	eventually(t, "every child is applied by "+resource.FieldManager, func(ctx context.Context) error {
 		for _, o := range children {
@@ -139,8 +139,30 @@ func TestPermissionAfterUser(t *testing.T) {
 	}
 	eventually(t, "TopologyReady names the User it waits for", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
 		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "User "+base+": not yet declared"))
-	declareUser(t, ns, base)
+	declarePrerequisites(t, ns, base)
 	eventually(t, "the Permission follows its Ready User", exists(perm, callee))
+}
+
+// TestBindingAfterQueue: the Binding is created only once its Queue is
+// Ready; declared before it, the topology operator fails it (404: no
+// queue) and retries with the same back-off.
+func TestBindingAfterQueue(t *testing.T) {
+	ns := newNamespace(t, "bind-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "bind")
+	create(t, callee)
+	base, _, _ := childNames("callee", "bind")
+	queue := &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	eventually(t, "the Queue and the Deployment exist", all(exists(queue, callee),
+		exists(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, callee)))
+	if err := gone(binding)(t.Context()); err != nil {
+		t.Fatalf("Binding created before its Queue is Ready: %v", err)
+	}
+	eventually(t, "TopologyReady names the Queue it waits for", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
+		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "Queue "+base+": not yet declared"))
+	setTopologyStatus(t, queue, true, "")
+	eventually(t, "the Binding follows its Ready Queue", exists(binding, callee))
 }
 
 func testSubject() resource.Subject {
@@ -278,6 +300,7 @@ func TestBindingKeepsRedeclareAfterRestart(t *testing.T) {
 	create(t, callee)
 	base, _, _ := childNames("callee", "rd")
 	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	declarePrerequisites(t, ns, base)
 	eventually(t, "the Binding exists", exists(binding, callee))
 	patch := []byte(`{"metadata":{"annotations":{"` + annotationRedeclare + `":"epoch-1"}}}`)
 	if err := k8sClient.Patch(t.Context(), binding, client.RawPatch(types.MergePatchType, patch)); err != nil {
