@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // TaskState is what the caller sidecar knows about one submitted task.
@@ -149,6 +151,9 @@ type Store struct {
 	mu       sync.Mutex
 	tasks    map[string]*TaskRecord
 	sessions map[string]*SessionRecord
+	// bySession indexes the tasks by the session ids that name them (see
+	// TaskForSession): session id → message id.
+	bySession map[string]string
 
 	// Group commit: queue holds the lines written since the committer took
 	// the last batch, keyIdx the position in queue of each record's line
@@ -243,10 +248,11 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 func OpenStore(dir string) (*Store, error) {
 	s := &Store{
 		dir:      dir,
-		tasks:    map[string]*TaskRecord{},
-		sessions: map[string]*SessionRecord{},
-		stopped:  make(chan struct{}),
-		keyIdx:   map[string]int{},
+		tasks:     map[string]*TaskRecord{},
+		sessions:  map[string]*SessionRecord{},
+		bySession: map[string]string{},
+		stopped:   make(chan struct{}),
+		keyIdx:    map[string]int{},
 	}
 	s.cond = sync.NewCond(&s.wmu)
 	if dir == "" {
@@ -353,11 +359,11 @@ func encodeLine(l journalLine) []byte {
 func (s *Store) apply(l journalLine) {
 	switch {
 	case l.Task != nil:
-		s.tasks[l.Task.MessageID] = l.Task
+		s.putTask(l.Task)
 	case l.Session != nil:
 		s.sessions[l.Session.SessionID] = l.Session
 	case l.DeleteTask != "":
-		delete(s.tasks, l.DeleteTask)
+		s.removeTask(l.DeleteTask)
 	case l.DeleteSession != "":
 		delete(s.sessions, l.DeleteSession)
 	}
@@ -511,6 +517,58 @@ func (s *Store) Task(id string) (TaskRecord, bool) {
 	return *t, true
 }
 
+// TaskForSession returns a copy of the task that session sid belongs to:
+// the task whose SessionID is sid (the session the callee is expected to
+// create, then the one its task_accepted named), or whose legacy session
+// id (topology.LegacySessionID, from a callee of an earlier version) is.
+// An index lookup: a session's stream asks once as it starts, and a scan
+// of every task made starting N sessions cost O(N²).
+func (s *Store) TaskForSession(sid string) (TaskRecord, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.bySession[sid]
+	if !ok {
+		return TaskRecord{}, false
+	}
+	return *s.tasks[id], true
+}
+
+// putTask stores t and indexes it by its session ids; s.mu is held.
+func (s *Store) putTask(t *TaskRecord) {
+	if old, ok := s.tasks[t.MessageID]; ok {
+		s.unindexTask(old)
+	}
+	s.tasks[t.MessageID] = t
+	for _, sid := range taskSessionIDs(t) {
+		s.bySession[sid] = t.MessageID
+	}
+}
+
+// removeTask forgets task id and its index entries; s.mu is held.
+func (s *Store) removeTask(id string) {
+	if old, ok := s.tasks[id]; ok {
+		s.unindexTask(old)
+		delete(s.tasks, id)
+	}
+}
+
+func (s *Store) unindexTask(t *TaskRecord) {
+	for _, sid := range taskSessionIDs(t) {
+		if s.bySession[sid] == t.MessageID {
+			delete(s.bySession, sid)
+		}
+	}
+}
+
+// taskSessionIDs are the session ids that name t.
+func taskSessionIDs(t *TaskRecord) []string {
+	legacy := topology.LegacySessionID(t.CalleeID, t.MessageID)
+	if t.SessionID == "" || t.SessionID == legacy {
+		return []string{legacy}
+	}
+	return []string{t.SessionID, legacy}
+}
+
 // Tasks returns copies of every task record, oldest first.
 func (s *Store) Tasks() []TaskRecord {
 	s.mu.Lock()
@@ -559,7 +617,7 @@ func (s *Store) UpdateTask(id string, fn func(*TaskRecord) bool) (TaskRecord, er
 	}
 	next.MessageID = id
 	rec := next
-	s.tasks[id] = &rec
+	s.putTask(&rec)
 	// Encode under mu: lines reach the journal in the order of the
 	// in-memory changes, so the last line of a record is its latest state.
 	done := s.enqueue(journalLine{Task: &rec})
@@ -599,7 +657,7 @@ func (s *Store) RecordSession(id string, fn func(*SessionRecord) bool) (SessionR
 // DeleteTask forgets a task.
 func (s *Store) DeleteTask(id string) error {
 	s.mu.Lock()
-	delete(s.tasks, id)
+	s.removeTask(id)
 	done := s.enqueue(journalLine{DeleteTask: id})
 	s.mu.Unlock()
 	return wait(done)

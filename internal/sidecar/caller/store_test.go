@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 func TestStoreSurvivesReopenAndTornTail(t *testing.T) {
@@ -213,4 +215,61 @@ func TestStoreRecordSessionGroupCommit(t *testing.T) {
 			t.Errorf("after reopen %s: %d (found %v), want %d", sid, r.LastSeq, ok, want)
 		}
 	}
+}
+
+// TestTaskForSession: a task is found by the session id it expects, by
+// the one its task_accepted named instead, and by its legacy session id;
+// not by a session id it no longer has, nor once deleted; and the same
+// after the journal is replayed.
+func TestTaskForSession(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := topology.LegacySessionID("lab", "m1")
+	for _, id := range []string{"m1", "m2"} {
+		if _, err := s.UpdateTask(id, func(r *TaskRecord) bool {
+			r.CalleeID, r.SessionID = "lab", "expected-"+id
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	found := func(s *Store, sid, want string) {
+		t.Helper()
+		got, ok := s.TaskForSession(sid)
+		switch {
+		case want == "" && ok:
+			t.Errorf("session %s: found task %s, want none", sid, got.MessageID)
+		case want != "" && (!ok || got.MessageID != want):
+			t.Errorf("session %s: found %q (%v), want task %s", sid, got.MessageID, ok, want)
+		}
+	}
+	found(s, "expected-m1", "m1")
+	found(s, "expected-m2", "m2")
+	found(s, legacy, "m1")
+	// task_accepted names another session id.
+	if _, err := s.UpdateTask("m1", func(r *TaskRecord) bool { r.SessionID = "accepted-m1"; return true }); err != nil {
+		t.Fatal(err)
+	}
+	found(s, "expected-m1", "")
+	found(s, "accepted-m1", "m1")
+	found(s, legacy, "m1")
+	if err := s.DeleteTask("m2"); err != nil {
+		t.Fatal(err)
+	}
+	found(s, "expected-m2", "")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	found(s2, "accepted-m1", "m1")
+	found(s2, legacy, "m1")
+	found(s2, "expected-m1", "")
+	found(s2, "expected-m2", "")
 }

@@ -295,12 +295,7 @@ func (s *Sidecar) isAnswered(id string) bool {
 
 // taskForSession finds the task whose expected (or accepted) session is sid.
 func (s *Sidecar) taskForSession(sid string) (TaskRecord, bool) {
-	for _, t := range s.store.Tasks() {
-		if t.SessionID == sid || topology.LegacySessionID(t.CalleeID, t.MessageID) == sid {
-			return t, true
-		}
-	}
-	return TaskRecord{}, false
+	return s.store.TaskForSession(sid)
 }
 
 // abort publishes an abort for session sid with the token learnt from its
