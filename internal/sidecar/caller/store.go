@@ -247,7 +247,7 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // OpenStore opens (creating it if needed) the state in dir and loads it.
 func OpenStore(dir string) (*Store, error) {
 	s := &Store{
-		dir:      dir,
+		dir:       dir,
 		tasks:     map[string]*TaskRecord{},
 		sessions:  map[string]*SessionRecord{},
 		bySession: map[string]string{},
