@@ -122,6 +122,18 @@ func mutate(obj, desired client.Object) error {
 		if !created {
 			o.Spec.RabbitmqClusterReference = ref
 		}
+	case *topologyv1beta1.Policy:
+		// The vhost's default event limits: name, vhost and reference are
+		// immutable for the topology operator's webhook.
+		d := desired.(*topologyv1beta1.Policy)
+		name, vhost, ref, def := o.Spec.Name, o.Spec.Vhost, o.Spec.RabbitmqClusterReference, o.Spec.Definition
+		o.Spec = d.Spec
+		if !created {
+			o.Spec.Name, o.Spec.Vhost, o.Spec.RabbitmqClusterReference = name, vhost, ref
+		}
+		if rawEqual(def, d.Spec.Definition) {
+			o.Spec.Definition = def // keep the stored encoding: no spurious update
+		}
 	case *topologyv1beta1.Vhost:
 		d := desired.(*topologyv1beta1.Vhost)
 		ref, limits := o.Spec.RabbitmqClusterReference, o.Spec.VhostLimits

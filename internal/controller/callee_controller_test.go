@@ -145,13 +145,11 @@ func TestCalleeLifecycle(t *testing.T) {
 	for _, o := range topo {
 		setTopologyStatus(t, o, true, "")
 	}
-	for i := range exchanges {
-		setTopologyStatus(t, &exchanges[i], true, "")
-	}
+	declareShared(t, vhostKey)
 	eventually(t, "TopologyReady waits for the Policy", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending,
 		"Policy "+base+": not yet declared by the messaging-topology-operator"))
 	setTopologyStatus(t, pol, true, "")
-	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "7 topology objects ready"))
+	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "8 topology objects ready"))
 	setDeploymentAvailable(t, dep, 1)
 	eventually(t, "Ready once the Deployment is available", all(
 		calleeCondition(callee, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionTrue, hcpv1alpha1.ReasonDeploymentAvailable, "1/1 replicas ready"),

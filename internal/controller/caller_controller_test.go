@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 )
 
@@ -46,10 +47,19 @@ func TestCallerExternalThenHarness(t *testing.T) {
 	if want := map[string]any{"x-single-active-consumer": true}; !reflect.DeepEqual(queueArgs(q), want) {
 		t.Errorf("event queue arguments %v, want only %v (the limits are a policy)", queueArgs(q), want)
 	}
+	// The default limits: the vhost's shared policy, none of its own.
+	key := caller.Labels[hcpv1alpha1.LabelVhostKey]
+	shared := sharedPolicy(key)
+	eventually(t, "the vhost's default event limits Policy", func(ctx context.Context) error {
+		return k8sClient.Get(ctx, client.ObjectKeyFromObject(shared), shared)
+	})
+	if want := map[string]any{"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head"}; !reflect.DeepEqual(policyDefinition(shared), want) ||
+		shared.Spec.Pattern != `^hcp\.evt\.` || shared.Spec.Priority != resource.DefaultLimitsPolicyPriority || len(shared.OwnerReferences) != 0 {
+		t.Errorf("default event limits policy %+v definition %v, want the defaults %v", shared.Spec, policyDefinition(shared), want)
+	}
 	pol := limitsPolicy(ns, base)
-	eventually(t, "the limits Policy", exists(pol, caller))
-	if want := map[string]any{"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head"}; !reflect.DeepEqual(policyDefinition(pol), want) {
-		t.Errorf("event queue policy %v, want the defaults %v", policyDefinition(pol), want)
+	if err := gone(pol)(t.Context()); err != nil {
+		t.Errorf("a Caller with the default limits got a policy of its own: %v", err)
 	}
 	if b := topo[1].(*topologyv1beta1.Binding).Spec; b.Source != "hcp.events" || b.RoutingKey != "alpha.#" || b.Destination != "hcp.evt.alpha" {
 		t.Errorf("binding %+v", b)
@@ -67,14 +77,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 	for _, o := range topo {
 		setTopologyStatus(t, o, true, "")
 	}
-	exchanges, err := sharedExchanges(t.Context(), caller.Labels[hcpv1alpha1.LabelVhostKey])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range exchanges {
-		setTopologyStatus(t, &exchanges[i], true, "")
-	}
-	setTopologyStatus(t, pol, true, "")
+	declareShared(t, key)
 	eventually(t, "external caller Ready", callerCondition(caller, hcpv1alpha1.ConditionReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, ""))
 
 	// TTL and limits edited reach the queue.
@@ -83,13 +86,16 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		c.Spec.EventQueue.Overflow = "reject-publish"
 	})
 	queueGeneration := q.Generation
-	eventually(t, "edited event queue policy", func(ctx context.Context) error {
+	eventually(t, "edited event queue policy, its own", func(ctx context.Context) error {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pol), pol); err != nil {
 			return err
 		}
 		want := map[string]any{"message-ttl": float64(7200000), "max-length": float64(100000), "overflow": "reject-publish"}
 		if got := policyDefinition(pol); !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("definition %v want %v", got, want)
+		}
+		if pol.Spec.Pattern != `^hcp\.evt\.alpha$` || pol.Spec.Priority != resource.LimitsPolicyPriority {
+			return fmt.Errorf("pattern %q priority %d, want the queue alone above the default", pol.Spec.Pattern, pol.Spec.Priority)
 		}
 		return nil
 	})

@@ -203,5 +203,7 @@ func (c *core) watchChildren(b *builder.Builder) *builder.Builder {
 	return b.
 		Watches(&topologyv1beta1.Exchange{}, c.exchangeLossHandler()).
 		Watches(&topologyv1beta1.Vhost{}, c.exchangeLossHandler()).
+		// The vhost's default event limits Policy, not a queue's own.
+		Watches(&topologyv1beta1.Policy{}, c.exchangeLossHandler(), builder.WithPredicates(sharedObject())).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(c.mapSecret))
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 )
 
@@ -259,6 +260,26 @@ func queueArgs(q *topologyv1beta1.Queue) map[string]any {
 		_ = json.Unmarshal(q.Spec.Arguments.Raw, &m)
 	}
 	return m
+}
+
+// sharedPolicy is the default event limits Policy of a vhost key, in the
+// suite's shared topology home.
+func sharedPolicy(key string) *topologyv1beta1.Policy {
+	return &topologyv1beta1.Policy{ObjectMeta: metav1.ObjectMeta{Namespace: suiteBrokerNamespace, Name: resource.DefaultEventLimitsObjectName(key)}}
+}
+
+// declareShared plays the topology operator for the shared objects of a
+// vhost key: its exchanges and its default event limits Policy.
+func declareShared(t *testing.T, key string) {
+	t.Helper()
+	exchanges, err := sharedExchanges(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range exchanges {
+		setTopologyStatus(t, &exchanges[i], true, "")
+	}
+	setTopologyStatus(t, sharedPolicy(key), true, "")
 }
 
 func sharedExchanges(ctx context.Context, key string) ([]topologyv1beta1.Exchange, error) {

@@ -80,13 +80,7 @@ func TestKstatus(t *testing.T) {
 	for _, o := range topologyChildren(ns, base) {
 		setTopologyStatus(t, o, true, "")
 	}
-	exchanges, err := sharedExchanges(t.Context(), callee.Labels[hcpv1alpha1.LabelVhostKey])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range exchanges {
-		setTopologyStatus(t, &exchanges[i], true, "")
-	}
+	declareShared(t, callee.Labels[hcpv1alpha1.LabelVhostKey])
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
 	setDeploymentAvailable(t, dep, 1)
 	eventually(t, "ready Callee is Current", kstatusIs(callee, status.CurrentStatus, "Ready"))
@@ -128,7 +122,7 @@ func TestKstatus(t *testing.T) {
 	create(t, caller)
 	eventually(t, "pending Caller is InProgress", kstatusIs(caller, status.InProgressStatus, ""))
 	cbase, _, _ := childNames("caller", "alpha")
-	for _, o := range append(topologyChildren(ns, cbase), limitsPolicy(ns, cbase)) {
+	for _, o := range topologyChildren(ns, cbase) {
 		setTopologyStatus(t, o, true, "")
 	}
 	eventually(t, "ready Caller is Current", kstatusIs(caller, status.CurrentStatus, ""))

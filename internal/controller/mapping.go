@@ -127,3 +127,11 @@ func onCreate() predicate.Predicate {
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 }
+
+// sharedObject passes a vhost's shared objects (labelled with the vhost
+// key), not a Callee's or Caller's own.
+func sharedObject() predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetLabels()[hcpv1alpha1.LabelVhostKey] != ""
+	})
+}

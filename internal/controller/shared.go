@@ -211,6 +211,11 @@ func (c *core) ensureShared(ctx context.Context, v view, b resource.Broker) ([]c
 		}
 		out = append(out, live)
 	}
+	pol, err := hc.apply(ctx, nil, resource.DefaultEventLimitsPolicy(home, b, ref))
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, pol)
 	if copySecret {
 		// Then owned by what uses it.
 		if err := hc.ensureSharedSecret(ctx, c, v, b, home, out); err != nil {
@@ -692,7 +697,7 @@ func (c *core) deleteShared(ctx context.Context, v view, key string) ([]string, 
 	sel := client.MatchingLabels{hcpv1alpha1.LabelVhostKey: key, hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue}
 	var deleted, pending []string
 	for _, ns := range c.sharedNamespaces(home) {
-		for _, l := range []client.ObjectList{&topologyv1beta1.ExchangeList{}, &topologyv1beta1.VhostList{}} {
+		for _, l := range []client.ObjectList{&topologyv1beta1.ExchangeList{}, &topologyv1beta1.PolicyList{}, &topologyv1beta1.VhostList{}} {
 			opts := []client.ListOption{sel}
 			if ns != "" {
 				opts = append(opts, client.InNamespace(ns))

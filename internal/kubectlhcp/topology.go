@@ -329,21 +329,27 @@ func sharedObjects(ctx context.Context, c client.Reader, ref topologyv1beta1.Rab
 	sel := client.MatchingLabels{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue, hcpv1alpha1.LabelVhostKey: b.Key()}
 	var exchanges topologyv1beta1.ExchangeList
 	var vhosts topologyv1beta1.VhostList
-	if err := c.List(ctx, &exchanges, sel); err != nil {
-		if !apierrors.IsForbidden(err) {
-			return nil, apiError("listing rabbitmq.com Exchanges", err)
+	var policies topologyv1beta1.PolicyList
+	// Everywhere, or in ns alone when the user may not list more.
+	list := func(l client.ObjectList, kind string) error {
+		if err := c.List(ctx, l, sel); err != nil {
+			if !apierrors.IsForbidden(err) {
+				return apiError("listing rabbitmq.com "+kind, err)
+			}
+			if err := c.List(ctx, l, sel, client.InNamespace(ns)); err != nil {
+				return apiError("listing rabbitmq.com "+kind, err)
+			}
 		}
-		if err := c.List(ctx, &exchanges, sel, client.InNamespace(ns)); err != nil {
-			return nil, apiError("listing rabbitmq.com Exchanges", err)
-		}
+		return nil
 	}
-	if err := c.List(ctx, &vhosts, sel); err != nil {
-		if !apierrors.IsForbidden(err) {
-			return nil, apiError("listing rabbitmq.com Vhosts", err)
-		}
-		if err := c.List(ctx, &vhosts, sel, client.InNamespace(ns)); err != nil {
-			return nil, apiError("listing rabbitmq.com Vhosts", err)
-		}
+	if err := list(&exchanges, "Exchanges"); err != nil {
+		return nil, err
+	}
+	if err := list(&vhosts, "Vhosts"); err != nil {
+		return nil, err
+	}
+	if err := list(&policies, "Policies"); err != nil && !isNoKind(err) {
+		return nil, err
 	}
 	var out []TopologyItem
 	for _, v := range vhosts.Items {
@@ -356,6 +362,10 @@ func sharedObjects(ctx context.Context, c client.Reader, ref topologyv1beta1.Rab
 	for _, x := range exchanges.Items {
 		out = append(out, TopologyItem{What: whatExchange, BrokerName: x.Spec.Name, Object: objectRef("Exchange", x.Namespace, x.Name, ns),
 			Ready: readyOf(x.Status.Conditions, x.Generation, x.Status.ObservedGeneration), Details: x.Spec.Type + ", shared by the vhost"})
+	}
+	for _, p := range policies.Items {
+		out = append(out, TopologyItem{What: "policy", BrokerName: p.Spec.Name, Object: objectRef("Policy", p.Namespace, p.Name, ns),
+			Ready: readyOf(p.Status.Conditions, p.Generation, p.Status.ObservedGeneration), Details: policyDetails(p.Spec) + ", shared by the vhost"})
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package resource
 
 import (
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,9 +20,18 @@ import (
 // topology operator's admission webhook refuses any change of a Queue's
 // spec.arguments. So HCP queues are declared with no limit arguments, and
 // their TTL, length limits, overflow and delivery limit are a RabbitMQ
-// policy: one Policy object per queue, whose pattern matches exactly that
-// queue. A policy's definition can change at any time; the broker applies
+// policy. A policy's definition can change at any time; the broker applies
 // it to the live queue, messages included.
+//
+// Caller event queues with the default limits share one policy per vhost
+// (DefaultEventLimitsPolicy, a shared object like the exchanges); a queue
+// whose limits differ has a policy of its own (LimitsPolicy), whose
+// pattern matches exactly that queue, at a higher priority. One policy per
+// queue would make the broker quadratic: on every policy change RabbitMQ
+// matches every queue of the vhost against every policy of the vhost
+// (rabbit_policy:update_matched_objects), and at 2,000 queues with 1,000
+// policies creating or deleting the harnesses kept a broker core busy for
+// minutes (docs/performance.md).
 //
 // A normal policy, not an operator policy: RabbitMQ (3.10 to 3.12) does
 // not accept overflow in an operator policy, and an operator policy is
@@ -101,6 +111,43 @@ func CallerQueueLimits(q hcpv1alpha1.EventQueueSpec) (map[string]any, error) {
 	return def, nil
 }
 
+// DefaultLimitsPolicyPriority is the priority of a vhost's default event
+// limits policy: below a queue's own (LimitsPolicyPriority), which
+// replaces it, and above the default 0 of vhost-wide policies.
+const DefaultLimitsPolicyPriority = LimitsPolicyPriority - 1
+
+// DefaultEventLimitsPolicyName is the broker-side name of a vhost's default
+// event limits policy.
+const DefaultEventLimitsPolicyName = "hcp-limits." + topology.EventQueuePrefix + "*"
+
+// DefaultEventLimits is the policy definition of an event queue whose
+// Caller sets no limits (CallerQueueLimits of an empty spec).
+func DefaultEventLimits() map[string]any {
+	def, err := CallerQueueLimits(hcpv1alpha1.EventQueueSpec{})
+	if err != nil {
+		panic(fmt.Sprintf("the default event queue limits: %v", err)) // constants: cannot fail
+	}
+	return def
+}
+
+// DefaultEventLimitsPolicy is the shared Policy of a broker's vhost, in
+// namespace (the shared topology's home) and reaching the broker through
+// ref, that gives every Caller event queue (hcp.evt.*) the default limits.
+func DefaultEventLimitsPolicy(namespace string, b Broker, ref topologyv1beta1.RabbitmqClusterReference) *topologyv1beta1.Policy {
+	return &topologyv1beta1.Policy{
+		ObjectMeta: sharedMeta(DefaultEventLimitsObjectName(b.Key()), namespace, b.Key()),
+		Spec: topologyv1beta1.PolicySpec{
+			Name:                     DefaultEventLimitsPolicyName,
+			Vhost:                    b.Vhost,
+			Pattern:                  "^" + regexp.QuoteMeta(topology.EventQueuePrefix),
+			ApplyTo:                  policyApplyToQueues,
+			Priority:                 DefaultLimitsPolicyPriority,
+			Definition:               RawJSON(DefaultEventLimits()),
+			RabbitmqClusterReference: ref,
+		},
+	}
+}
+
 // LimitsPolicyName is the broker-side name of the policy of queue.
 func LimitsPolicyName(queue string) string { return "hcp-limits." + queue }
 
@@ -133,11 +180,16 @@ func CalleeLimitsPolicy(c *hcpv1alpha1.Callee, b Broker) *topologyv1beta1.Policy
 	return LimitsPolicy(ForCallee(c), b, CalleeQueueLimits(c.Spec.CommandQueue))
 }
 
-// CallerLimitsPolicy is the Policy of hcp.evt.{callerID}.
+// CallerLimitsPolicy is the Policy of hcp.evt.{callerID}: nil when its
+// limits are the defaults, which the vhost's DefaultEventLimitsPolicy
+// gives it.
 func CallerLimitsPolicy(c *hcpv1alpha1.Caller, b Broker) (*topologyv1beta1.Policy, error) {
 	def, err := CallerQueueLimits(c.Spec.EventQueue)
 	if err != nil {
 		return nil, err
+	}
+	if reflect.DeepEqual(def, DefaultEventLimits()) {
+		return nil, nil
 	}
 	return LimitsPolicy(ForCaller(c), b, def), nil
 }

@@ -159,6 +159,10 @@ func ExchangeNames(key string) (commands, events string) {
 	return "hcp-commands-" + key, "hcp-events-" + key
 }
 
+// DefaultEventLimitsObjectName is the name of the default event limits
+// Policy object of a vhost key.
+func DefaultEventLimitsObjectName(key string) string { return "hcp-limits-events-" + key }
+
 // VhostObjectName is the name of the Vhost object of a vhost key.
 func VhostObjectName(key string) string { return "hcp-vhost-" + key }
 

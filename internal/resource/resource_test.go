@@ -191,8 +191,8 @@ func TestCallerGolden(t *testing.T) {
 	}
 	dep := Deployment(HarnessParams{Subject: s, Harness: *c.Spec.Harness, Vhost: b.Vhost, Prefetch: 10, SecretsHash: "h2"})
 	p, err := CallerLimitsPolicy(c, b)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || p != nil {
+		t.Fatalf("a Caller with the default limits: policy %v, error %v; want none (the vhost's default policy)", p, err)
 	}
-	golden(t, "caller.golden.yaml", q, p, Binding(s, b), User(s, b), Permission(s, b), creds, ServiceAccount(s), Role(s), RoleBinding(s), dep)
+	golden(t, "caller.golden.yaml", q, DefaultEventLimitsPolicy("hcp-system", b, b.Reference), Binding(s, b), User(s, b), Permission(s, b), creds, ServiceAccount(s), Role(s), RoleBinding(s), dep)
 }

@@ -141,11 +141,21 @@ func TestCallerQueueLimitsArePolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if tc.spec == (hcpv1alpha1.EventQueueSpec{}) {
+				// The defaults: the vhost's shared policy, none of its own.
+				if p != nil {
+					t.Fatalf("a Caller with the default limits got a policy of its own: %+v", p.Spec)
+				}
+				p = DefaultEventLimitsPolicy("hcp-system", b, b.Reference)
+				if p.Spec.Pattern != `^hcp\.evt\.` || p.Spec.Name != "hcp-limits.hcp.evt.*" || p.Spec.Priority != DefaultLimitsPolicyPriority ||
+					p.Spec.ApplyTo != "queues" || p.Namespace != "hcp-system" || len(p.OwnerReferences) != 0 || p.Labels[hcpv1alpha1.LabelVhostKey] != b.Key() {
+					t.Errorf("default policy = %+v %+v", p.ObjectMeta, p.Spec)
+				}
+			} else if p.Spec.Pattern != `^hcp\.evt\.alpha$` || p.Spec.Name != "hcp-limits.hcp.evt.alpha" || p.Spec.Priority != LimitsPolicyPriority {
+				t.Errorf("policy spec = %+v", p.Spec)
+			}
 			if got := policyDefinition(t, p); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("policy definition = %v, want %v", got, tc.want)
-			}
-			if p.Spec.Pattern != `^hcp\.evt\.alpha$` || p.Spec.Name != "hcp-limits.hcp.evt.alpha" {
-				t.Errorf("policy spec = %+v", p.Spec)
 			}
 		})
 	}

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -337,7 +338,8 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 	}
 	wantPolicies := map[string]map[string]any{
 		"hcp-limits." + topology.CommandQueue(calleeID): {"max-length": float64(*cq.MaxLength), "delivery-limit": float64(*cq.DeliveryLimit), "overflow": "reject-publish"},
-		"hcp-limits." + topology.EventQueue(callerID):   {"message-ttl": float64(ttl.Milliseconds()), "max-length": float64(100000), "overflow": "drop-head"},
+		// The sample's TTL is the default: the vhost's default policy.
+		resource.DefaultEventLimitsPolicyName: {"message-ttl": float64(ttl.Milliseconds()), "max-length": float64(100000), "overflow": "drop-head"},
 	}
 	pols, err := b.API.ListPoliciesIn(r.vhost)
 	if err != nil {

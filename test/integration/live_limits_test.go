@@ -138,6 +138,9 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 	}
 	testbed.Eventually(t, readyTimeout, "TopologyReady", allTopologyReady)
 
+	// policy is the policy a queue's limits come from: the vhost's default
+	// event limits while alpha keeps the defaults, else the queue's own.
+	policy := func(queue string) string { return resource.LimitsPolicyName(queue) }
 	effective := func(queue, key string, want int) func(context.Context) error {
 		return func(ctx context.Context) error {
 			q, err := getQueue(ctx, broker, vhost, queue)
@@ -148,11 +151,17 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 			if f, ok := got.(float64); ok {
 				got = int(f)
 			}
-			if q.Policy != resource.LimitsPolicyName(queue) || got != want {
+			if q.Policy != policy(queue) || got != want {
 				return fmt.Errorf("queue %s: policy %q effective_policy_definition %v, want %s=%v", queue, q.Policy, q.EffectivePolicyDefinition, key, want)
 			}
 			return nil
 		}
+	}
+	policy = func(queue string) string {
+		if queue == "hcp.evt.alpha" {
+			return resource.DefaultEventLimitsPolicyName
+		}
+		return resource.LimitsPolicyName(queue)
 	}
 	testbed.Eventually(t, readyTimeout, "the limits policies apply", func(ctx context.Context) error {
 		return errors.Join(effective("hcp.cmd.lab", "max-length", 1000)(ctx), effective("hcp.evt.alpha", "message-ttl", 86400000)(ctx), effective("hcp.cmd.old", "max-length", 3)(ctx))
@@ -222,6 +231,8 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 		alpha.Spec.EventQueue.MessageTTL = "PT1H"
 		return c.Update(ctx, alpha)
 	})
+	// Its own policy now, above the default.
+	policy = func(queue string) string { return resource.LimitsPolicyName(queue) }
 	testbed.Eventually(t, readyTimeout, "message-ttl 3600000 on the live event queue", effective("hcp.evt.alpha", "message-ttl", 3600000))
 	testbed.Eventually(t, readyTimeout, "TopologyReady after the changes", allTopologyReady)
 

@@ -316,7 +316,11 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 			if err != nil {
 				return err
 			}
-			if q.Policy != "hcp-limits."+name || !reflect.DeepEqual(q.EffectivePolicyDefinition, want) {
+			policy := "hcp-limits." + name
+			if name == "hcp.evt.alpha" { // the default limits: the vhost's policy
+				policy = resource.DefaultEventLimitsPolicyName
+			}
+			if q.Policy != policy || !reflect.DeepEqual(q.EffectivePolicyDefinition, want) {
 				return fmt.Errorf("queue %s: policy %q effective definition %v, want %v", name, q.Policy, q.EffectivePolicyDefinition, want)
 			}
 			return nil

@@ -68,7 +68,8 @@ func newCaller(ns, name, vhost string) *hcpv1alpha1.Caller {
 // (the garbage collector would delete children of a missing owner).
 
 // sharedObjects are the vhost's shared objects, in home: the copy of the
-// connection Secret, the Vhost and the two Exchanges.
+// connection Secret, the Vhost, the two Exchanges and the default event
+// limits Policy.
 func sharedObjects(home string, b resource.Broker, conn *corev1.Secret) []client.Object {
 	ref := resource.SharedReference(home, home, b)
 	cmd, evt := resource.Exchanges(home, b, ref)
@@ -76,6 +77,7 @@ func sharedObjects(home string, b resource.Broker, conn *corev1.Secret) []client
 		resource.SharedConnectionSecret(home, b.Key(), conn),
 		resource.Vhost(home, b, ref, resource.DeletionPolicyRetain),
 		cmd, evt,
+		resource.DefaultEventLimitsPolicy(home, b, ref),
 	}
 }
 
