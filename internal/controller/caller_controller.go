@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -99,9 +100,14 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	// CallerQueue has checked the limits: no error here.
 	limits, _ := resource.CallerQueueLimits(caller.Spec.EventQueue)
 	desiredPolicy, _ := resource.CallerLimitsPolicy(caller, b)
-	pol, err := r.core.ensureLimitsPolicy(ctx, v, desiredPolicy, args, limits)
-	if err != nil {
-		return ctrl.Result{}, err
+	var pol *topologyv1beta1.Policy
+	if desiredPolicy != nil || defaultLimitsReady(shared) {
+		// A Caller of an earlier version with the default limits has a
+		// policy of its own: it goes only once the vhost's default one is
+		// declared, so that the queue is never without its limits.
+		if pol, err = r.core.ensureLimitsPolicy(ctx, v, desiredPolicy, args, limits); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	r.core.setTopologyReadyWithPolicy(v, topo, pol)
 

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"testing"
@@ -193,4 +194,45 @@ func TestSessionTTL(t *testing.T) {
 			t.Errorf("session deleted too early: %v", err)
 		}
 	}
+}
+
+// TestOwnDefaultPolicyGoesAfterShared: a Caller of an earlier version has
+// a limits policy of its own with the default limits; it is deleted only
+// once the vhost's default policy is Ready, so the queue is never without
+// its limits on the broker.
+func TestOwnDefaultPolicyGoesAfterShared(t *testing.T) {
+	ns := newNamespace(t, "upgrade-pol-")
+	dumpOnFailure(t, ns)
+	caller := newCaller(ns, "old", func(c *hcpv1alpha1.Caller) { c.Spec.Broker.Vhost = "/" + ns })
+	create(t, caller)
+	base, _, _ := childNames("caller", "old")
+	var key string
+	eventually(t, "the Caller's claim", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(caller), caller); err != nil {
+			return err
+		}
+		if key = caller.Labels[hcpv1alpha1.LabelVhostKey]; key == "" {
+			return errors.New("not claimed yet")
+		}
+		return nil
+	})
+	shared := sharedPolicy(key)
+	eventually(t, "the vhost's default policy object", func(ctx context.Context) error {
+		return k8sClient.Get(ctx, client.ObjectKeyFromObject(shared), shared)
+	})
+	// What the earlier version made: the Caller's own policy, controlled
+	// by it, with the default limits.
+	own := resource.LimitsPolicy(resource.ForCaller(caller), resource.Broker{Vhost: "/" + ns, Reference: shared.Spec.RabbitmqClusterReference}, resource.DefaultEventLimits())
+	if own.Name != base {
+		t.Fatalf("own policy %s, want %s", own.Name, base)
+	}
+	create(t, own)
+	// Reconciles while the default policy is not declared keep it.
+	update(t, caller, func(c *hcpv1alpha1.Caller) { c.Annotations = map[string]string{"touch": "1"} })
+	time.Sleep(2 * time.Second)
+	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(own), own); err != nil || !own.DeletionTimestamp.IsZero() {
+		t.Fatalf("the own policy went before the default one was declared: %v", err)
+	}
+	setTopologyStatus(t, shared, true, "")
+	eventually(t, "the own policy goes once the default one is Ready", gone(own))
 }

@@ -106,6 +106,18 @@ func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topology
 	return live, nil
 }
 
+// defaultLimitsReady: the vhost's default event limits Policy, among the
+// shared objects, is Ready.
+func defaultLimitsReady(shared []client.Object) bool {
+	for _, o := range shared {
+		if p, ok := o.(*topologyv1beta1.Policy); ok {
+			ready, _ := topologyObjectReady(p)
+			return ready
+		}
+	}
+	return false
+}
+
 // setTopologyReadyWithPolicy is setTopologyReady over objs plus the
 // limits Policy (nil: none): a Policy that is not ready makes TopologyReady
 // false and is named in its message.
