@@ -437,10 +437,9 @@ func (c *core) redeclareAnnotations(key string) map[string]string {
 // exchangeLossHandler watches the shared Exchange, Vhost and default
 // limits Policy objects. Any event requeues the users of that key in the
 // object's namespace (their TopologyReady reads it). A deletion while the
-// key is still in use
-// anywhere also records an epoch and requeues every user of the key, so
-// that they re-create and re-declare what the topology operator deleted on
-// the broker.
+// key is still in use anywhere also records an epoch and requeues every
+// user of the key, so that they re-create and re-declare what the topology
+// operator deleted on the broker.
 func (c *core) exchangeLossHandler() handler.EventHandler {
 	users := func(ctx context.Context, key, ns string, live bool) []reconcile.Request {
 		list := c.newList()
