@@ -72,7 +72,7 @@ func children(namespace string) ([]client.Object, error) {
 	rb := resource.BrokerFromCluster(ref, caller.Spec.Broker, namespace)
 	objs := []client.Object{resource.Vhost(namespace, cb, cb.Reference, resource.DeletionPolicyRetain)}
 	commandsX, eventsX := resource.Exchanges(namespace, cb, cb.Reference)
-	objs = append(objs, commandsX, eventsX)
+	objs = append(objs, commandsX, eventsX, resource.DefaultEventLimitsPolicy(namespace, cb, cb.Reference))
 
 	for _, v := range []struct {
 		s       resource.Subject
@@ -103,7 +103,10 @@ func children(namespace string) ([]client.Object, error) {
 			if err != nil {
 				return nil, err
 			}
-			objs = append(objs, q, p)
+			objs = append(objs, q)
+			if p != nil { // none with the default limits: the vhost's policy
+				objs = append(objs, p)
+			}
 		}
 		if v.harness != nil {
 			objs = append(objs, resource.Deployment(resource.HarnessParams{
