@@ -123,8 +123,9 @@ func mutate(obj, desired client.Object) error {
 			o.Spec.RabbitmqClusterReference = ref
 		}
 	case *topologyv1beta1.Policy:
-		// The vhost's default event limits: name, vhost and reference are
-		// immutable for the topology operator's webhook.
+		// A queue's limits or the vhost's default event limits: name,
+		// vhost and reference are immutable for the topology operator's
+		// webhook (they never change for one subject or vhost anyway).
 		d := desired.(*topologyv1beta1.Policy)
 		name, vhost, ref, def := o.Spec.Name, o.Spec.Vhost, o.Spec.RabbitmqClusterReference, o.Spec.Definition
 		o.Spec = d.Spec

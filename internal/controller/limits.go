@@ -73,19 +73,7 @@ func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topology
 		if err := controllerutil.SetControllerReference(v.obj, live, c.scheme); err != nil {
 			return err
 		}
-		created := live.CreationTimestamp.IsZero()
-		name, vhost, ref := live.Spec.Name, live.Spec.Vhost, live.Spec.RabbitmqClusterReference
-		def := live.Spec.Definition
-		live.Spec = desired.Spec
-		if !created {
-			// Immutable for the topology operator's webhook (they never
-			// change for one subject anyway).
-			live.Spec.Name, live.Spec.Vhost, live.Spec.RabbitmqClusterReference = name, vhost, ref
-		}
-		if rawEqual(def, desired.Spec.Definition) {
-			live.Spec.Definition = def // keep the stored encoding: no spurious update
-		}
-		return nil
+		return mutate(live, desired)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", klog.KObj(desired), err)

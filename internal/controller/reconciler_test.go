@@ -119,50 +119,52 @@ func TestOneChangeEventPerReconcile(t *testing.T) {
 	}
 }
 
-// TestPermissionAfterUser: the Permission is created only once its User
-// is Ready; declared before it, the topology operator fails it
-// (vhost_or_user_not_found) and retries with a back-off of up to 1,000 s.
-func TestPermissionAfterUser(t *testing.T) {
-	ns := newNamespace(t, "perm-")
-	dumpOnFailure(t, ns)
-	callee := newCallee(ns, "perm")
-	create(t, callee)
-	base, _, _ := childNames("callee", "perm")
-	user := &topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
-	perm := &topologyv1beta1.Permission{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
-	// The Deployment is applied after the topology in the same reconcile:
-	// once it exists, a Permission would exist too.
-	eventually(t, "the User and the Deployment exist", all(exists(user, callee),
-		exists(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, callee)))
-	if err := gone(perm)(t.Context()); err != nil {
-		t.Fatalf("Permission created before its User is Ready: %v", err)
+// TestChildAfterPrerequisite: a child the topology operator would fail
+// while its prerequisite is not declared yet (and then retry with a
+// back-off of up to 1,000 s) is created only once that prerequisite is
+// Ready: the Permission after its User (vhost_or_user_not_found), the
+// Binding after its Queue (404: no queue).
+func TestChildAfterPrerequisite(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		child, before func(ns, base string) client.Object
+	}{
+		{"Permission after User",
+			func(ns, base string) client.Object {
+				return &topologyv1beta1.Permission{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+			},
+			func(ns, base string) client.Object {
+				return &topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+			}},
+		{"Binding after Queue",
+			func(ns, base string) client.Object {
+				return &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+			},
+			func(ns, base string) client.Object {
+				return &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := newNamespace(t, "after-")
+			dumpOnFailure(t, ns)
+			callee := newCallee(ns, "after")
+			create(t, callee)
+			base, _, _ := childNames("callee", "after")
+			child, before := tc.child(ns, base), tc.before(ns, base)
+			kind := strings.TrimPrefix(fmt.Sprintf("%T", before), "*v1beta1.")
+			// The Deployment is applied after the topology in the same
+			// reconcile: once it exists, the child would exist too.
+			eventually(t, "the prerequisite and the Deployment exist", all(exists(before, callee),
+				exists(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, callee)))
+			if err := gone(child)(t.Context()); err != nil {
+				t.Fatalf("created before its %s is Ready: %v", kind, err)
+			}
+			eventually(t, "TopologyReady names what it waits for", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
+				metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, kind+" "+base+": not yet declared"))
+			setTopologyStatus(t, before, true, "")
+			eventually(t, "the child follows its Ready prerequisite", exists(child, callee))
+		})
 	}
-	eventually(t, "TopologyReady names the User it waits for", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
-		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "User "+base+": not yet declared"))
-	declarePrerequisites(t, ns, base)
-	eventually(t, "the Permission follows its Ready User", exists(perm, callee))
-}
-
-// TestBindingAfterQueue: the Binding is created only once its Queue is
-// Ready; declared before it, the topology operator fails it (404: no
-// queue) and retries with the same back-off.
-func TestBindingAfterQueue(t *testing.T) {
-	ns := newNamespace(t, "bind-")
-	dumpOnFailure(t, ns)
-	callee := newCallee(ns, "bind")
-	create(t, callee)
-	base, _, _ := childNames("callee", "bind")
-	queue := &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
-	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
-	eventually(t, "the Queue and the Deployment exist", all(exists(queue, callee),
-		exists(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, callee)))
-	if err := gone(binding)(t.Context()); err != nil {
-		t.Fatalf("Binding created before its Queue is Ready: %v", err)
-	}
-	eventually(t, "TopologyReady names the Queue it waits for", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
-		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "Queue "+base+": not yet declared"))
-	setTopologyStatus(t, queue, true, "")
-	eventually(t, "the Binding follows its Ready Queue", exists(binding, callee))
 }
 
 func testSubject() resource.Subject {

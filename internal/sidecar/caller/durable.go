@@ -380,7 +380,7 @@ func (w *stream) seed() bool {
 		w.refresh(rec)
 		return true
 	}
-	if _, ok := s.taskForSession(w.id); ok {
+	if _, ok := s.store.TaskForSession(w.id); ok {
 		// Submitted through this store, which has no session record: nothing
 		// of it was delivered yet.
 		return true

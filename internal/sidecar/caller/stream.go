@@ -376,7 +376,7 @@ func (w *stream) verify(it *item) bool {
 		w.taskLooked = true
 		t, ok := w.s.store.Task(w.taskMessageID)
 		if !ok {
-			t, ok = w.s.taskForSession(w.id)
+			t, ok = w.s.store.TaskForSession(w.id)
 		}
 		if ok {
 			w.taskMessageID, w.capability = t.MessageID, t.Capability
@@ -403,7 +403,7 @@ func (w *stream) expectedCallee(it *item) (callee, source string) {
 			return t.CalleeID, "task"
 		}
 	}
-	if t, ok := w.s.taskForSession(w.id); ok {
+	if t, ok := w.s.store.TaskForSession(w.id); ok {
 		return t.CalleeID, "task"
 	}
 	if l := w.s.lookupSession(w.id, false); l.found && l.calleeID != "" {

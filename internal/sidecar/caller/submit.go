@@ -293,11 +293,6 @@ func (s *Sidecar) isAnswered(id string) bool {
 	return s.answered[id]
 }
 
-// taskForSession finds the task whose expected (or accepted) session is sid.
-func (s *Sidecar) taskForSession(sid string) (TaskRecord, bool) {
-	return s.store.TaskForSession(sid)
-}
-
 // abort publishes an abort for session sid with the token learnt from its
 // task_accepted, to the session's callee.
 func (s *Sidecar) abort(ctx context.Context, sid, reason string) (string, *apiError) {
