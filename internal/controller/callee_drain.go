@@ -65,13 +65,20 @@ func holdsSidecar(callee *hcpv1alpha1.Callee, load sessionLoad) bool {
 // roll anyway, and they roll with the new sidecar. When it keeps the
 // sidecar, desired gets live's template.
 func keepSidecar(live, desired *appsv1.Deployment) bool {
-	have, want := live.Spec.Template.Annotations, desired.Spec.Template.Annotations
-	if have[hcpv1alpha1.AnnotationConfigHash] != want[hcpv1alpha1.AnnotationConfigHash] ||
-		have[resource.AnnotationSidecarHash] == want[resource.AnnotationSidecarHash] {
+	if !sidecarOnlyChange(live, desired) {
 		return false
 	}
 	desired.Spec.Template = *live.Spec.Template.DeepCopy()
 	return true
+}
+
+// sidecarOnlyChange: of what the operator renders into the pod template,
+// desired changes the sidecar and nothing else (by the template's hash
+// annotations).
+func sidecarOnlyChange(live, desired *appsv1.Deployment) bool {
+	have, want := live.Spec.Template.Annotations, desired.Spec.Template.Annotations
+	return have[hcpv1alpha1.AnnotationConfigHash] == want[hcpv1alpha1.AnnotationConfigHash] &&
+		have[resource.AnnotationSidecarHash] != want[resource.AnnotationSidecarHash]
 }
 
 // setSidecarUpdatePending sets or removes SidecarUpdatePending, with an

@@ -415,7 +415,7 @@ func CacheOptions(o Options) cache.Options {
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			secretKey:                       {Label: secrets, Transform: trimSecret},
-			&appsv1.Deployment{}:            {Label: managed},
+			&appsv1.Deployment{}:            {Label: managed, Transform: trimDeployment},
 			&policyv1.PodDisruptionBudget{}: {Label: managed},
 			// Harness pods carry the Deployment's labels; the Callee
 			// controller watches their metadata only.
@@ -463,10 +463,11 @@ func CacheOptions(o Options) cache.Options {
 // (claim, removeFinalizer, the status patches) and by Delete, so a field
 // missing from both copies is left alone on the server. Its children are
 // written by server-side apply of what the builders make (the cache is only
-// compared with it), the shared objects and limit Policies by
-// CreateOrUpdate (a whole-object Update from the cached copy): for all of
-// those only managed fields go, which an Update with none leaves unchanged
-// on the server (an empty managedFields is ignored; only [{}] resets them).
+// compared with it: a Deployment also loses its pod spec, which no
+// comparison reads), the shared objects and limit Policies by
+// CreateOrUpdate (a whole-object Update from the cached copy): for those
+// only managed fields go, which an Update with none leaves unchanged on
+// the server (an empty managedFields is ignored; only [{}] resets them).
 var (
 	stripManagedFields = cache.TransformStripManagedFields()
 
@@ -487,6 +488,21 @@ var (
 	trimSecret toolscache.TransformFunc = func(in any) (any, error) {
 		if o, ok := in.(client.Object); ok && o.GetLabels()[hcpv1alpha1.LabelManagedBy] != hcpv1alpha1.ManagedByValue {
 			dropLastApplied(o)
+		}
+		return stripManagedFields(in)
+	}
+
+	// trimDeployment drops a harness Deployment's pod spec, the largest
+	// part of it (both containers, their environment, probes, volumes):
+	// the operator writes a Deployment only by server-side apply of what
+	// the builder makes, decides whether one is up to date from its
+	// replicas, metadata and the pod template's hash annotations
+	// (deploymentUpToDate), and reads its status and selector. The one
+	// reader of the whole template, a held sidecar update (keepSidecar),
+	// reads the Deployment from the API server.
+	trimDeployment toolscache.TransformFunc = func(in any) (any, error) {
+		if d, ok := in.(*appsv1.Deployment); ok {
+			d.Spec.Template.Spec = corev1.PodSpec{}
 		}
 		return stripManagedFields(in)
 	}

@@ -288,9 +288,24 @@ func TestCacheTransforms(t *testing.T) {
 		// The operator updates its own Secrets whole: nothing but managed
 		// fields may go.
 		{"Secret managed", &corev1.Secret{ObjectMeta: meta(managed)}, true, nil},
-		{"Deployment", &appsv1.Deployment{ObjectMeta: meta(managed), Spec: appsv1.DeploymentSpec{Replicas: new(int32(2))}}, true, func(o client.Object) string {
-			if d := o.(*appsv1.Deployment); d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
-				return "spec lost"
+		// A harness Deployment: what deploymentUpToDate, the status and the
+		// /scale selector read stays; the pod spec (the largest part of it,
+		// which no cached read needs) goes.
+		{"Deployment", &appsv1.Deployment{ObjectMeta: meta(managed), Spec: appsv1.DeploymentSpec{
+			Replicas: new(int32(2)),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "x"}, Annotations: map[string]string{hcpv1alpha1.AnnotationConfigHash: "h"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "harness", Image: "i"}, {Name: "hcp-sidecar", Image: "s"}}},
+			},
+		}, Status: appsv1.DeploymentStatus{ReadyReplicas: 2}}, true, func(o client.Object) string {
+			d := o.(*appsv1.Deployment)
+			if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 || d.Spec.Selector == nil || d.Status.ReadyReplicas != 2 ||
+				d.Spec.Template.Labels["app"] != "x" || d.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash] != "h" {
+				return "what the operator reads was dropped"
+			}
+			if len(d.Spec.Template.Spec.Containers) != 0 {
+				return "pod spec kept"
 			}
 			return ""
 		}},

@@ -96,9 +96,18 @@ func (c *core) ensureHarness(ctx context.Context, v view, p resource.HarnessPara
 		if !ok || !holdSidecar {
 			continue
 		}
+		key := client.ObjectKeyFromObject(desired)
 		live := &appsv1.Deployment{}
-		switch err := c.Get(ctx, client.ObjectKeyFromObject(desired), live); {
+		switch err := c.Get(ctx, key, live); {
 		case err == nil:
+			if !sidecarOnlyChange(live, desired) {
+				break
+			}
+			// The cache holds no pod spec (trimDeployment): the template
+			// the pods keep comes from the API server.
+			if err := c.apiReader.Get(ctx, key, live); err != nil {
+				return nil, false, err
+			}
 			held = keepSidecar(live, desired)
 		case !apierrors.IsNotFound(err):
 			return nil, false, err

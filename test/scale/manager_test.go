@@ -161,16 +161,30 @@ func (m *manager) logTail() string {
 }
 
 // memory is the manager's resident set now and at its peak, in bytes
-// (/proc/PID/status VmRSS, VmHWM).
-type memory struct{ rss, hwm int64 }
+// (/proc/PID/status VmRSS, VmHWM), and what its Go heap holds, from its
+// metrics: the spans in use (live objects and garbage not yet
+// collected), free spans the runtime keeps without returning them to the
+// OS, and the heap size at which the next collection starts.
+type memory struct {
+	rss, hwm                        int64
+	heapInuse, heapRetained, nextGC int64
+}
 
 func (m *manager) memory() (memory, error) {
+	s, err := m.scrape()
+	if err != nil {
+		return memory{}, err
+	}
+	out := memory{
+		heapInuse:    int64(s["go_memstats_heap_inuse_bytes"]),
+		heapRetained: int64(s["go_memstats_heap_idle_bytes"] - s["go_memstats_heap_released_bytes"]),
+		nextGC:       int64(s["go_memstats_next_gc_bytes"]),
+	}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", m.cmd.Process.Pid))
 	if err != nil {
 		return memory{}, err
 	}
 	defer f.Close()
-	var out memory
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		name, rest, ok := strings.Cut(sc.Text(), ":")

@@ -93,6 +93,9 @@ func (r *results) figures() string {
 	fmt.Fprintf(&sb, "manager RSS: %s idle with no objects, %s after the idle window with %d objects (peak VmHWM %s); %s per Callee/Caller, peak %s\n",
 		mib(r.mem0.rss), mib(r.mem1.rss), 2*r.n, mib(r.mem1.hwm),
 		kib(float64(r.mem1.rss-r.mem0.rss)/objs), kib(float64(r.mem1.hwm-r.mem0.rss)/objs))
+	fmt.Fprintf(&sb, "manager Go heap, idle with no objects → after the idle window: in use %s → %s (%s per Callee/Caller), free but kept from the OS %s → %s, next collection at %s → %s\n",
+		mib(r.mem0.heapInuse), mib(r.mem1.heapInuse), kib(float64(r.mem1.heapInuse-r.mem0.heapInuse)/objs),
+		mib(r.mem0.heapRetained), mib(r.mem1.heapRetained), mib(r.mem0.nextGC), mib(r.mem1.nextGC))
 	fmt.Fprintf(&sb, "serialized (JSON) size of the run's objects: %s as served (%s per Callee/Caller with its children and its share of the shared objects), %s without managedFields (%s per Callee/Caller)\n",
 		mib(r.sizeFull), kib(float64(r.sizeFull)/objs), mib(r.sizeTrimmed), kib(float64(r.sizeTrimmed)/objs))
 	var kinds []string
