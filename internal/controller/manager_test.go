@@ -30,7 +30,7 @@ import (
 // operator's children and the Secrets labelled for the topology operator,
 // not the namespace's other Secrets and Deployments; what it holds is
 // trimmed (no managed fields, no kubectl last-applied copies, no session
-// results), the trimming never reaches the API server, and reconciling
+// results, no harness pod spec), the trimming never reaches the API server, and reconciling
 // still works from the trimmed copies.
 func TestManagerCache(t *testing.T) {
 	ns := newNamespace(t, "cache-")
@@ -109,6 +109,18 @@ func TestManagerCache(t *testing.T) {
 	}
 	if _, ok := liveConn.Annotations[corev1.LastAppliedConfigAnnotation]; !ok || len(liveConn.ManagedFields) == 0 {
 		t.Errorf("the server's connection Secret changed: annotations %v, managed fields %d", liveConn.Annotations, len(liveConn.ManagedFields))
+	}
+
+	// The harness Deployment: cached without its pod spec, whole on the
+	// server.
+	var cachedDep, liveDep appsv1.Deployment
+	mustGet(t, cache, key(ns, base), &cachedDep)
+	mustGet(t, k8sClient, key(ns, base), &liveDep)
+	if n := len(cachedDep.Spec.Template.Spec.Containers); n != 0 || cachedDep.Spec.Template.Annotations[hcpv1alpha1.AnnotationConfigHash] == "" {
+		t.Errorf("cached Deployment: %d containers (want none), template annotations %v (want the hashes)", n, cachedDep.Spec.Template.Annotations)
+	}
+	if len(liveDep.Spec.Template.Spec.Containers) == 0 {
+		t.Errorf("the server's Deployment lost its containers: %v", liveDep.Spec.Template.Spec.Containers)
 	}
 
 	// The operator patched the Callee (id claim) from a cached copy without
