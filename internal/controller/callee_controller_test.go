@@ -484,6 +484,29 @@ func eventReasons(ctx context.Context, ns, kind, name string) map[string]string 
 	return seen
 }
 
+// TestScaledToZeroEventIsNormal: scaling a harness to zero (by hand, or
+// an autoscaler on an empty queue) is a choice, not a fault: Ready=False
+// ScaledToZero (kstatus' Stalled, Argo CD's Suspended) is recorded as a
+// Normal Event, not a Warning that alerting on Warning Events would page
+// for.
+func TestScaledToZeroEventIsNormal(t *testing.T) {
+	ns := newNamespace(t, "zero-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "idle", func(c *hcpv1alpha1.Callee) { c.Spec.Harness.Replicas = new(int32(0)) })
+	create(t, callee)
+	eventually(t, "Ready=False ScaledToZero", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonScaledToZero, "scaled to zero"))
+	eventually(t, "a Normal ScaledToZero Event", func(ctx context.Context) error {
+		switch typ := eventReasons(ctx, ns, "Callee", "idle")[hcpv1alpha1.ReasonScaledToZero]; typ {
+		case corev1.EventTypeNormal:
+			return nil
+		case "":
+			return errors.New("no ScaledToZero Event yet")
+		default:
+			return fmt.Errorf("ScaledToZero Event of type %s, want Normal", typ)
+		}
+	})
+}
+
 // TestSharedExchanges: two users of one vhost in two namespaces. The
 // shared exchanges and vhost live in the operator's namespace (the
 // suite's: the default broker's), not in either tenant's, reach the broker

@@ -303,7 +303,10 @@ func (c *core) writeStatus(ctx context.Context, before, obj client.Object, befor
 		return nil
 	}
 	typ := corev1.EventTypeNormal
-	if cur.Status != metav1.ConditionTrue && !waiting(cur) {
+	if cur.Status != metav1.ConditionTrue && !waiting(cur) && cur.Reason != hcpv1alpha1.ReasonScaledToZero {
+		// ScaledToZero is someone's choice (a user, an autoscaler on an
+		// empty queue), not a fault: Normal, so that alerting on Warning
+		// Events does not page for it.
 		typ = corev1.EventTypeWarning
 	}
 	c.recorder.Eventf(obj, nil, typ, cur.Reason, "Reconcile", "Ready=%s: %s", cur.Status, cur.Message)
