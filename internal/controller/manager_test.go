@@ -30,8 +30,8 @@ import (
 // operator's children and the Secrets labelled for the topology operator,
 // not the namespace's other Secrets and Deployments; what it holds is
 // trimmed (no managed fields, no kubectl last-applied copies, no session
-// results, no harness pod spec), the trimming never reaches the API server, and reconciling
-// still works from the trimmed copies.
+// results, no harness pod spec), the trimming never reaches the API
+// server, and reconciling still works from the trimmed copies.
 func TestManagerCache(t *testing.T) {
 	ns := newNamespace(t, "cache-")
 	dumpOnFailure(t, ns)
