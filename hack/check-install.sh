@@ -83,7 +83,7 @@ declare -A value_sets=(
   [scoped]="--set watchNamespaces={team-a,team-b} --set defaultBroker.secret.create=true --set defaultBroker.secret.uri=http://rabbitmq.rabbitmq-system.svc:15672 --set defaultBroker.secret.username=hcp --set defaultBroker.secret.password=secret --set defaultBroker.secret.amqpURL=amqp://rabbitmq.rabbitmq-system.svc:5672"
   [existing-secret]="--set defaultBroker.existingSecret=rabbitmq-system/rabbitmq-default-user --set watchNamespaces={team-a} --set replicaCount=2"
   [monitoring]="--set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prometheus --set metrics.serviceMonitor.interval=30s --set sidecarPodMonitor.enabled=true --set prometheusRule.enabled=true --set prometheusRule.labels.release=prometheus --set grafanaDashboard.enabled=true --set grafanaDashboard.annotations.grafana_folder=HCP --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-  [minimal]="--set metrics.enabled=false --set leaderElection.enabled=false --set serviceAccount.create=false --set serviceAccount.name=hcp --set logEncoder=console --set priorityClassName=system-cluster-critical --set podAnnotations.a=b --set nodeSelector.kubernetes\.io/os=linux --set tolerations[0].operator=Exists"
+  [minimal]="--set metrics.enabled=false --set leaderElection.enabled=false --set serviceAccount.create=false --set serviceAccount.name=hcp --set logEncoder=console --set priorityClassName=system-cluster-critical --set podAnnotations.a=b --set nodeSelector.kubernetes\.io/os=linux --set tolerations[0].operator=Exists --set extraEnv[0].name=GOGC --set-string extraEnv[0].value=50"
 )
 set_names=(default scoped existing-secret monitoring minimal)
 for name in "${set_names[@]}"; do
@@ -118,6 +118,7 @@ refuse "replicas without leader election" --set replicaCount=2 --set leaderElect
 refuse "no ServiceAccount name" --set serviceAccount.create=false
 refuse "watchNamespaces as a string (values.schema.json)" --set watchNamespaces=team-a
 refuse "a misspelt value (values.schema.json)" --set watchNamespace=team-a
+refuse "an extraEnv entry without a name (values.schema.json)" --set-string extraEnv[0].value=50
 
 # Expectations on the renderings. objects FILE: "kind name namespace" lines.
 objects() {
@@ -159,6 +160,8 @@ expect_no_object default "no PrometheusRule by default" PrometheusRule hcp-opera
 expect_line monitoring "digest pins both images" '--sidecar-image=ghcr.io/hcp-io/hcp-operator@sha256:'
 expect_no_object minimal "no metrics Service without metrics" Service hcp-operator-metrics
 expect_line minimal "metrics off" '--metrics-bind-address=0$'
+expect_line minimal "extra environment of the manager" '^            - name: GOGC$'
+expect_no_line default "no env without extraEnv" '^          env:$'
 
 # ---------------------------------------------------------------- 2. RBAC
 step "RBAC rules: no wildcards"
