@@ -54,7 +54,7 @@ func emptyLike(desired client.Object) client.Object {
 // through applyChild (server-side apply).
 func (c *core) apply(ctx context.Context, owner client.Object, desired client.Object) (client.Object, error) {
 	obj := emptyLike(desired)
-	res, err := controllerutil.CreateOrUpdate(ctx, c.Client, obj, func() error {
+	res, err := c.createOrUpdate(ctx, obj, func() error {
 		mergeMetadata(obj, desired)
 		if owner != nil {
 			if err := controllerutil.SetControllerReference(owner, obj, c.scheme); err != nil {
@@ -72,6 +72,21 @@ func (c *core) apply(ctx context.Context, owner client.Object, desired client.Ob
 		c.noteChange(ctx, owner, obj, kind, verbOf(res))
 	}
 	return obj, nil
+}
+
+// createOrUpdate is controllerutil.CreateOrUpdate reading from the cache,
+// tried once more reading from the API server when its create finds the
+// object already there: another worker created it after the cached read
+// (the Callee and Caller controllers both ensure a vhost's shared objects,
+// and a user's first Callee and Caller often arrive together). obj, which
+// f may have filled for a create, starts again from its name.
+func (c *core) createOrUpdate(ctx context.Context, obj client.Object, f controllerutil.MutateFn) (controllerutil.OperationResult, error) {
+	res, err := controllerutil.CreateOrUpdate(ctx, c.Client, obj, f)
+	if !apierrors.IsAlreadyExists(err) {
+		return res, err
+	}
+	reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(emptyLike(obj)).Elem())
+	return controllerutil.CreateOrUpdate(ctx, readThrough{Client: c.Client, r: c.apiReader}, obj, f)
 }
 
 // mergeMetadata sets the labels and annotations desired carries; others

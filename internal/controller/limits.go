@@ -68,7 +68,7 @@ func (c *core) ensureLimitsPolicy(ctx context.Context, v view, desired *topology
 		return nil, c.deleteOwned(ctx, v.obj, pol)
 	}
 	live := &topologyv1beta1.Policy{ObjectMeta: metav1.ObjectMeta{Namespace: desired.Namespace, Name: desired.Name}}
-	res, err := controllerutil.CreateOrUpdate(ctx, c.Client, live, func() error {
+	res, err := c.createOrUpdate(ctx, live, func() error {
 		mergeMetadata(live, desired)
 		if err := controllerutil.SetControllerReference(v.obj, live, c.scheme); err != nil {
 			return err

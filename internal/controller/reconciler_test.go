@@ -12,9 +12,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
@@ -338,5 +341,42 @@ func TestChangeNote(t *testing.T) {
 	note := changeNote("Updated", long)
 	if len(note) > maxEventNote || !strings.HasPrefix(note, "Updated Deployment ") || !strings.HasSuffix(note, " more") {
 		t.Errorf("note of %d bytes: %q", len(note), note)
+	}
+}
+
+// staleCache is a client whose reads miss what its writes made: a cache
+// that has not yet seen an object another worker just created.
+type staleCache struct{ client.Client }
+
+func (s staleCache) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	gvk, _ := apiutil.GVKForObject(obj, s.Scheme())
+	return apierrors.NewNotFound(schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind) + "s"}, key.Name)
+}
+
+// TestApplyAfterAnotherWorkerCreated: the Callee and Caller controllers both
+// ensure a vhost's shared objects, so one may create an Exchange the
+// other's cache does not hold yet. Its create then finds the object there;
+// the apply reads it from the API server and goes on, where the reconcile
+// used to fail with AlreadyExists (Ready=False ReconcileFailed and a
+// Warning Event on a user's first Callee and Caller).
+func TestApplyAfterAnotherWorkerCreated(t *testing.T) {
+	ns := newNamespace(t, "race-")
+	dumpOnFailure(t, ns)
+	desired := &topologyv1beta1.Exchange{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "x", Labels: map[string]string{"a": "1"}},
+		Spec:       topologyv1beta1.ExchangeSpec{Name: "x", Type: "topic", Durable: true, RabbitmqClusterReference: topologyv1beta1.RabbitmqClusterReference{Name: "rmq"}},
+	}
+	create(t, desired.DeepCopy()) // by "the other worker"
+	c := newCore(staleCache{k8sClient}, k8sClient, suiteManager.GetScheme(), nil, suiteOptions(), topology.RoleCallee)
+	want := desired.DeepCopy()
+	want.Labels["b"] = "2"
+	live, err := c.apply(t.Context(), nil, want)
+	if err != nil {
+		t.Fatalf("apply over an object the cache has not seen: %v", err)
+	}
+	got := &topologyv1beta1.Exchange{}
+	mustGet(t, k8sClient, client.ObjectKeyFromObject(desired), got)
+	if got.Labels["a"] != "1" || got.Labels["b"] != "2" || live.GetUID() != got.UID {
+		t.Errorf("after the apply: labels %v, uid %s (the live one %s)", got.Labels, live.GetUID(), got.UID)
 	}
 }

@@ -254,7 +254,7 @@ func (c *core) ensureSharedSecret(ctx context.Context, user *core, v view, b res
 	}
 	desired := resource.SharedConnectionSecret(home, b.Key(), src)
 	live := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: desired.Namespace, Name: desired.Name}}
-	res, err := controllerutil.CreateOrUpdate(ctx, c.Client, live, func() error {
+	res, err := c.createOrUpdate(ctx, live, func() error {
 		if from := live.Annotations[resource.AnnotationCopiedFrom]; !live.CreationTimestamp.IsZero() && from != "" && from != srcKey.String() {
 			ns, name, _ := strings.Cut(from, "/")
 			err := c.apiReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{})
