@@ -830,14 +830,7 @@ func TestExchangeLossRecovery(t *testing.T) {
 	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
 	declarePrerequisites(t, ns, base)
 	eventually(t, "topology exists", exists(binding, callee))
-	key := callee.Labels[hcpv1alpha1.LabelVhostKey]
-	if key == "" {
-		if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(callee), callee); err != nil {
-			t.Fatal(err)
-		}
-		key = callee.Labels[hcpv1alpha1.LabelVhostKey]
-	}
-	cmd, _ := resource.ExchangeNames(key)
+	cmd, _ := resource.ExchangeNames(claimedKey(t, callee))
 	x := &topologyv1beta1.Exchange{ObjectMeta: metav1.ObjectMeta{Namespace: suiteBrokerNamespace, Name: cmd}}
 	eventually(t, "exchange exists", exists(x, nil))
 	oldUID := x.UID

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"testing"
@@ -206,17 +205,7 @@ func TestOwnDefaultPolicyGoesAfterShared(t *testing.T) {
 	caller := newCaller(ns, "old", func(c *hcpv1alpha1.Caller) { c.Spec.Broker.Vhost = "/" + ns })
 	create(t, caller)
 	base, _, _ := childNames("caller", "old")
-	var key string
-	eventually(t, "the Caller's claim", func(ctx context.Context) error {
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(caller), caller); err != nil {
-			return err
-		}
-		if key = caller.Labels[hcpv1alpha1.LabelVhostKey]; key == "" {
-			return errors.New("not claimed yet")
-		}
-		return nil
-	})
-	shared := sharedPolicy(key)
+	shared := sharedPolicy(claimedKey(t, caller))
 	eventually(t, "the vhost's default policy object", func(ctx context.Context) error {
 		return k8sClient.Get(ctx, client.ObjectKeyFromObject(shared), shared)
 	})

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -26,6 +27,23 @@ const waitTimeout = 30 * time.Second
 func eventually(t *testing.T, what string, check func(context.Context) error) {
 	t.Helper()
 	testbed.Eventually(t, waitTimeout, what, check)
+}
+
+// claimedKey waits until obj (a Callee or Caller) is claimed and returns
+// its vhost key; obj is refreshed from the API server.
+func claimedKey(t *testing.T, obj client.Object) string {
+	t.Helper()
+	var key string
+	eventually(t, "the claim of "+obj.GetName(), func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		if key = obj.GetLabels()[hcpv1alpha1.LabelVhostKey]; key == "" {
+			return errors.New("not claimed yet")
+		}
+		return nil
+	})
+	return key
 }
 
 // dumpOnFailure prints the namespace's objects when the test fails.
