@@ -122,10 +122,12 @@ SCALE_IDLE ?= 60s
 SCALE_REPORT ?= $(LOCALBIN)/bench-scale.md
 SCALE_HEAP_PROFILE ?= $(LOCALBIN)/bench-scale-heap.pprof
 SCALE_CPU_PROFILE ?= $(LOCALBIN)/bench-scale-cpu.pprof
+SCALE_APISERVER_PROFILE ?= $(LOCALBIN)/bench-scale-apiserver
+SCALE_MANAGER_LOG ?= $(LOCALBIN)/bench-scale-manager.log
 .PHONY: bench-scale
-bench-scale: testbed ## SCALE_N (default 1000) Callees and Callers, replicas 0, on the local stack (root): time to Ready vs the same children created directly, manager RSS per object, API writes in SCALE_IDLE idle, cleanup and broker orphans; the table also goes to SCALE_REPORT, the manager's heap profile to SCALE_HEAP_PROFILE, its CPU profile of the first minute of convergence to SCALE_CPU_PROFILE.
-	@mkdir -p $(dir $(SCALE_REPORT))
-	HCP_SCALE_N=$(SCALE_N) HCP_SCALE_IDLE=$(SCALE_IDLE) HCP_SCALE_REPORT=$(SCALE_REPORT) HCP_SCALE_HEAP_PROFILE=$(SCALE_HEAP_PROFILE) HCP_SCALE_CPU_PROFILE=$(SCALE_CPU_PROFILE) go test -tags e2e -count=1 -run '^TestScale$$' -v -timeout 300m ./test/scale
+bench-scale: testbed ## SCALE_N (default 1000) Callees and Callers, replicas 0, on the local stack (root): time to Ready vs the same children created directly, manager RSS per object, API writes in SCALE_IDLE idle, cleanup and broker orphans; the table also goes to SCALE_REPORT, the manager's heap profile to SCALE_HEAP_PROFILE, its CPU profile of the first minute of convergence to SCALE_CPU_PROFILE, the API server's of each phase to SCALE_APISERVER_PROFILE-{baseline,operator}.pprof, the manager's log to SCALE_MANAGER_LOG.
+	@mkdir -p $(sort $(dir $(SCALE_REPORT) $(SCALE_HEAP_PROFILE) $(SCALE_CPU_PROFILE) $(SCALE_APISERVER_PROFILE) $(SCALE_MANAGER_LOG)))
+	HCP_SCALE_N=$(SCALE_N) HCP_SCALE_IDLE=$(SCALE_IDLE) HCP_SCALE_REPORT=$(SCALE_REPORT) HCP_SCALE_HEAP_PROFILE=$(SCALE_HEAP_PROFILE) HCP_SCALE_CPU_PROFILE=$(SCALE_CPU_PROFILE) HCP_SCALE_APISERVER_PROFILE=$(SCALE_APISERVER_PROFILE) HCP_SCALE_MANAGER_LOG=$(SCALE_MANAGER_LOG) go test -tags e2e -count=1 -run '^TestScale$$' -v -timeout 300m ./test/scale
 
 .PHONY: test-scale
 test-scale: ## The smoke of bench-scale (part of make test): 50 Callees and 50 Callers, 10 s idle; asserts convergence, the baseline's objects, 0 idle writes, 0 broker orphans (timings only printed).

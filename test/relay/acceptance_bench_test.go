@@ -4,16 +4,21 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 	amqp "github.com/rabbitmq/amqp091-go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -37,7 +42,9 @@ const (
 // amqp091-go two-hop round trip (benchutil.RoundTrip: request and reply
 // persistent and confirmed, quorum queues) and a bare create of a small
 // object on the same API server: the acceptance should cost about one of
-// each. b.N/25 tasks (100–400), back to back: the next task is submitted
+// each. Also reported: a bare create of an HCPSession like the one the
+// gate creates (bareSession), what the API server alone takes for that
+// object. b.N/25 tasks (100–400), back to back: the next task is submitted
 // as soon as the session before it ended, as a pipeline does, so the
 // previous session's end (status and label writes, Events, the caller's
 // writes) runs beside it. Also reported, not held to the target: half as
@@ -103,7 +110,16 @@ func benchAcceptance(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	var relay, spaced, raw, bare benchutil.Latencies
+	callee := &v1alpha1.Callee{}
+	must(b, r.bed.env.Client.Get(ctx, client.ObjectKey{Namespace: r.bed.ns, Name: calleeID}, callee))
+	createSession := func() (time.Duration, error) {
+		hs := bareSession(r.bed.ns, callee)
+		start := time.Now()
+		err := r.bed.env.Client.Create(ctx, hs)
+		return time.Since(start), err
+	}
+
+	var relay, spaced, raw, bare, bareHS benchutil.Latencies
 	per := n / rounds
 	for round := range rounds {
 		for range per {
@@ -131,6 +147,10 @@ func benchAcceptance(b *testing.B) {
 				b.Fatal(err)
 			}
 			bare = append(bare, d)
+			if d, err = createSession(); err != nil {
+				b.Fatal(err)
+			}
+			bareHS = append(bareHS, d)
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -143,7 +163,7 @@ func benchAcceptance(b *testing.B) {
 	}
 	b.Logf("task acceptance (submit → task_accepted at the app), %d tasks one at a time: %s", len(relay), relay)
 	b.Logf("the same with %s of quiet after each session's end: %s", spacingQuiet, spaced)
-	b.Logf("raw two-hop round trip: %s; bare API create: %s", raw, bare)
+	b.Logf("raw two-hop round trip: %s; bare API create: %s; bare create of an HCPSession like the gate's: %s", raw, bare, bareHS)
 	b.Logf("acceptance p50 %.1f ms %s (target ≤ %.0f ms); p99 %.1f ms %s (target ≤ raw p99 + create p99 + 5 ms = %.1f ms)",
 		ms(relay.Percentile(0.5)), mark(relay.Percentile(0.5) <= acceptanceP50Target), ms(acceptanceP50Target),
 		ms(relay.Percentile(0.99)), mark(relay.Percentile(0.99) <= budget), ms(budget))
@@ -152,6 +172,34 @@ func benchAcceptance(b *testing.B) {
 	b.ReportMetric(ms(spaced.Percentile(0.99)), "spaced-p99-ms")
 	b.ReportMetric(ms(raw.Percentile(0.99)), "raw-rt-p99-ms")
 	b.ReportMetric(ms(bare.Percentile(0.99)), "create-p99-ms")
+	b.ReportMetric(ms(bareHS.Percentile(0.5)), "session-create-p50-ms")
+	b.ReportMetric(ms(bareHS.Percentile(0.99)), "session-create-p99-ms")
+}
+
+// bareSession is an HCPSession as the callee sidecar's gate creates one for
+// an admitted task no concurrency limit applies to (callee.newHCPSession):
+// the same labels, annotations, owner and spec.
+func bareSession(ns string, owner *v1alpha1.Callee) *v1alpha1.HCPSession {
+	sid := uuid.NewString()
+	return &v1alpha1.HCPSession{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: sid, Namespace: ns,
+			Labels: map[string]string{
+				v1alpha1.LabelCalleeID: calleeID, v1alpha1.LabelCallerID: callerID, v1alpha1.LabelCallee: owner.Name,
+				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelSessionState: string(v1alpha1.SessionRunning),
+			},
+			Annotations: map[string]string{
+				callee.AnnotationDecidingPod: "bench", callee.AnnotationSequenceCeiling: strconv.Itoa(callee.DefaultSequenceBlock),
+				v1alpha1.AnnotationAdmitted: "true",
+			},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Callee", Name: owner.Name, UID: owner.UID, Controller: new(true)}},
+		},
+		Spec: v1alpha1.HCPSessionSpec{
+			SessionID: sid, CalleeID: calleeID, CallerID: callerID, Capability: "analyze", TaskMessageID: uuid.NewString(),
+			RiskLevel: v1alpha1.RiskLevel(task.R1), DataClassification: v1alpha1.DataClass(task.T1), Intent: "acceptance benchmark",
+			MaxDuration: "PT1H",
+		},
+	}
 }
 
 func declareQuorumQueues(url string, names ...string) error {

@@ -146,3 +146,29 @@ func (w apiWrites) since(before apiWrites) string {
 	}
 	return fmt.Sprintf("%.0f in all: %s", total, strings.Join(parts, ", "))
 }
+
+// startAPIProfile starts the API server's CPU profile of the next
+// apiProfileFor into <prefix>-<phase>.pprof (nothing when prefix is
+// empty); the function it returns waits for it and says where it went.
+func (b *bed) startAPIProfile(ctx context.Context, prefix, phase string) func() {
+	if prefix == "" {
+		return func() {}
+	}
+	path := prefix + "-" + phase + ".pprof"
+	done := make(chan error, 1)
+	go func() {
+		raw, err := b.api.Get().AbsPath("/debug/pprof/profile").Param("seconds", strconv.Itoa(int(apiProfileFor.Seconds()))).
+			Timeout(apiProfileFor + 15*time.Second).DoRaw(ctx)
+		if err == nil {
+			err = os.WriteFile(path, raw, 0o644)
+		}
+		done <- err
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			b.t.Errorf("API server CPU profile (%s): %v", phase, err)
+			return
+		}
+		b.t.Logf("API server CPU profile of the first %s of the %s phase: %s (go tool pprof -top %s)", apiProfileFor, phase, path, path)
+	}
+}

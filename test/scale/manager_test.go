@@ -57,7 +57,7 @@ func freeAddr() (string, error) {
 // home/secret, metrics over plain HTTP on a loopback port, and no leader
 // election (one process; a Lease renewal would be a write every retry
 // period, 2 s by default, that says nothing about the reconcilers).
-func startManager(bin, logDir, home, secret string, watch []string, extra []string) (*manager, error) {
+func startManager(bin, logPath, home, secret string, watch []string, extra []string) (*manager, error) {
 	metrics, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -70,7 +70,7 @@ func startManager(bin, logDir, home, secret string, watch []string, extra []stri
 	if err != nil {
 		return nil, err
 	}
-	m := &manager{metricsAddr: metrics, healthAddr: health, pprofAddr: pprof, logPath: filepath.Join(logDir, "manager.log"), exited: make(chan struct{})}
+	m := &manager{metricsAddr: metrics, healthAddr: health, pprofAddr: pprof, logPath: logPath, exited: make(chan struct{})}
 	logf, err := os.Create(m.logPath)
 	if err != nil {
 		return nil, err

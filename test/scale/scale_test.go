@@ -57,14 +57,26 @@ type settings struct {
 	// cpuProfile receives the manager's CPU profile of the first
 	// cpuProfileFor of its convergence (HCP_SCALE_CPU_PROFILE).
 	cpuProfile string
+	// apiProfile, a path prefix, receives the API server's CPU profiles
+	// of the first apiProfileFor of each phase, <prefix>-baseline.pprof
+	// and <prefix>-operator.pprof (HCP_SCALE_APISERVER_PROFILE): where
+	// the operator's extra API server time goes.
+	apiProfile string
+	// managerLog keeps the manager's log after the run
+	// (HCP_SCALE_MANAGER_LOG; default: the test's temporary directory).
+	managerLog string
 }
 
 // cpuProfileFor is the span of the manager's CPU profile: the operator's
 // phase from the Callees' and Callers' creation on.
 const cpuProfileFor = 60 * time.Second
 
+// apiProfileFor is the span of the API server's CPU profiles: below its
+// one-minute timeout for requests that are not watches.
+const apiProfileFor = 45 * time.Second
+
 func loadSettings(t *testing.T) settings {
-	s := settings{n: 50, idle: 10 * time.Second, managerArgs: strings.Fields(os.Getenv("HCP_SCALE_MANAGER_ARGS")), report: os.Getenv("HCP_SCALE_REPORT"), heapProfile: os.Getenv("HCP_SCALE_HEAP_PROFILE"), cpuProfile: os.Getenv("HCP_SCALE_CPU_PROFILE")}
+	s := settings{n: 50, idle: 10 * time.Second, managerArgs: strings.Fields(os.Getenv("HCP_SCALE_MANAGER_ARGS")), report: os.Getenv("HCP_SCALE_REPORT"), heapProfile: os.Getenv("HCP_SCALE_HEAP_PROFILE"), cpuProfile: os.Getenv("HCP_SCALE_CPU_PROFILE"), apiProfile: os.Getenv("HCP_SCALE_APISERVER_PROFILE"), managerLog: os.Getenv("HCP_SCALE_MANAGER_LOG")}
 	if v := os.Getenv("HCP_SCALE_N"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -81,7 +93,7 @@ func loadSettings(t *testing.T) settings {
 	}
 	// Paths are relative to the repository's root, where make runs (go
 	// test runs in this package's directory).
-	for _, p := range []*string{&s.report, &s.heapProfile, &s.cpuProfile} {
+	for _, p := range []*string{&s.report, &s.heapProfile, &s.cpuProfile, &s.apiProfile, &s.managerLog} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(repoRoot, *p)
 		}
@@ -137,7 +149,11 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := startManager(bin, dir, b.home, b.connSecret, []string{b.op}, s.managerArgs)
+	logPath := s.managerLog
+	if logPath == "" {
+		logPath = filepath.Join(dir, "manager.log")
+	}
+	mgr, err := startManager(bin, logPath, b.home, b.connSecret, []string{b.op}, s.managerArgs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,8 +174,10 @@ func TestScale(t *testing.T) {
 
 	// Baseline: the same children, created directly.
 	cpu0, api0 := sampleCPU(), b.apiWrites(ctx)
+	apiProfiled := b.startAPIProfile(ctx, s.apiProfile, "baseline")
 	r.baseCounts, r.baseReady, r.baseRequests = b.baseline(ctx)
 	r.baseCPU, r.baseAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
+	apiProfiled()
 	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
 	r.baseCleanup, r.baseLeft = b.cleanupBaseline(ctx)
 	r.baseCleanupCPU, r.baseCleanupAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
@@ -171,12 +189,14 @@ func TestScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
+	apiProfiled = b.startAPIProfile(ctx, s.apiProfile, "operator")
 	profiled := make(chan error, 1)
 	if s.cpuProfile != "" {
 		go func() { profiled <- mgr.cpuProfile(ctx, cpuProfileFor, s.cpuProfile) }()
 	}
 	r.opReady, r.opTopologyReady = b.operatorPhase(ctx)
 	r.opCPU, r.opAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
+	apiProfiled()
 	if s.cpuProfile != "" {
 		if err := <-profiled; err != nil {
 			t.Errorf("manager CPU profile: %v", err)
