@@ -100,6 +100,13 @@ func (s *Sidecar) activeSessions(ctx context.Context, r client.Reader, callerID 
 	return a, waiting, nil
 }
 
+// admittedStatusLinger is how long the RUNNING status of a session admitted
+// at its creation waits for a state change to share its write with: a
+// session that ends within it costs one status write, not two. Well within
+// the second in which a state change must show in kubectl get hcpsessions;
+// meanwhile the label hcp.io/state already says RUNNING.
+const admittedStatusLinger = 200 * time.Millisecond
+
 // recountPoll is how often recount looks again at undecided claims.
 const recountPoll = 50 * time.Millisecond
 
@@ -274,12 +281,13 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		st.TokenExpiresAt = &metav1.Time{Time: claims.ExpiresAt}
 	}
 	if admittedAtCreation(hs) {
-		// The create was the decision: the status follows through the
-		// status writer (a state change, written at once) while the reply
-		// goes out.
+		// The create was the decision, and its label and annotation say
+		// RUNNING already: the status follows through the status writer
+		// after admittedStatusLinger, in the same write as the session's
+		// end if that comes first, while the reply goes out.
 		s.st.Seed(sid, hs.Status, time.Time{})
 		s.st.SeedLabel(sid, v1alpha1.SessionRunning)
-		s.st.Update(sid, admit)
+		s.st.UpdateAfter(sid, admittedStatusLinger, admit)
 		admit(&hs.Status)
 	} else {
 		if err := s.casStatus(ctx, hs, admit); err != nil {

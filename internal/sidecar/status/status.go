@@ -3,8 +3,11 @@
 // sequence numbers; the caller sidecar records callerAckedSequence.
 //
 // Writes are coalesced per session: whatever the event rate, a session's
-// status is written at most once per interval (latest state wins), a state
-// change is written at once, and nothing is written when nothing changed.
+// status is written at most once per interval (latest state wins; a
+// session's first write too waits an interval from its first change), a
+// state change is written at once (UpdateAfter holds one back briefly, to
+// share a write with the next), and nothing is written when nothing
+// changed.
 // All writes of a Writer share a budget (SetBudget): state changes go
 // first, progress is coalesced further when the budget is short. Each write is a JSON merge patch of the status subresource holding
 // only the fields that differ from what this writer last wrote, under the
@@ -139,6 +142,8 @@ type entry struct {
 	version, written uint64
 	// lastWrite is when base was last written (zero: never).
 	lastWrite time.Time
+	// pendingSince is when the oldest change not yet written came.
+	pendingSince time.Time
 	// force asks the next write to ignore the interval (Flush).
 	force bool
 	// gone is set when the object was not found: updates are dropped.
@@ -148,6 +153,10 @@ type entry struct {
 	// attempt after a failed label write.
 	label        v1alpha1.SessionState
 	labelRetryAt time.Time
+	// lingerState and lingerUntil hold back the write of a state set
+	// with UpdateAfter until then, while it is still the desired state.
+	lingerState v1alpha1.SessionState
+	lingerUntil time.Time
 	// failures counts status writes that failed in a row; the next one
 	// waits until retryAt (retryBackoff), terminal or not.
 	failures int
@@ -351,6 +360,9 @@ func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 	if w.derive {
 		SetConditions(&e.desired, w.clk.Now())
 	}
+	if e.written == e.version {
+		e.pendingSince = w.clk.Now()
+	}
 	e.version++
 	if equality.Semantic.DeepEqual(e.base, e.desired) {
 		// Back to what is stored: nothing to write.
@@ -361,6 +373,22 @@ func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 		}
 	}
 	w.schedule(name, e)
+}
+
+// UpdateAfter is Update for a state that need not show at once: its write
+// waits until linger has passed, unless a later Update changes the state
+// first (then one write carries both, at once) or a Flush asks for it.
+// The callee sidecar sets RUNNING this way when the HCPSession's creation
+// already recorded the admission (annotation and label): a short session's
+// RUNNING and terminal status go in one write instead of two.
+func (w *Writer) UpdateAfter(name string, linger time.Duration, mutate func(*v1alpha1.HCPSessionStatus)) {
+	w.mu.Lock()
+	if e := w.entryLocked(name); !e.gone {
+		mutate(&e.desired)
+		e.lingerState, e.lingerUntil = e.desired.State, w.clk.Now().Add(linger)
+	}
+	w.mu.Unlock()
+	w.Update(name, func(*v1alpha1.HCPSessionStatus) {})
 }
 
 // Flush writes the pending status of name now, ignoring the interval, and
@@ -487,8 +515,19 @@ func (w *Writer) delay(e *entry) time.Duration {
 	if e.failures > 0 {
 		return e.retryAt.Sub(w.clk.Now())
 	}
-	if e.force || e.lastWrite.IsZero() || stateChange(e) {
+	if !e.force && e.lingerState != "" && e.desired.State == e.lingerState {
+		if d := e.lingerUntil.Sub(w.clk.Now()); d > 0 {
+			return d
+		}
+	}
+	if e.force || stateChange(e) {
 		return 0
+	}
+	if e.lastWrite.IsZero() {
+		// Never written: progress and sequences wait an interval from
+		// their first change all the same, so a short session's go with
+		// its end (the caller's callerAckedSequence: one write, not two).
+		return e.pendingSince.Add(w.interval).Sub(w.clk.Now())
 	}
 	return e.lastWrite.Add(w.interval).Sub(w.clk.Now())
 }

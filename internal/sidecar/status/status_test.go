@@ -203,9 +203,47 @@ func TestFlushIgnoresInterval(t *testing.T) {
 	settle(t, cc, 2)
 }
 
+// TestFirstProgressWaitsTheInterval: a session's first write that only
+// moves sequences (the caller sidecar's callerAckedSequence) is coalesced
+// like any later one, so a short session costs one write where it cost two
+// (its first ack at once, its last at its end).
+func TestFirstProgressWaitsTheInterval(t *testing.T) {
+	w, cc, clk, _ := newFixture(t, time.Second, session("s1"))
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.CallerAckedSequence = 3 })
+	clk.Step(500 * time.Millisecond)
+	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.CallerAckedSequence = 4 })
+	settle(t, cc, 0)
+	clk.Step(500 * time.Millisecond) // an interval after the first change
+	settle(t, cc, 1)
+	if st := get(t, cc, "s1"); st.CallerAckedSequence != 4 {
+		t.Fatalf("callerAckedSequence = %d, want 4 in the one write", st.CallerAckedSequence)
+	}
+}
+
+// TestUpdateAfterLingers: a state set with UpdateAfter waits out its linger
+// unless the state changes again first; then one write carries both, at
+// once.
+func TestUpdateAfterLingers(t *testing.T) {
+	w, cc, clk, _ := newFixture(t, time.Second, session("s1"), session("s2"))
+	running := func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionRunning; s.PodName = "pod-a" }
+	w.UpdateAfter("s1", 200*time.Millisecond, running)
+	w.UpdateAfter("s2", 200*time.Millisecond, running)
+	settle(t, cc, 0)
+	w.Update("s2", func(s *v1alpha1.HCPSessionStatus) { s.State = v1alpha1.SessionCompleted })
+	settle(t, cc, 1)
+	if st := get(t, cc, "s2"); st.State != v1alpha1.SessionCompleted || st.PodName != "pod-a" {
+		t.Fatalf("s2 = %+v, want COMPLETED with RUNNING's fields, in one write", st)
+	}
+	clk.Step(200 * time.Millisecond)
+	settle(t, cc, 2)
+	if st := get(t, cc, "s1"); st.State != v1alpha1.SessionRunning {
+		t.Fatalf("s1 state = %q after the linger, want RUNNING", st.State)
+	}
+}
+
 func TestPatchCarriesOnlyChangedFields(t *testing.T) {
 	obj := session("s1")
-	w, cc, _, _ := newFixture(t, time.Second, obj)
+	w, cc, clk, _ := newFixture(t, time.Second, obj)
 	// The callee sidecar's view.
 	callee := New(Options{Client: cc, Namespace: ns, Clock: clocktesting.NewFakeClock(time.Now())})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -220,6 +258,7 @@ func TestPatchCarriesOnlyChangedFields(t *testing.T) {
 
 	// The caller sidecar (w) knows nothing but its own field.
 	w.Update("s1", func(s *v1alpha1.HCPSessionStatus) { s.CallerAckedSequence = 12 })
+	clk.Step(time.Second) // a first write that is not a state change waits an interval
 	settle(t, cc, 2)
 	var p map[string]map[string]any
 	if err := json.Unmarshal([]byte(cc.last()), &p); err != nil {
