@@ -382,13 +382,11 @@ func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 // already recorded the admission (annotation and label): a short session's
 // RUNNING and terminal status go in one write instead of two.
 func (w *Writer) UpdateAfter(name string, linger time.Duration, mutate func(*v1alpha1.HCPSessionStatus)) {
-	w.mu.Lock()
-	if e := w.entryLocked(name); !e.gone {
-		mutate(&e.desired)
-		e.lingerState, e.lingerUntil = e.desired.State, w.clk.Now().Add(linger)
-	}
-	w.mu.Unlock()
-	w.Update(name, func(*v1alpha1.HCPSessionStatus) {})
+	w.Update(name, func(st *v1alpha1.HCPSessionStatus) {
+		mutate(st)
+		e := w.entries[name] // Update holds w.mu, and name's entry
+		e.lingerState, e.lingerUntil = st.State, w.clk.Now().Add(linger)
+	})
 }
 
 // Flush writes the pending status of name now, ignoring the interval, and
