@@ -81,7 +81,10 @@ func TestChildrenServerSideApply(t *testing.T) {
 }
 
 // TestOneChangeEventPerReconcile: the reconcile that creates a Callee's
-// children records one Created Event naming them all, not one per child.
+// children records one Created Event naming them all, not one per child;
+// the Binding, created by a later reconcile once its Queue is Ready, gets
+// an Event of its own. (The check used to find "Binding x" inside
+// "RoleBinding x", so it passed while the first Event could not name it.)
 func TestOneChangeEventPerReconcile(t *testing.T) {
 	ns := newNamespace(t, "events-")
 	dumpOnFailure(t, ns)
@@ -115,11 +118,45 @@ func TestOneChangeEventPerReconcile(t *testing.T) {
 		}
 		t.Fatalf("%d Created Events, want 1: %q", len(created), notes)
 	}
-	for _, want := range []string{"Queue " + base, "Binding " + base, "User " + base, "Role " + base, "Secret " + base + "-credentials"} {
-		if !strings.Contains(created[0].Note, want) {
+	for _, want := range []string{"Queue " + base, "User " + base, "Role " + base, "Secret " + base + "-credentials"} {
+		if !names(created[0].Note, want) {
 			t.Errorf("Created Event %q does not name %s", created[0].Note, want)
 		}
 	}
+
+	// The Binding waits for its Queue (TestChildAfterPrerequisite): a later
+	// reconcile creates it, and an Event of its own says so.
+	if names(created[0].Note, "Binding "+base) {
+		t.Fatalf("Created Event %q names the Binding before its Queue is Ready", created[0].Note)
+	}
+	setTopologyStatus(t, &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
+	eventually(t, "a Created Event of its own names the Binding", func(ctx context.Context) error {
+		var list eventsv1.EventList
+		if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		var notes []string
+		for _, e := range list.Items {
+			if e.Regarding.Kind == "Callee" && e.Regarding.Name == "ev" && e.Reason == "Created" {
+				if names(e.Note, "Binding "+base) {
+					return nil
+				}
+				notes = append(notes, e.Note)
+			}
+		}
+		return fmt.Errorf("no Created Event names Binding %s: %q", base, notes)
+	})
+}
+
+// names: an Event note lists child ("Kind name") as one of its entries,
+// not inside another ("RoleBinding x" does not name "Binding x").
+func names(note, child string) bool {
+	for entry := range strings.SplitSeq(note, ", ") {
+		if strings.HasSuffix(entry, " "+child) || entry == child {
+			return true
+		}
+	}
+	return false
 }
 
 // TestChildAfterPrerequisite: a child the topology operator would fail
