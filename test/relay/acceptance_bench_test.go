@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -12,8 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -125,10 +122,12 @@ func benchAcceptance(b *testing.B) {
 	}
 
 	var relay, spaced, raw, bare, bareHS benchutil.Latencies
+	api, err := kubernetes.NewForConfig(r.bed.env.Config)
+	must(b, err)
 	var writes float64
 	per := n / rounds
 	for round := range rounds {
-		before := sessionWrites(ctx, b, r.bed.env.Config)
+		before := sessionWrites(ctx, b, api.RESTClient())
 		for range per {
 			d, err := submit(0)
 			if err != nil {
@@ -136,7 +135,7 @@ func benchAcceptance(b *testing.B) {
 			}
 			relay = append(relay, d)
 		}
-		writes += sessionWrites(ctx, b, r.bed.env.Config) - before
+		writes += sessionWrites(ctx, b, api.RESTClient()) - before
 		for range per / 2 {
 			d, err := submit(spacingQuiet)
 			if err != nil {
@@ -187,36 +186,13 @@ func benchAcceptance(b *testing.B) {
 }
 
 // sessionWrites is the API server's count so far of the writes to
-// HCPSessions (their creates, status and label patches) from every client,
-// from its apiserver_request_total.
-func sessionWrites(ctx context.Context, b *testing.B, cfg *rest.Config) float64 {
-	cs, err := kubernetes.NewForConfig(cfg)
+// HCPSessions (their creates, status and label patches) from every client.
+func sessionWrites(ctx context.Context, b *testing.B, api rest.Interface) float64 {
+	w, err := benchutil.ReadAPIWrites(ctx, api)
 	if err != nil {
 		b.Fatal(err)
 	}
-	raw, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		b.Fatal(err)
-	}
-	var n float64
-	for _, m := range families["apiserver_request_total"].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		switch labels["verb"] {
-		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
-			if labels["resource"] == "hcpsessions" {
-				n += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return n
+	return w.Of("hcp.io/hcpsessions")
 }
 
 // bareSession is an HCPSession as the callee sidecar's gate creates one for

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/internal/benchutil"
 )
 
 // clockTick is the unit of utime and stime in /proc/PID/stat (USER_HZ,
@@ -79,47 +81,17 @@ func (c cpuByProcess) since(before cpuByProcess) string {
 }
 
 // apiWrites is the API server's count of write requests so far, from
-// every client, by verb and resource ("APPLY apps/deployments",
-// "PATCH hcp.io/callees/status"); empty when its metrics cannot be read.
-type apiWrites map[string]float64
+// every client, by verb and resource (benchutil.APIWrites); empty when its
+// metrics cannot be read.
+type apiWrites benchutil.APIWrites
 
 func (b *bed) apiWrites(ctx context.Context) apiWrites {
-	out := apiWrites{}
-	raw, err := b.api.Get().AbsPath("/metrics").DoRaw(ctx)
+	w, err := benchutil.ReadAPIWrites(ctx, b.api)
 	if err != nil {
 		b.t.Logf("API server metrics: %v", err)
-		return out
+		return apiWrites{}
 	}
-	s, err := parseSamples(string(raw))
-	if err != nil {
-		b.t.Logf("API server metrics: %v", err)
-		return out
-	}
-	for series, v := range s {
-		name, labels, _ := strings.Cut(series, "{")
-		if name != "apiserver_request_total" {
-			continue
-		}
-		l := map[string]string{}
-		for kv := range strings.SplitSeq(strings.TrimSuffix(labels, "}"), ",") {
-			k, val, _ := strings.Cut(kv, "=")
-			l[k] = strings.Trim(val, `"`)
-		}
-		switch l["verb"] {
-		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
-		default:
-			continue
-		}
-		what := l["resource"]
-		if l["group"] != "" {
-			what = l["group"] + "/" + what
-		}
-		if l["subresource"] != "" {
-			what += "/" + l["subresource"]
-		}
-		out[l["verb"]+" "+what] += v
-	}
-	return out
+	return apiWrites(w)
 }
 
 // since is the writes between before and w, the most first, as

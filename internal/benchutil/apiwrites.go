@@ -1,0 +1,71 @@
+package benchutil
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/rest"
+)
+
+// APIWrites is the API server's count of its write requests so far, from
+// every client, by verb and resource: "APPLY apps/deployments",
+// "PATCH hcp.io/hcpsessions/status".
+type APIWrites map[string]float64
+
+// ReadAPIWrites reads APIWrites from the API server's own metrics
+// (apiserver_request_total) through c, a REST client of an admin config.
+func ReadAPIWrites(ctx context.Context, c rest.Interface) (APIWrites, error) {
+	raw, err := c.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAPIWrites(raw)
+}
+
+// ParseAPIWrites counts the write requests (POST, PUT, PATCH, APPLY,
+// DELETE, DELETECOLLECTION) of apiserver_request_total in text, the
+// Prometheus text format.
+func ParseAPIWrites(text []byte) (APIWrites, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("API server metrics: %w", err)
+	}
+	out := APIWrites{}
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		switch l["verb"] {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		default:
+			continue
+		}
+		what := l["resource"]
+		if l["group"] != "" {
+			what = l["group"] + "/" + what
+		}
+		if l["subresource"] != "" {
+			what += "/" + l["subresource"]
+		}
+		out[l["verb"]+" "+what] += m.GetCounter().GetValue()
+	}
+	return out, nil
+}
+
+// Of sums the writes to resource ("hcp.io/hcpsessions"), its subresources
+// included, whatever the verb.
+func (w APIWrites) Of(resource string) float64 {
+	var n float64
+	for k, v := range w {
+		if _, what, _ := strings.Cut(k, " "); what == resource || strings.HasPrefix(what, resource+"/") {
+			n += v
+		}
+	}
+	return n
+}
