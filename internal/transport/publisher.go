@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -20,6 +23,17 @@ import (
 // tag; messages with a unique message_id are matched by it and go out
 // unchanged.
 const CorrelationHeader = "x-hcp-publish-id"
+
+// connectionFailed: a publish failed because the connection did, not
+// because of the message. amqp091-go returns the socket's write error
+// (connection reset, broken pipe) as it is and closes its channels only
+// afterwards, in another goroutine: such a publish must wait for the next
+// channel like one that found the channel closed, or its event was lost.
+func connectionFailed(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, amqp.ErrClosed) || errors.As(err, &netErr) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrClosedPipe)
+}
 
 // PublisherOptions configure NewPublisher.
 type PublisherOptions struct {
@@ -138,7 +152,7 @@ func (p *ConfirmPublisher) publish(ctx context.Context, exchange, routingKey str
 		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, m)
 		if err != nil {
 			pc.unregister(f)
-			if errors.Is(err, amqp.ErrClosed) || pc.ch.IsClosed() {
+			if connectionFailed(err) || pc.ch.IsClosed() {
 				// Nothing reached the broker (a partly written message is
 				// discarded with its channel): retry on the next channel.
 				p.detachLocked(pc)
