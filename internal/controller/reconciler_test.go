@@ -148,6 +148,47 @@ func TestOneChangeEventPerReconcile(t *testing.T) {
 	})
 }
 
+// TestChangeEventsOfTwoReconcilesAtOneVersion: two reconciles of an owner
+// that was not written in between (its cached resourceVersion the same)
+// each create a child; each gets its own Created Event with its own note.
+// client-go's events recorder keys a recurring Event on everything but
+// its note, so the second used to become a count on the first's series,
+// its note lost (a PATCH of the first Event).
+func TestChangeEventsOfTwoReconcilesAtOneVersion(t *testing.T) {
+	ns := newNamespace(t, "events-series-")
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "owner"}}
+	create(t, owner)
+	c := &core{recorder: suiteManager.GetEventRecorder(EventRecorderName)}
+	for kind, child := range map[string]client.Object{
+		"Binding":    &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "b", UID: "uid-b"}},
+		"Permission": &topologyv1beta1.Permission{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p", UID: "uid-p"}},
+	} {
+		ctx, changes := withChangeLog(t.Context())
+		c.noteChange(ctx, owner, child, kind, verbCreated)
+		c.emitChanges(owner, changes)
+	}
+	eventually(t, "a Created Event for each reconcile", func(ctx context.Context) error {
+		var list eventsv1.EventList
+		if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		var notes []string
+		for _, e := range list.Items {
+			if e.Regarding.Name == "owner" && e.Reason == verbCreated {
+				notes = append(notes, e.Note)
+				if e.Series != nil {
+					return fmt.Errorf("the Event %q counts a series of %d: a later Event was folded into it", e.Note, e.Series.Count)
+				}
+			}
+		}
+		slices.Sort(notes)
+		if !slices.Equal(notes, []string{"Created Binding b", "Created Permission p"}) {
+			return fmt.Errorf("Created Events %q, want one naming the Binding and one naming the Permission", notes)
+		}
+		return nil
+	})
+}
+
 // names: an Event note lists child ("Kind name") as one of its entries,
 // not inside another ("RoleBinding x" does not name "Binding x").
 func names(note, child string) bool {

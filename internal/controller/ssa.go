@@ -239,9 +239,11 @@ func metaOwnedBy(live, desired client.Object) bool {
 }
 
 // changeLog collects the children one reconcile created, updated and
-// deleted, for one Event per verb instead of one per child (emitChanges).
+// deleted, for one Event per verb instead of one per child (emitChanges),
+// and the first child of each verb, the Event's related object.
 type changeLog struct {
 	byVerb map[string][]string
+	first  map[string]client.Object
 }
 
 // The verbs of a changeLog, in the order emitChanges records them.
@@ -265,7 +267,7 @@ type changeLogKey struct{}
 
 // withChangeLog returns ctx carrying a new changeLog.
 func withChangeLog(ctx context.Context) (context.Context, *changeLog) {
-	l := &changeLog{byVerb: map[string][]string{}}
+	l := &changeLog{byVerb: map[string][]string{}, first: map[string]client.Object{}}
 	return context.WithValue(ctx, changeLogKey{}, l), l
 }
 
@@ -291,6 +293,9 @@ func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind, v
 	what := kind + " " + obj.GetName()
 	if l, ok := ctx.Value(changeLogKey{}).(*changeLog); ok {
 		l.byVerb[verb] = append(l.byVerb[verb], what)
+		if l.first[verb] == nil {
+			l.first[verb] = obj
+		}
 		return
 	}
 	c.recorder.Eventf(owner, obj, corev1.EventTypeNormal, verb, actionOf(verb), "%s %s", verb, what)
@@ -300,11 +305,17 @@ func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind, v
 const maxEventNote = 1024
 
 // emitChanges records one Event per verb for what the reconcile of owner
-// created, updated and deleted.
+// created, updated and deleted. The first of those children is the Event's
+// related object: client-go's events recorder takes two Events alike in
+// all but their note (same type, reason, action, regarding object at the
+// same resourceVersion, and related object) for one recurring Event, and
+// only counts the second in the first's series, so without it a later
+// reconcile's "Created Binding x" on an owner not written in between
+// would be lost in the first reconcile's Event.
 func (c *core) emitChanges(owner client.Object, l *changeLog) {
 	for _, verb := range changeVerbs {
 		if children := l.byVerb[verb]; len(children) > 0 {
-			c.recorder.Eventf(owner, nil, corev1.EventTypeNormal, verb, actionOf(verb), "%s", changeNote(verb, children))
+			c.recorder.Eventf(owner, l.first[verb], corev1.EventTypeNormal, verb, actionOf(verb), "%s", changeNote(verb, children))
 		}
 	}
 }

@@ -121,7 +121,10 @@ func setBlocked(v view, reason, msg string) {
 
 // setReady derives Ready from TopologyReady and HarnessReady: the first
 // that is not true, preferring one that needs a fix over one that is only
-// waiting (a missing TLS Secret says more than topology still pending).
+// waiting (a missing TLS Secret says more than topology still pending),
+// and one that is waiting over ScaledToZero (someone's choice, which says
+// nothing of a topology still pending: Reconciling until it is declared,
+// then ScaledToZero).
 func setReady(v view) {
 	var first *metav1.Condition
 	firstType := ""
@@ -134,7 +137,7 @@ func setReady(v view) {
 		if c.Status == metav1.ConditionTrue {
 			continue
 		}
-		if first == nil || (waiting(first) && !waiting(c)) {
+		if first == nil || readyWeight(c) > readyWeight(first) {
 			first, firstType = c, t
 		}
 	}
@@ -143,6 +146,19 @@ func setReady(v view) {
 		return
 	}
 	setCondition(v, hcpv1alpha1.ConditionReady, true, hcpv1alpha1.ReasonReconciled, "topology declared and harness available")
+}
+
+// readyWeight orders the false conditions Ready may name (setReady): one
+// that needs a fix, then one that is waiting, then ScaledToZero.
+func readyWeight(c *metav1.Condition) int {
+	switch {
+	case c.Reason == hcpv1alpha1.ReasonScaledToZero:
+		return 0
+	case waiting(c):
+		return 1
+	default:
+		return 2
+	}
 }
 
 // waiting: the condition is false only until something catches up.

@@ -99,3 +99,40 @@ func TestIDOrdering(t *testing.T) {
 		t.Error("claim is label plus finalizer, for that key")
 	}
 }
+
+// TestReadyNamesWhatItWaitsFor: Ready names the condition that needs a
+// fix first, then one that is waiting, and ScaledToZero only when nothing
+// else is false: a Callee scaled to zero whose topology is still pending is
+// Reconciling (TopologyPending), not Stalled.
+func TestReadyNamesWhatItWaitsFor(t *testing.T) {
+	cond := func(typ, reason string) metav1.Condition {
+		st := metav1.ConditionFalse
+		if reason == hcpv1alpha1.ReasonReconciled {
+			st = metav1.ConditionTrue
+		}
+		return metav1.Condition{Type: typ, Status: st, Reason: reason, Message: reason + " message"}
+	}
+	for _, tc := range []struct {
+		topology, harness string
+		want, kstatus     string
+	}{
+		{hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ConditionReconciling},
+		{hcpv1alpha1.ReasonReconciled, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ConditionStalled},
+		{hcpv1alpha1.ReasonTopologyFailed, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ReasonTopologyFailed, hcpv1alpha1.ConditionStalled},
+		{hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ReasonDeploymentUnavailable, hcpv1alpha1.ReasonDeploymentUnavailable, hcpv1alpha1.ConditionReconciling},
+		{hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ReasonDeploymentProgressing, hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ConditionReconciling},
+	} {
+		t.Run(tc.topology+"+"+tc.harness, func(t *testing.T) {
+			c := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{Generation: 1}}
+			c.Status.Conditions = []metav1.Condition{cond(hcpv1alpha1.ConditionTopologyReady, tc.topology), cond(hcpv1alpha1.ConditionHarnessReady, tc.harness)}
+			setReady(calleeView(c))
+			ready := meta.FindStatusCondition(c.Status.Conditions, hcpv1alpha1.ConditionReady)
+			if ready == nil || ready.Status != metav1.ConditionFalse || ready.Reason != tc.want {
+				t.Fatalf("Ready %+v, want False %s", ready, tc.want)
+			}
+			if k := meta.FindStatusCondition(c.Status.Conditions, tc.kstatus); k == nil || k.Reason != tc.want {
+				t.Errorf("%s %+v, want reason %s", tc.kstatus, k, tc.want)
+			}
+		})
+	}
+}
