@@ -294,6 +294,12 @@ func (s samples) writes() float64 {
 	return n
 }
 
+// reconciles is how often the harness controllers reconciled so far
+// (controller_runtime_reconcile_total, every result).
+func (s samples) reconciles() float64 {
+	return s.sum("controller_runtime_reconcile_total", `controller="callee"`) + s.sum("controller_runtime_reconcile_total", `controller="caller"`)
+}
+
 // queued is what waits in the harness controllers' work queues or is
 // being reconciled.
 func (s samples) queued() float64 {

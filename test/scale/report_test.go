@@ -31,6 +31,7 @@ type results struct {
 
 	opReady, opTopologyReady time.Duration
 	opWrites                 float64
+	opReconciles             float64
 	idleWrites               float64
 	opCleanup                cleanup
 	opLeft                   leftover
@@ -86,6 +87,7 @@ func (r *results) figures() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "operator: all TopologyReady after %s, all converged after %s; %.0f API writes on the way (%.1f per Callee/Caller; the baseline: %d creates, %.1f per object pair member)\n",
 		secs(r.opTopologyReady), secs(r.opReady), r.opWrites, r.opWrites/objs, r.baseRequests, float64(r.baseRequests)/objs)
+	fmt.Fprintf(&sb, "operator: %.0f reconciles of Callees and Callers until Ready (%.1f per Callee/Caller)\n", r.opReconciles, r.opReconciles/objs)
 	fmt.Fprintf(&sb, "CPU until Ready, by process: baseline %s; operator %s\n", r.baseCPU, r.opCPU)
 	fmt.Fprintf(&sb, "API server writes until Ready, every client (apiserver_request_total): baseline %s; operator %s\n", r.baseAPI, r.opAPI)
 	fmt.Fprintf(&sb, "CPU during cleanup, by process: baseline %s; operator %s\n", r.baseCleanupCPU, r.opCleanupCPU)

@@ -209,6 +209,7 @@ func TestScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.opWrites = after.writes() - before.writes()
+	r.opReconciles = after.reconciles() - before.reconciles()
 	r.opCounts = b.count(ctx, b.op, b.home)
 	for _, k := range childKinds {
 		if r.opCounts[k.name] != r.baseCounts[k.name] {
