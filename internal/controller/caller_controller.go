@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
@@ -160,8 +161,8 @@ func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCaller)
 	r.core.claims = r.claims
 	r.loop = &harnessReconciler[*hcpv1alpha1.Caller]{core: r.core, newObject: func() *hcpv1alpha1.Caller { return &hcpv1alpha1.Caller{} }, build: r.reconcile}
-	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{})).
-		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers)).
+	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{}, builder.WithPredicates(ownUpdate()))).
+		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers), builder.WithPredicates(ownUpdate())).
 		Named("caller").
 		Complete(r)
 }

@@ -198,7 +198,7 @@ func topologyObjects(s resource.Subject) []client.Object {
 // they use.
 func (c *core) watchChildren(b *builder.Builder) *builder.Builder {
 	for _, k := range childKinds {
-		b = b.Owns(k.empty())
+		b = b.Owns(k.empty(), builder.WithPredicates(childChanged()))
 	}
 	return b.
 		Watches(&topologyv1beta1.Exchange{}, c.exchangeLossHandler()).

@@ -2,7 +2,9 @@ package controller
 
 import (
 	"context"
+	"reflect"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -134,4 +136,48 @@ func sharedObject() predicate.Predicate {
 	return predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetLabels()[hcpv1alpha1.LabelVhostKey] != ""
 	})
+}
+
+// ownUpdate passes the events of a Callee or Caller that can change what
+// its reconcile does: all but an update of its status alone (with its
+// resourceVersion and managed fields), which the reconcile itself wrote.
+func ownUpdate() predicate.Predicate {
+	return updateUnless(func(o client.Object) {
+		reflect.ValueOf(o).Elem().FieldByName("Status").SetZero()
+	})
+}
+
+// childChanged passes the events of an owned child that can change what
+// its owner's reconcile does: its deletion, and an update of anything but
+// the bookkeeping of the API server and of other controllers
+// (resourceVersion, managed fields, finalizers: the topology operator adds
+// its own to each object it declares). Its creation does not pass: the
+// reconcile that applied it took it into account, and a child that is not
+// ready yet reports it with an update of its status; on start the owners
+// are reconciled from their own creation events.
+func childChanged() predicate.Predicate {
+	p := updateUnless(func(o client.Object) { o.SetFinalizers(nil) })
+	p.CreateFunc = func(event.CreateEvent) bool { return false }
+	return p
+}
+
+// updateUnless passes every event but an update whose old and new objects
+// are equal once their resourceVersion and managed fields are cleared and
+// clear has run on copies of both.
+func updateUnless(clear func(client.Object)) predicate.Funcs {
+	trim := func(o client.Object) client.Object {
+		c := o.DeepCopyObject().(client.Object)
+		c.SetResourceVersion("")
+		c.SetManagedFields(nil)
+		clear(c)
+		return c
+	}
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			if e.ObjectOld == nil || e.ObjectNew == nil {
+				return true
+			}
+			return !equality.Semantic.DeepEqual(trim(e.ObjectOld), trim(e.ObjectNew))
+		},
+	}
 }
