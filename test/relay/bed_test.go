@@ -32,12 +32,15 @@ import (
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
@@ -61,6 +64,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The sidecars' informers and clients log through controller-runtime;
+	// without a logger set it drops their logs and prints a stack trace
+	// about it in the middle of the benchmarks' output. Errors only: a
+	// benchmark's output is its figures.
+	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	code := m.Run()
 	if sharedEnv != nil {
 		_ = sharedEnv.Stop()
