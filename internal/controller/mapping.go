@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"reflect"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
@@ -143,7 +142,12 @@ func sharedObject() predicate.Predicate {
 // resourceVersion and managed fields), which the reconcile itself wrote.
 func ownUpdate() predicate.Predicate {
 	return updateUnless(func(o client.Object) {
-		reflect.ValueOf(o).Elem().FieldByName("Status").SetZero()
+		switch o := o.(type) {
+		case *hcpv1alpha1.Callee:
+			o.Status = hcpv1alpha1.CalleeStatus{}
+		case *hcpv1alpha1.Caller:
+			o.Status = hcpv1alpha1.CallerStatus{}
+		}
 	})
 }
 

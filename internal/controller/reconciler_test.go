@@ -93,17 +93,12 @@ func TestOneChangeEventPerReconcile(t *testing.T) {
 	base, _, _ := childNames("callee", "ev")
 	var created []eventsv1.Event
 	eventually(t, "a Created Event names the Deployment", func(ctx context.Context) error {
-		var list eventsv1.EventList
-		if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		var err error
+		if created, err = eventsOf(ctx, ns, "Callee", "ev", verbCreated); err != nil {
 			return err
 		}
-		created = created[:0]
 		found := false
-		for _, e := range list.Items {
-			if e.Regarding.Kind != "Callee" || e.Regarding.Name != "ev" || e.Reason != "Created" {
-				continue
-			}
-			created = append(created, e)
+		for _, e := range created {
 			found = found || strings.Contains(e.Note, "Deployment "+base)
 		}
 		if !found {
@@ -131,18 +126,16 @@ func TestOneChangeEventPerReconcile(t *testing.T) {
 	}
 	setTopologyStatus(t, &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
 	eventually(t, "a Created Event of its own names the Binding", func(ctx context.Context) error {
-		var list eventsv1.EventList
-		if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		created, err := eventsOf(ctx, ns, "Callee", "ev", verbCreated)
+		if err != nil {
 			return err
 		}
 		var notes []string
-		for _, e := range list.Items {
-			if e.Regarding.Kind == "Callee" && e.Regarding.Name == "ev" && e.Reason == "Created" {
-				if names(e.Note, "Binding "+base) {
-					return nil
-				}
-				notes = append(notes, e.Note)
+		for _, e := range created {
+			if names(e.Note, "Binding "+base) {
+				return nil
 			}
+			notes = append(notes, e.Note)
 		}
 		return fmt.Errorf("no Created Event names Binding %s: %q", base, notes)
 	})
@@ -168,17 +161,15 @@ func TestChangeEventsOfTwoReconcilesAtOneVersion(t *testing.T) {
 		c.emitChanges(owner, changes)
 	}
 	eventually(t, "a Created Event for each reconcile", func(ctx context.Context) error {
-		var list eventsv1.EventList
-		if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		created, err := eventsOf(ctx, ns, "ConfigMap", "owner", verbCreated)
+		if err != nil {
 			return err
 		}
 		var notes []string
-		for _, e := range list.Items {
-			if e.Regarding.Name == "owner" && e.Reason == verbCreated {
-				notes = append(notes, e.Note)
-				if e.Series != nil {
-					return fmt.Errorf("the Event %q counts a series of %d: a later Event was folded into it", e.Note, e.Series.Count)
-				}
+		for _, e := range created {
+			notes = append(notes, e.Note)
+			if e.Series != nil {
+				return fmt.Errorf("the Event %q counts a series of %d: a later Event was folded into it", e.Note, e.Series.Count)
 			}
 		}
 		slices.Sort(notes)
@@ -187,6 +178,21 @@ func TestChangeEventsOfTwoReconcilesAtOneVersion(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// eventsOf lists the Events with reason about the object kind/name in ns.
+func eventsOf(ctx context.Context, ns, kind, name, reason string) ([]eventsv1.Event, error) {
+	var list eventsv1.EventList
+	if err := k8sClient.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	var out []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
+			out = append(out, e)
+		}
+	}
+	return out, nil
 }
 
 // names: an Event note lists child ("Kind name") as one of its entries,
