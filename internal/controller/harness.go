@@ -270,25 +270,33 @@ func (c *core) claim(ctx context.Context, v view, key string) error {
 	return nil
 }
 
-// usersOfKey lists the Callees and Callers that hold an id in the vhost of
-// key, anywhere (namespace "") or in one namespace, except the object with
-// UID except and objects being deleted, in no particular order. It runs
-// on every reconcile (vhostDeletionPolicy) over every user of the vhost:
-// the objects are the cache's own, not copies, and must not be changed.
-func (c *core) usersOfKey(ctx context.Context, key, namespace string, except types.UID) ([]client.Object, error) {
+// usersOfKey returns up to limit Callees and Callers (0: all) that hold
+// their claim on use (a vhost key, or a key with useVhostRetain or
+// useVhostDelete: indexLiveUse) and are not being deleted, anywhere
+// (namespace "") or in one namespace, except the object with UID except,
+// in no particular order. The objects are the cache's own, not copies,
+// and must not be changed.
+func (c *core) usersOfKey(ctx context.Context, use, namespace string, except types.UID, limit int) ([]client.Object, error) {
 	var out []client.Object
 	for _, l := range []client.ObjectList{&hcpv1alpha1.CalleeList{}, &hcpv1alpha1.CallerList{}} {
-		opts := []client.ListOption{client.MatchingFields{indexVhostKey: key}, client.UnsafeDisableDeepCopy}
+		opts := []client.ListOption{client.MatchingFields{indexLiveUse: use}, client.UnsafeDisableDeepCopy}
 		if namespace != "" {
 			opts = append(opts, client.InNamespace(namespace))
+		}
+		if limit > 0 {
+			// One more: except may be among them.
+			opts = append(opts, client.Limit(limit-len(out)+1))
 		}
 		if err := c.List(ctx, l, opts...); err != nil {
 			return nil, err
 		}
 		for _, o := range listItems(l) {
-			if o.GetUID() != except && o.GetDeletionTimestamp().IsZero() && claimed(o, key) {
+			if o.GetUID() != except && (limit == 0 || len(out) < limit) {
 				out = append(out, o)
 			}
+		}
+		if limit > 0 && len(out) == limit {
+			break
 		}
 	}
 	return out, nil

@@ -24,6 +24,14 @@ const (
 	// indexTLSSecret: "{namespace}/{name}" of each Secret named in a
 	// Callee's or Caller's spec.broker.tls.
 	indexTLSSecret = "hcp.io/tls-secret"
+	// indexLiveUse: what a Callee or Caller that holds its claim on a
+	// vhost key and is not being deleted uses of it (liveUse). The
+	// questions asked on every reconcile and at every deletion ("does any
+	// creator of the vhost retain it?", "does anyone else use the key?")
+	// are answered from the first entry or two, not from a list of every
+	// user of the vhost: a list of N users on each of N reconciles is
+	// quadratic in the size of a shared vhost.
+	indexLiveUse = "hcp.io/live-use"
 	// indexCalleeID: a Callee's id (namespaced lookups from HCPSessions).
 	indexCalleeID = "hcp.io/callee-id"
 	// indexSessionCallee: an HCPSession's spec.calleeID.
@@ -67,6 +75,32 @@ func vhostKeyLabel(obj client.Object) []string {
 	return nil
 }
 
+// The values of indexLiveUse beside the bare key: a user that asks for the
+// vhost (createVhost) adds the key with the deletion policy it asks for.
+const (
+	useVhostRetain = "/vhost-retain"
+	useVhostDelete = "/vhost-delete"
+)
+
+// liveUse is indexLiveUse of a Callee or Caller: its vhost key while it
+// holds its claim and is not being deleted and, if it asks for the vhost,
+// the key with useVhostRetain or useVhostDelete.
+func liveUse(obj client.Object) []string {
+	key := obj.GetLabels()[hcpv1alpha1.LabelVhostKey]
+	if key == "" || !claimed(obj, key) || !obj.GetDeletionTimestamp().IsZero() {
+		return nil
+	}
+	b := brokerSpecOf(obj)
+	switch {
+	case !b.CreateVhost:
+		return []string{key}
+	case b.VhostDeletionPolicy == resource.DeletionPolicyDelete:
+		return []string{key, key + useVhostDelete}
+	default:
+		return []string{key, key + useVhostRetain}
+	}
+}
+
 // SetupIndexes registers the field indexes the reconcilers use. Call it once
 // per manager, before the reconcilers' SetupWithManager.
 func SetupIndexes(ctx context.Context, mgr ctrl.Manager, o Options) error {
@@ -86,6 +120,8 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		}},
 		{&hcpv1alpha1.Callee{}, indexVhostKey, vhostKeyLabel},
 		{&hcpv1alpha1.Caller{}, indexVhostKey, vhostKeyLabel},
+		{&hcpv1alpha1.Callee{}, indexLiveUse, liveUse},
+		{&hcpv1alpha1.Caller{}, indexLiveUse, liveUse},
 		{&hcpv1alpha1.Callee{}, indexConnectionSecret, func(obj client.Object) []string {
 			return connectionSecretKey(obj, obj.(*hcpv1alpha1.Callee).Spec.Broker, o.DefaultBroker)
 		}},

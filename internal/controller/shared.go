@@ -299,22 +299,19 @@ func (c *core) vhostDeletionPolicy(ctx context.Context, key, home string, dedica
 	if dedicated {
 		ns = ""
 	}
-	users, err := c.usersOfKey(ctx, key, ns, "")
-	if err != nil {
-		return "", err
-	}
-	policy := resource.DeletionPolicyRetain
-	for _, u := range users {
-		broker := brokerSpecOf(u)
-		if !broker.CreateVhost {
-			continue
+	for _, use := range []struct{ suffix, policy string }{
+		{useVhostRetain, resource.DeletionPolicyRetain},
+		{useVhostDelete, resource.DeletionPolicyDelete},
+	} {
+		users, err := c.usersOfKey(ctx, key+use.suffix, ns, "", 1)
+		if err != nil {
+			return "", err
 		}
-		if broker.VhostDeletionPolicy != resource.DeletionPolicyDelete {
-			return resource.DeletionPolicyRetain, nil
+		if len(users) > 0 {
+			return use.policy, nil
 		}
-		policy = resource.DeletionPolicyDelete
 	}
-	return policy, nil
+	return resource.DeletionPolicyRetain, nil
 }
 
 // mtoFinalizerPrefix starts the topology operator's finalizers
@@ -571,7 +568,7 @@ func (c *core) finalize(ctx context.Context, v view, owned []client.Object) (ctr
 				return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 			}
 		} else {
-			log.Info("Kept the shared topology: the vhost is still in use", "vhostKey", key, "users", len(others), "example", describe(others[0]))
+			log.Info("Kept the shared topology: the vhost is still in use", "vhostKey", key, "usedBy", describe(others[0]))
 		}
 	}
 	return ctrl.Result{}, c.removeFinalizer(ctx, v)
@@ -590,7 +587,7 @@ func (c *core) finalize(ctx context.Context, v view, owned []client.Object) (ctr
 //     (claimLog): claims are this manager's, so no user can have appeared.
 //     A mass deletion of N users thus lists them once, not N times.
 func (c *core) liveUsersOfKey(ctx context.Context, v view, key string) ([]client.Object, error) {
-	cached, err := c.usersOfKey(ctx, key, "", v.obj.GetUID())
+	cached, err := c.usersOfKey(ctx, key, "", v.obj.GetUID(), 1)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -46,7 +47,7 @@ func TestLiveUsersOfKeyRequests(t *testing.T) {
 		if key = holder.Labels[hcpv1alpha1.LabelVhostKey]; key == "" {
 			return errors.New("not claimed yet")
 		}
-		users, err := c.usersOfKey(ctx, key, "", ghost.obj.GetUID())
+		users, err := c.usersOfKey(ctx, key, "", ghost.obj.GetUID(), 0)
 		if err != nil {
 			return err
 		}
@@ -111,5 +112,47 @@ func TestLiveUsersOfKeyRequests(t *testing.T) {
 	}
 	if n := api.lists.Load(); n != 8 {
 		t.Errorf("without a claim log: %d API lists, want 8", n)
+	}
+}
+
+// TestLiveUse: the index that answers "who else uses this vhost key" and
+// "does any creator of the vhost retain it" holds a user only while its
+// claim stands and it is not being deleted, and files a creator of the
+// vhost under the deletion policy it asks for.
+func TestLiveUse(t *testing.T) {
+	const key = "0123456789"
+	user := func(edit func(*hcpv1alpha1.Caller)) *hcpv1alpha1.Caller {
+		c := &hcpv1alpha1.Caller{ObjectMeta: metav1.ObjectMeta{
+			Namespace: "ns", Name: "agent",
+			Labels:     map[string]string{hcpv1alpha1.LabelVhostKey: key},
+			Finalizers: []string{TopologyFinalizer},
+		}}
+		if edit != nil {
+			edit(c)
+		}
+		return c
+	}
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name string
+		obj  *hcpv1alpha1.Caller
+		want []string
+	}{
+		{"a user of a vhost it does not create", user(nil), []string{key}},
+		{"a creator that retains by default", user(func(c *hcpv1alpha1.Caller) { c.Spec.Broker.CreateVhost = true }),
+			[]string{key, key + useVhostRetain}},
+		{"a creator that asks for delete", user(func(c *hcpv1alpha1.Caller) {
+			c.Spec.Broker.CreateVhost, c.Spec.Broker.VhostDeletionPolicy = true, "delete"
+		}), []string{key, key + useVhostDelete}},
+		{"not claimed yet", user(func(c *hcpv1alpha1.Caller) { c.Labels = nil }), nil},
+		{"its claim's finalizer gone", user(func(c *hcpv1alpha1.Caller) { c.Finalizers = nil }), nil},
+		{"being deleted", user(func(c *hcpv1alpha1.Caller) {
+			c.Spec.Broker.CreateVhost = true
+			c.DeletionTimestamp = &now
+		}), nil},
+	} {
+		if got := liveUse(tc.obj); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
