@@ -41,6 +41,8 @@ type core struct {
 	epochs    *epochs
 	// claims is shared by the Callee and Caller reconcilers (nil: none).
 	claims *claimLog
+	// memo holds the statuses written that the cache has not shown yet.
+	memo *statusMemo
 }
 
 // view is the part of a Callee or Caller the shared code works on.

@@ -140,8 +140,9 @@ func sharedObject() predicate.Predicate {
 // ownUpdate passes the events of a Callee or Caller that can change what
 // its reconcile does: all but an update of its status alone (with its
 // resourceVersion and managed fields), which the reconcile itself wrote.
-func ownUpdate() predicate.Predicate {
-	return updateUnless(func(o client.Object) {
+// It tells memo (nil: none) of each version the cache receives.
+func ownUpdate(memo *statusMemo) predicate.Predicate {
+	p := updateUnless(func(o client.Object) {
 		switch o := o.(type) {
 		case *hcpv1alpha1.Callee:
 			o.Status = hcpv1alpha1.CalleeStatus{}
@@ -149,6 +150,18 @@ func ownUpdate() predicate.Predicate {
 			o.Status = hcpv1alpha1.CallerStatus{}
 		}
 	})
+	pass := p.UpdateFunc
+	p.UpdateFunc = func(e event.UpdateEvent) bool {
+		if e.ObjectNew != nil {
+			memo.seen(e.ObjectNew, false)
+		}
+		return pass(e)
+	}
+	p.DeleteFunc = func(e event.DeleteEvent) bool {
+		memo.seen(e.Object, true)
+		return true
+	}
+	return p
 }
 
 // childChanged passes the events of an owned child that can change what

@@ -76,7 +76,7 @@ func TestOwnUpdate(t *testing.T) {
 	callee := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c", ResourceVersion: "1", Generation: 1}}
 	caller := &hcpv1alpha1.Caller{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "1"}}
 
-	p := ownUpdate()
+	p := ownUpdate(nil)
 	if !p.Create(event.CreateEvent{Object: callee}) || !p.Delete(event.DeleteEvent{Object: callee}) {
 		t.Error("a Callee's creation or deletion does not reconcile it")
 	}

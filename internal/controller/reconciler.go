@@ -23,7 +23,8 @@ type harnessObject interface {
 
 // harnessReconciler is the one reconcile loop of the harness kinds:
 //
-//	fetch → deletion (finalize) or build → status → one status write
+//	fetch (with the status last written: statusMemo) → deletion (finalize)
+//	or build → status → one status write
 //
 // The kind's build step (Callee: reconcileCallee, Caller: reconcileCaller)
 // resolves the broker and the id claim, builds the desired children with
@@ -50,6 +51,7 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := h.core.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	h.core.memo.fresh(obj)
 	before := obj.DeepCopyObject().(client.Object)
 	bv, _ := viewOf(before)
 	v, _ := viewOf(obj)
