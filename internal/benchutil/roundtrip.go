@@ -36,7 +36,12 @@ func (l Latencies) String() string {
 // reply to queue replies (confirmed), then acks; the requester's consumer
 // receives the reply. Both queues must exist (quorum queues, like HCP's);
 // url must allow using them.
-func RoundTrip(ctx context.Context, url, requests, replies string, n, bodySize int) (Latencies, error) {
+//
+// gap is an idle pause before each request (not timed): a request that
+// follows idle time costs more than one in a tight loop (the processes on
+// both ends and the broker wake up), so a baseline for operations that
+// follow idle time must pause as they do.
+func RoundTrip(ctx context.Context, url, requests, replies string, n, bodySize int, gap time.Duration) (Latencies, error) {
 	conn := func(name string) (*amqp.Connection, *amqp.Channel, error) {
 		c, err := amqp.DialConfig(url, amqp.Config{Heartbeat: 30 * time.Second, Properties: connName(name)})
 		if err != nil {
@@ -112,6 +117,13 @@ func RoundTrip(ctx context.Context, url, requests, replies string, n, bodySize i
 	lat := make(Latencies, 0, n)
 	for i := range n {
 		id := strconv.Itoa(i)
+		if gap > 0 {
+			select {
+			case <-time.After(gap):
+			case <-ctx.Done():
+				return lat, ctx.Err()
+			}
+		}
 		start := time.Now()
 		if err := publish(qch, requests, id, body); err != nil {
 			return lat, err
