@@ -272,36 +272,29 @@ func (c *core) claim(ctx context.Context, v view, key string) error {
 	return nil
 }
 
-// usersOfKey returns up to limit Callees and Callers (0: all) that hold
-// their claim on use (a vhost key, or a key with useVhostRetain or
-// useVhostDelete: indexLiveUse) and are not being deleted, anywhere
-// (namespace "") or in one namespace, except the object with UID except,
-// in no particular order. The objects are the cache's own, not copies,
-// and must not be changed.
-func (c *core) usersOfKey(ctx context.Context, use, namespace string, except types.UID, limit int) ([]client.Object, error) {
-	var out []client.Object
+// userOfKey returns a Callee or Caller that holds its claim on use (a
+// vhost key, or a key with useVhostRetain or useVhostDelete: indexLiveUse)
+// and is not being deleted, anywhere (namespace "") or in one namespace,
+// other than the object with UID except; nil if there is none. It reads at
+// most two entries of the index, whatever the number of users. The object
+// is the cache's own, not a copy, and must not be changed.
+func (c *core) userOfKey(ctx context.Context, use, namespace string, except types.UID) (client.Object, error) {
 	for _, l := range []client.ObjectList{&hcpv1alpha1.CalleeList{}, &hcpv1alpha1.CallerList{}} {
-		opts := []client.ListOption{client.MatchingFields{indexLiveUse: use}, client.UnsafeDisableDeepCopy}
+		// Two: except may be one of them.
+		opts := []client.ListOption{client.MatchingFields{indexLiveUse: use}, client.UnsafeDisableDeepCopy, client.Limit(2)}
 		if namespace != "" {
 			opts = append(opts, client.InNamespace(namespace))
-		}
-		if limit > 0 {
-			// One more: except may be among them.
-			opts = append(opts, client.Limit(limit-len(out)+1))
 		}
 		if err := c.List(ctx, l, opts...); err != nil {
 			return nil, err
 		}
 		for _, o := range listItems(l) {
-			if o.GetUID() != except && (limit == 0 || len(out) < limit) {
-				out = append(out, o)
+			if o.GetUID() != except {
+				return o, nil
 			}
 		}
-		if limit > 0 && len(out) == limit {
-			break
-		}
 	}
-	return out, nil
+	return nil, nil
 }
 
 func describe(o client.Object) string {

@@ -303,11 +303,11 @@ func (c *core) vhostDeletionPolicy(ctx context.Context, key, home string, dedica
 		{useVhostRetain, resource.DeletionPolicyRetain},
 		{useVhostDelete, resource.DeletionPolicyDelete},
 	} {
-		users, err := c.usersOfKey(ctx, key+use.suffix, ns, "", 1)
+		u, err := c.userOfKey(ctx, key+use.suffix, ns, "")
 		if err != nil {
 			return "", err
 		}
-		if len(users) > 0 {
+		if u != nil {
 			return use.policy, nil
 		}
 	}
@@ -587,12 +587,12 @@ func (c *core) finalize(ctx context.Context, v view, owned []client.Object) (ctr
 //     (claimLog): claims are this manager's, so no user can have appeared.
 //     A mass deletion of N users thus lists them once, not N times.
 func (c *core) liveUsersOfKey(ctx context.Context, v view, key string) ([]client.Object, error) {
-	cached, err := c.usersOfKey(ctx, key, "", v.obj.GetUID(), 1)
+	cached, err := c.userOfKey(ctx, key, "", v.obj.GetUID())
 	if err != nil {
 		return nil, err
 	}
-	if len(cached) > 0 {
-		return cached, nil
+	if cached != nil {
+		return []client.Object{cached}, nil
 	}
 	if c.claims.knownUnused(key) {
 		return nil, nil

@@ -47,11 +47,11 @@ func TestLiveUsersOfKeyRequests(t *testing.T) {
 		if key = holder.Labels[hcpv1alpha1.LabelVhostKey]; key == "" {
 			return errors.New("not claimed yet")
 		}
-		users, err := c.usersOfKey(ctx, key, "", ghost.obj.GetUID(), 0)
+		user, err := c.userOfKey(ctx, key, "", ghost.obj.GetUID())
 		if err != nil {
 			return err
 		}
-		if len(users) != 1 {
+		if user == nil {
 			return errors.New("not in the cache yet")
 		}
 		return nil
