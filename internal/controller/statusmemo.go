@@ -8,8 +8,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// statusMemo (nil: none) keeps, per Callee or Caller, the status its reconciler last
-// wrote, until the cache shows that write.
+// statusMemo (nil: none) keeps, per Callee or Caller, the status its
+// reconciler last wrote, until the cache shows that write.
 //
 // A reconcile starts from the cached object. One that starts before the
 // cache has seen the status its reconciler just wrote (the next event was
@@ -19,8 +19,10 @@ import (
 // would mend it: the write's own event starts no reconcile (ownUpdate).
 // So a reconcile reads its object's status from the memo while the cache
 // lags (fresh), and the watch tells the memo when the cache caught up
-// (seen). The reconcilers are the only writers of these statuses, so the
-// last write is the API server's status until the next one.
+// (seen, from the For watch's ownUpdate; the id-peer watch of the same
+// informer passes nil). The reconcilers are the only writers of these
+// statuses, so the last write is the API server's status until the next
+// one.
 type statusMemo struct {
 	mu sync.Mutex
 	m  map[types.UID]written
