@@ -30,6 +30,7 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	memlimit.Set(ctrl.Log.WithName("setup"), memlimit.FromCgroup)
+	memlimit.SetGCPercent(ctrl.Log.WithName("setup"), memlimit.ManagerGCPercent)
 	if err := run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), cfg); err != nil {
 		ctrl.Log.WithName("setup").Error(err, "Manager failed")
 		os.Exit(1)

@@ -18,6 +18,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -122,6 +123,34 @@ func TestManagerCache(t *testing.T) {
 	if len(liveDep.Spec.Template.Spec.Containers) == 0 {
 		t.Errorf("the server's Deployment lost its containers: %v", liveDep.Spec.Template.Spec.Containers)
 	}
+
+	// The harness Role: cached with a digest of its rules in their place;
+	// a rule changed on the server changes the digest, and the operator
+	// applies the Role again.
+	var cachedRole, liveRole rbacv1.Role
+	mustGet(t, cache, key(ns, base), &cachedRole)
+	mustGet(t, k8sClient, key(ns, base), &liveRole)
+	if len(cachedRole.Rules) != 0 || cachedRole.Annotations[cachedRulesDigest] != rulesDigest(liveRole.Rules) {
+		t.Errorf("cached Role: %d rules (want none), digest %q (want %q)", len(cachedRole.Rules), cachedRole.Annotations[cachedRulesDigest], rulesDigest(liveRole.Rules))
+	}
+	if _, ok := liveRole.Annotations[cachedRulesDigest]; ok || len(liveRole.Rules) == 0 {
+		t.Errorf("the server's Role: annotations %v, %d rules", liveRole.Annotations, len(liveRole.Rules))
+	}
+	wantRules := liveRole.Rules
+	edited := liveRole.DeepCopy()
+	edited.Rules[0].Verbs = append(edited.Rules[0].Verbs, "delete")
+	if err := k8sClient.Update(ctx, edited, client.FieldOwner("someone")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the operator restores the Role's rules", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, key(ns, base), &liveRole); err != nil {
+			return err
+		}
+		if !equality.Semantic.DeepEqual(liveRole.Rules, wantRules) {
+			return fmt.Errorf("rules %+v", liveRole.Rules)
+		}
+		return nil
+	})
 
 	// The operator patched the Callee (id claim) from a cached copy without
 	// the annotation: the server's copy keeps it.

@@ -421,7 +421,7 @@ func CacheOptions(o Options) cache.Options {
 			// controller watches their metadata only.
 			&corev1.Pod{}:                   {Label: managed},
 			&corev1.ServiceAccount{}:        {Label: managed},
-			&rbacv1.Role{}:                  {Label: managed},
+			&rbacv1.Role{}:                  {Label: managed, Transform: trimRole},
 			&rbacv1.RoleBinding{}:           {Label: managed},
 			&topologyv1beta1.Queue{}:        {Label: managed},
 			&topologyv1beta1.Binding{}:      {Label: managed},
@@ -503,6 +503,22 @@ var (
 	trimDeployment toolscache.TransformFunc = func(in any) (any, error) {
 		if d, ok := in.(*appsv1.Deployment); ok {
 			d.Spec.Template.Spec = corev1.PodSpec{}
+		}
+		return stripManagedFields(in)
+	}
+
+	// trimRole keeps a digest of a Role's rules in place of the rules,
+	// most of a Role: the operator writes Roles only by server-side apply
+	// of what the builder makes, and decides whether one is up to date
+	// from its metadata and that digest (roleUpToDate).
+	trimRole toolscache.TransformFunc = func(in any) (any, error) {
+		if r, ok := in.(*rbacv1.Role); ok {
+			a := maps.Clone(r.Annotations)
+			if a == nil {
+				a = map[string]string{}
+			}
+			a[cachedRulesDigest] = rulesDigest(r.Rules)
+			r.Annotations, r.Rules = a, nil
 		}
 		return stripManagedFields(in)
 	}

@@ -2,10 +2,14 @@ package controller
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -210,8 +214,43 @@ func deploymentUpToDate(live, desired client.Object) bool {
 	return equality.Semantic.DeepEqual(l.Spec.Replicas, d.Spec.Replicas) &&
 		have[hcpv1alpha1.AnnotationConfigHash] == want[hcpv1alpha1.AnnotationConfigHash] &&
 		have[resource.AnnotationSidecarHash] == want[resource.AnnotationSidecarHash] &&
-		contains(toMap(l.Labels), toMap(d.Labels)) && contains(toMap(l.Annotations), toMap(d.Annotations)) &&
-		metaOwnedBy(l, d)
+		metaHolds(l, d)
+}
+
+// metaHolds: live holds desired's labels, annotations and controller
+// reference.
+func metaHolds(live, desired client.Object) bool {
+	return contains(toMap(live.GetLabels()), toMap(desired.GetLabels())) &&
+		contains(toMap(live.GetAnnotations()), toMap(desired.GetAnnotations())) &&
+		metaOwnedBy(live, desired)
+}
+
+// cachedRulesDigest is the annotation under which the cache keeps a
+// Role's rulesDigest in place of its rules (trimRole). It exists only in
+// the cache: the operator never writes a Role from a cached copy.
+const cachedRulesDigest = "cache.hcp.io/rules-sha256"
+
+// rulesDigest is the SHA-256 of rules as JSON. The API server does not
+// default a rule's fields, so the digest of a Role's rules as stored
+// equals that of the rules the builder made when they are the same.
+func rulesDigest(rules []rbacv1.PolicyRule) string {
+	b, err := json.Marshal(rules)
+	if err != nil { // a []PolicyRule of strings always marshals
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// roleUpToDate: a Role needs no apply while its rules (their digest, in
+// the trimmed cache) and its metadata hold what the builder makes.
+func roleUpToDate(live, desired client.Object) bool {
+	l, d := live.(*rbacv1.Role), desired.(*rbacv1.Role)
+	have, cached := l.Annotations[cachedRulesDigest]
+	if !cached { // read around the cache
+		have = rulesDigest(l.Rules)
+	}
+	return have == rulesDigest(d.Rules) && metaHolds(l, d)
 }
 
 func toMap(m map[string]string) map[string]any {

@@ -1,5 +1,5 @@
-// Package memlimit sets the Go runtime's soft memory limit (GOMEMLIMIT)
-// from the container's memory limit, so that the garbage collector works
+// Package memlimit tunes the Go runtime's memory use: it sets the soft
+// memory limit (GOMEMLIMIT) from the container's memory limit, so that the garbage collector works
 // harder as the heap nears the limit instead of the kernel killing the
 // process: the manager while it caches many objects, a sidecar under a
 // burst of sessions. Without it the runtime ignores the cgroup and grows
@@ -9,6 +9,8 @@ package memlimit
 import (
 	"errors"
 	"log/slog"
+	"os"
+	"runtime/debug"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/go-logr/logr"
@@ -41,3 +43,26 @@ func Set(log logr.Logger, provider memlimit.Provider) int64 {
 // FromCgroup is the provider of a process in a container: its cgroup's
 // memory limit (v1 or v2).
 var FromCgroup memlimit.Provider = memlimit.FromCgroup
+
+// ManagerGCPercent is the manager's garbage collection target (GOGC):
+// the heap may grow by half of what is live before a collection, not by
+// all of it. Most of the manager's live heap is its cache, which stays;
+// with Go's default of 100 the RSS is about twice the cache. A collection
+// marks the whole cache, so collecting twice as often costs CPU, but the
+// manager allocates little once the objects are Ready (docs/operations.md,
+// "Memory limits", has the figures).
+const ManagerGCPercent = 50
+
+// SetGCPercent sets the garbage collection target to percent unless
+// GOGC is set in the environment, and returns the target in force.
+func SetGCPercent(log logr.Logger, percent int) int {
+	if v, ok := os.LookupEnv("GOGC"); ok {
+		log.V(1).Info("GOGC is set in the environment; the garbage collection target is left as it is", "GOGC", v)
+		cur := debug.SetGCPercent(-1)
+		debug.SetGCPercent(cur)
+		return cur
+	}
+	debug.SetGCPercent(percent)
+	log.Info("Set the garbage collection target", "GOGC", percent)
+	return percent
+}
