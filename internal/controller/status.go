@@ -306,7 +306,13 @@ func (c *core) writeStatus(ctx context.Context, before, obj client.Object, befor
 	if err := c.Status().Patch(ctx, obj, client.MergeFrom(before)); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	c.memo.wrote(obj)
+	c.memo.wrote(obj, func() string {
+		cached := emptyLike(obj)
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), cached, client.UnsafeDisableDeepCopy); err != nil {
+			return ""
+		}
+		return cached.GetResourceVersion()
+	})
 	old := meta.FindStatusCondition(beforeConds, hcpv1alpha1.ConditionReady)
 	cur := meta.FindStatusCondition(afterConds, hcpv1alpha1.ConditionReady)
 	if cur == nil || (old != nil && old.Status == cur.Status && old.Reason == cur.Reason) {

@@ -23,9 +23,16 @@ import (
 // informer passes nil). The reconcilers are the only writers of these
 // statuses, so the last write is the API server's status until the next
 // one.
+//
+// A write's event can reach the watch before its reconcile records the
+// write (the response and the event travel apart): then the cache already
+// holds the write, and wrote keeps nothing. Entries older than memoTTL
+// (a write whose event the watch skipped) are swept by a later write.
 type statusMemo struct {
 	mu sync.Mutex
 	m  map[types.UID]written
+	// swept is when wrote last dropped the entries older than memoTTL.
+	swept time.Time
 	// now is time.Now; tests set it.
 	now func() time.Time
 }
@@ -45,14 +52,32 @@ func newStatusMemo() *statusMemo {
 	return &statusMemo{m: map[types.UID]written{}, now: time.Now}
 }
 
-// wrote records obj as its status write returned it.
-func (s *statusMemo) wrote(obj client.Object) {
+// wrote records obj as its status write returned it, unless the cache
+// holds that version already (cachedVersion reads the cache's: the
+// informer stores a version before its watch event reaches seen, and both
+// run under the memo's lock).
+func (s *statusMemo) wrote(obj client.Object, cachedVersion func() string) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.m[obj.GetUID()] = written{resourceVersion: obj.GetResourceVersion(), obj: obj.DeepCopyObject().(client.Object), at: s.now()}
+	now := s.now()
+	if now.Sub(s.swept) > memoTTL {
+		for uid, w := range s.m {
+			if now.Sub(w.at) > memoTTL {
+				delete(s.m, uid)
+			}
+		}
+		s.swept = now
+	}
+	if cachedVersion() == obj.GetResourceVersion() {
+		delete(s.m, obj.GetUID())
+		return
+	}
+	keep := obj.DeepCopyObject().(client.Object)
+	keep.SetManagedFields(nil) // fresh reads the status only
+	s.m[obj.GetUID()] = written{resourceVersion: obj.GetResourceVersion(), obj: keep, at: now}
 }
 
 // seen is called with each version of an object the cache receives: the

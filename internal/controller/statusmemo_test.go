@@ -17,8 +17,8 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
-// laggingCache reads Callees as they were when frozen: a cache that has
-// not yet received the watch events of the writes since.
+// laggingCache reads Callees as they were when frozen (if set): a cache
+// that has not yet received the watch events of the writes since.
 type laggingCache struct {
 	client.Client
 	frozen *hcpv1alpha1.Callee
@@ -62,10 +62,10 @@ func TestReconcileFromALaggingCache(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	cache.frozen = stale // the writes' events do not arrive
 	if _, err := h.Reconcile(t.Context(), req); err != nil {
 		t.Fatal(err)
 	}
-	cache.frozen = stale // the first write's event has not arrived
 	active = 0
 	if _, err := h.Reconcile(t.Context(), req); err != nil {
 		t.Fatal(err)
@@ -98,8 +98,10 @@ func TestStatusMemo(t *testing.T) {
 	m := newStatusMemo()
 	m.now = func() time.Time { return now }
 	pred := ownUpdate(m)
+	cached := "10" // the version the cache holds when the write returns
+	inCache := func() string { return cached }
 
-	m.wrote(callee("11", 1))
+	m.wrote(callee("11", 1), inCache)
 	stale := callee("10", 0)
 	m.fresh(stale)
 	if stale.Status.ActiveSessions != 1 || stale.ResourceVersion != "10" {
@@ -116,7 +118,7 @@ func TestStatusMemo(t *testing.T) {
 	}
 
 	// A read at the written version forgets it too.
-	m.wrote(callee("13", 2))
+	m.wrote(callee("13", 2), inCache)
 	same := callee("13", 2)
 	m.fresh(same)
 	stale = callee("12", 0)
@@ -126,7 +128,7 @@ func TestStatusMemo(t *testing.T) {
 	}
 
 	// A deleted object is forgotten.
-	m.wrote(callee("14", 3))
+	m.wrote(callee("14", 3), inCache)
 	pred.Delete(event.DeleteEvent{Object: callee("14", 3)})
 	if len(m.m) != 0 {
 		t.Errorf("the memo holds %d writes after the deletion, want none", len(m.m))
@@ -134,7 +136,7 @@ func TestStatusMemo(t *testing.T) {
 
 	// A write the watch skipped (a relist from a newer version) is
 	// trusted for memoTTL, then no longer.
-	m.wrote(callee("15", 4))
+	m.wrote(callee("15", 4), inCache)
 	now = now.Add(memoTTL / 2)
 	read := callee("17", 0)
 	m.fresh(read)
@@ -146,5 +148,26 @@ func TestStatusMemo(t *testing.T) {
 	m.fresh(read)
 	if read.Status.ActiveSessions != 0 || len(m.m) != 0 {
 		t.Errorf("after memoTTL: activeSessions %d, %d writes kept; want the cache's 0 and none", read.Status.ActiveSessions, len(m.m))
+	}
+
+	// The write's event reached the cache before the write returned: the
+	// memo keeps nothing (it used to keep the write until the object's
+	// next reconcile, a copy of every idle object).
+	cached = "18"
+	m.wrote(callee("18", 5), inCache)
+	if len(m.m) != 0 {
+		t.Errorf("a write the cache held already: %d writes kept, want none", len(m.m))
+	}
+
+	// A write the watch skipped and no reconcile read again is swept by a
+	// later write once older than memoTTL.
+	cached = "19"
+	m.wrote(callee("20", 6), inCache)
+	other := callee("30", 1)
+	other.UID = "uid-2"
+	now = now.Add(memoTTL + time.Second)
+	m.wrote(other, inCache)
+	if _, ok := m.m["uid-1"]; ok || len(m.m) != 1 {
+		t.Errorf("after memoTTL and another write: %d writes kept (uid-1 among them: %v), want only the new one", len(m.m), ok)
 	}
 }
