@@ -513,12 +513,11 @@ var (
 	// from its metadata and that digest (roleUpToDate).
 	trimRole toolscache.TransformFunc = func(in any) (any, error) {
 		if r, ok := in.(*rbacv1.Role); ok {
-			a := maps.Clone(r.Annotations)
-			if a == nil {
-				a = map[string]string{}
+			if r.Annotations == nil {
+				r.Annotations = map[string]string{}
 			}
-			a[cachedRulesDigest] = rulesDigest(r.Rules)
-			r.Annotations, r.Rules = a, nil
+			r.Annotations[cachedRulesDigest] = rulesDigest(r.Rules)
+			r.Rules = nil
 		}
 		return stripManagedFields(in)
 	}
