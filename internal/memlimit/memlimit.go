@@ -1,9 +1,10 @@
-// Package memlimit tunes the Go runtime's memory use: it sets the soft
-// memory limit (GOMEMLIMIT) from the container's memory limit, so that the garbage collector works
-// harder as the heap nears the limit instead of the kernel killing the
-// process: the manager while it caches many objects, a sidecar under a
-// burst of sessions. Without it the runtime ignores the cgroup and grows
-// the heap to twice what is live.
+// Package memlimit tunes the Go runtime's memory use. It sets the soft
+// memory limit (GOMEMLIMIT) from the container's memory limit, so that the
+// garbage collector works harder as the heap nears the limit instead of
+// the kernel killing the process: the manager while it caches many
+// objects, a sidecar under a burst of sessions. Without it the runtime
+// ignores the cgroup and grows the heap to twice what is live. It also
+// sets the manager's garbage collection target (SetGCPercent).
 package memlimit
 
 import (
@@ -54,15 +55,12 @@ var FromCgroup memlimit.Provider = memlimit.FromCgroup
 const ManagerGCPercent = 50
 
 // SetGCPercent sets the garbage collection target to percent unless
-// GOGC is set in the environment, and returns the target in force.
-func SetGCPercent(log logr.Logger, percent int) int {
+// GOGC is set in the environment.
+func SetGCPercent(log logr.Logger, percent int) {
 	if v, ok := os.LookupEnv("GOGC"); ok {
 		log.V(1).Info("GOGC is set in the environment; the garbage collection target is left as it is", "GOGC", v)
-		cur := debug.SetGCPercent(-1)
-		debug.SetGCPercent(cur)
-		return cur
+		return
 	}
 	debug.SetGCPercent(percent)
 	log.Info("Set the garbage collection target", "GOGC", percent)
-	return percent
 }

@@ -54,9 +54,7 @@ func TestSetGCPercent(t *testing.T) {
 	before := debug.SetGCPercent(-1)
 	debug.SetGCPercent(before)
 	t.Cleanup(func() { debug.SetGCPercent(before) })
-	if got := SetGCPercent(testr.New(t), ManagerGCPercent); got != ManagerGCPercent {
-		t.Fatalf("SetGCPercent = %d, want %d", got, ManagerGCPercent)
-	}
+	SetGCPercent(testr.New(t), ManagerGCPercent)
 	if got := debug.SetGCPercent(before); got != ManagerGCPercent {
 		t.Fatalf("runtime GC percent %d, want %d", got, ManagerGCPercent)
 	}
@@ -66,9 +64,7 @@ func TestSetGCPercentLeavesAnExplicitGOGC(t *testing.T) {
 	t.Setenv("GOGC", "200")
 	before := debug.SetGCPercent(200) // as the runtime read it at start
 	t.Cleanup(func() { debug.SetGCPercent(before) })
-	if got := SetGCPercent(testr.New(t), ManagerGCPercent); got != 200 {
-		t.Fatalf("SetGCPercent = %d with GOGC=200 in the environment, want 200 (left alone)", got)
-	}
+	SetGCPercent(testr.New(t), ManagerGCPercent)
 	if got := debug.SetGCPercent(200); got != 200 {
 		t.Fatalf("runtime GC percent changed to %d", got)
 	}
