@@ -84,10 +84,12 @@ type ConsumerSpec struct {
 	Prefetch int32 `json:"prefetch,omitempty"`
 
 	// appMaxBatch is how many events of a session, when ready together, the
-	// sidecar hands to the app in one request: 1 (the default) POSTs each
-	// event to /hcp/v1/events; above 1 the app must serve
-	// /hcp/v1/events/batch (docs/harness-api.md, "Batch delivery"), and the
-	// prefetch bounds what is ready at once.
+	// sidecar hands to the app in one request. Above 1 the app must serve
+	// /hcp/v1/events/batch (docs/harness-api.md, "Batch delivery"). At 1
+	// (the default) the sidecar POSTs each event to /hcp/v1/events until
+	// the app offers batches itself (answer header HCP-Batch-Max), then
+	// batches of up to what it offers. The prefetch bounds what is ready at
+	// once.
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1

@@ -61,12 +61,14 @@ func serve(args []string) error {
 	listen := fs.String("listen", envOr("APP_ADDR", ":8080"), "address of the app API (the sidecar's HCP_HARNESS_URL points here)")
 	failEvery := fs.Int("fail-every", 0, "answer 500 to every n-th delivery (fault injection; 0: never)")
 	delay := fs.Duration("delay", 0, "time spent processing each delivery")
+	batchMax := fs.Int("batch-max", 100, "offer the sidecar batches of up to this many events (the HCP-Batch-Max answer header; below 2: one event per request)")
 	_ = fs.Parse(args)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	rec := samplecaller.NewRecorder()
 	rec.SetDelay(*delay)
+	rec.OfferBatches(*batchMax)
 	if *failEvery > 0 {
 		var n atomic.Int64
 		rec.FailWhen(func(samplecaller.Message) bool { return n.Add(1)%int64(*failEvery) == 0 })

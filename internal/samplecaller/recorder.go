@@ -22,6 +22,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -131,6 +132,11 @@ type Recorder struct {
 	fail func(Message) bool
 	// delay is added to every delivery (a slow app).
 	delay time.Duration
+	// batchMax, above 1, is offered to the sidecar on every 2xx answer
+	// (headerBatchMax); batchGone answers the batch endpoint 404, as an
+	// app without it does.
+	batchMax  int
+	batchGone bool
 	// notify receives a tick after every recorded message.
 	notify chan struct{}
 }
@@ -155,11 +161,33 @@ func (r *Recorder) SetDelay(d time.Duration) {
 	r.delay = d
 }
 
+// headerBatchMax is the answer header by which an app offers batch
+// delivery (docs/harness-api.md, "Batch delivery").
+const headerBatchMax = "HCP-Batch-Max"
+
+// OfferBatches makes every 2xx answer offer batches of up to n events
+// (n < 2: no offer), so that the sidecar POSTs the events of a session
+// that are ready together to /hcp/v1/events/batch.
+func (r *Recorder) OfferBatches(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batchMax, r.batchGone = n, false
+}
+
+// WithdrawBatches stops the offer and answers /hcp/v1/events/batch with
+// 404, as an older version of an app without the endpoint would.
+func (r *Recorder) WithdrawBatches() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batchMax, r.batchGone = 0, true
+}
+
 // Changed is signalled (capacity one) after each recorded message.
 func (r *Recorder) Changed() <-chan struct{} { return r.notify }
 
 // Handler serves POST /hcp/v1/events, POST /hcp/v1/events/batch (the
-// sidecar's batch delivery, HCP_APP_MAX_BATCH above 1) and GET /received.
+// sidecar's batch delivery: HCP_APP_MAX_BATCH above 1, or OfferBatches)
+// and GET /received.
 func (r *Recorder) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hcp/v1/events", r.handleEvent)
@@ -180,7 +208,15 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 	var batch struct {
 		Messages []Message `json:"messages"`
 	}
-	if strings.HasSuffix(req.URL.Path, "/batch") {
+	r.mu.Lock()
+	fail, delay, batchMax, batchGone := r.fail, r.delay, r.batchMax, r.batchGone
+	r.mu.Unlock()
+	isBatch := strings.HasSuffix(req.URL.Path, "/batch")
+	if isBatch && batchGone {
+		http.NotFound(w, req)
+		return
+	}
+	if isBatch {
 		err = json.Unmarshal(body, &batch)
 	} else {
 		batch.Messages = make([]Message, 1)
@@ -198,9 +234,6 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, fmt.Sprintf("not an HCP message: %v", err), http.StatusBadRequest)
 		return
 	}
-	r.mu.Lock()
-	fail, delay := r.fail, r.delay
-	r.mu.Unlock()
 	if delay > 0 {
 		time.Sleep(delay)
 	}
@@ -220,6 +253,9 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 	r.mu.Unlock()
 	for _, m := range batch.Messages {
 		r.Record(m)
+	}
+	if batchMax > 1 {
+		w.Header().Set(headerBatchMax, strconv.Itoa(batchMax))
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -60,7 +60,7 @@ import (
 // rate=max publishes as fast as each side takes the events (throughput; its
 // latency is mostly queueing), rate=1000 paces at 1,000 events/s (latency).
 // sessions=N spreads the events round robin over N concurrent sessions
-// (HCP_BENCH_SESSIONS, a comma-separated list, default 1).
+// (HCP_BENCH_SESSIONS, a comma-separated list, default 1,10).
 // harness-events/s is the rate at which the callee sidecar took the
 // harness's events (the publishing half alone). HCP_BENCH_ONLY=relay (or
 // raw) runs one side only, for profiling.
@@ -74,7 +74,7 @@ func BenchmarkRelay(b *testing.B) {
 	if testing.Short() {
 		b.Skip("integration benchmark (envtest + RabbitMQ); -short skips it")
 	}
-	sessionCounts := envInts("HCP_BENCH_SESSIONS", []int{1})
+	sessionCounts := envInts("HCP_BENCH_SESSIONS", []int{1, 10})
 	for _, mode := range []emitMode{modeAsync, modeBatch, modeSimple} {
 		for _, app := range []appMode{appBatch, appSingle} {
 			for _, rate := range []float64{0, 1000} {
@@ -154,7 +154,8 @@ func formatRows(rows []benchRow) string {
 // appMode is how the caller sidecar hands events to the app
 // (docs/harness-api.md): appSingle, one POST per event; appBatch, the
 // events of a session that are ready (up to the prefetch) in one POST to
-// the batch endpoint.
+// the batch endpoint, which the app offers (caller.HeaderBatchMax) with
+// the Caller's appMaxBatch at its default.
 type appMode string
 
 const (
@@ -222,11 +223,12 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 			}
 			return cfg, declareRawTopology(cfg.URL, cfg.Topology)
 		default:
-			o := bedOptions{Quiet: true, CallerPrefetch: cfg.Prefetch}
+			next = newRelayRunWith(b, mode, sessions, bedOptions{Quiet: true, CallerPrefetch: cfg.Prefetch})
 			if app == appBatch {
-				o.AppMaxBatch = cfg.Prefetch
+				// As an app that serves the batch endpoint does, with the
+				// Caller's appMaxBatch left at its default.
+				next.app.batchOffer = cfg.Prefetch
 			}
-			next = newRelayRunWith(b, mode, sessions, o)
 			return cfg, nil
 		}
 	})
@@ -764,6 +766,9 @@ type benchApp struct {
 	// onAccepted, if set before the run, is called with the session id of
 	// each task_accepted received (the acceptance benchmark).
 	onAccepted func(sid string)
+	// batchOffer, above 1, is offered to the caller sidecar on every
+	// answer (caller.HeaderBatchMax), before the run.
+	batchOffer int
 
 	mu       sync.Mutex
 	rec      *benchutil.Recorder
@@ -777,6 +782,8 @@ type appSession struct {
 	completed bool
 	closed    bool
 }
+
+var canonBatchMax = http.CanonicalHeaderKey(caller.HeaderBatchMax)
 
 func newBenchApp() *benchApp { return &benchApp{sessions: map[string]*appSession{}} }
 
@@ -826,6 +833,9 @@ func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, m := range batch.Messages {
 		a.take(m)
+	}
+	if a.batchOffer > 1 {
+		w.Header()[canonBatchMax] = []string{strconv.Itoa(a.batchOffer)}
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/tracing"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 )
@@ -85,6 +86,15 @@ const (
 	HeaderMessageType    = "HCP-Message-Type"
 	HeaderIdempotencyKey = "Idempotency-Key"
 )
+
+// HeaderBatchMax is how an app offers batch delivery: a 2xx answer that
+// carries "HCP-Batch-Max: N" (2 to config.MaxAppBatch) lets the sidecar
+// POST up to N ready events of a session at once to BatchPath from then
+// on. Every answer decides again: a 2xx without it, or the batch endpoint
+// answering 404, 405 or 501, takes the sidecar back to one event per
+// request. Options.AppMaxBatch above 1 fixes the batch size instead, and
+// the header is then ignored.
+const HeaderBatchMax = "HCP-Batch-Max"
 
 func (s *Sidecar) appMessage(it *item, calleeID, taskMessageID string) AppMessage {
 	m := AppMessage{
@@ -168,6 +178,43 @@ func (s *Sidecar) deliverBatch(ms []AppMessage) error {
 	return err
 }
 
+// batchLimit is how many events of a session the next request to the app
+// may carry: Options.AppMaxBatch when above 1, otherwise what the app
+// last offered (HeaderBatchMax), 1 without an offer.
+func (s *Sidecar) batchLimit() int {
+	if s.o.AppMaxBatch > 1 {
+		return s.o.AppMaxBatch
+	}
+	return max(int(s.appBatchMax.Load()), 1)
+}
+
+// noteBatchOffer records what the app's answer to a POST on path says of
+// batches (HeaderBatchMax), unless Options.AppMaxBatch fixes the size.
+func (s *Sidecar) noteBatchOffer(path string, resp *http.Response) {
+	if s.o.AppMaxBatch > 1 {
+		return
+	}
+	offer := int32(0)
+	switch code := resp.StatusCode; {
+	case code >= 200 && code <= 299:
+		if n, err := strconv.Atoi(resp.Header.Get(HeaderBatchMax)); err == nil && n > 1 {
+			offer = int32(min(n, config.MaxAppBatch))
+		}
+	case path == BatchPath && (code == http.StatusNotFound || code == http.StatusMethodNotAllowed || code == http.StatusNotImplemented):
+		// The batch endpoint is gone (an older app rolled out): single
+		// requests again, the failed batch included.
+	default:
+		return // a failure says nothing about batches
+	}
+	if old := s.appBatchMax.Swap(offer); old != offer {
+		if offer > 1 {
+			s.log.Info("The app takes batches of events; delivering them together", "maxBatch", offer, "header", HeaderBatchMax)
+		} else {
+			s.log.Info("The app no longer offers batches; delivering one event per request", "status", resp.StatusCode)
+		}
+	}
+}
+
 func endDelivery(span tracing.Span, err error) {
 	if err != nil {
 		span.Fail(err.Error())
@@ -230,6 +277,7 @@ func (s *Sidecar) post(path string, h http.Header, body []byte, n int) error {
 	defer func() { _ = resp.Body.Close() }()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
+	s.noteBatchOffer(path, resp)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
 		return fmt.Errorf("app answered %s: %s", resp.Status, bytes.TrimSpace(msg))

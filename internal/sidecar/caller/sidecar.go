@@ -150,7 +150,8 @@ type Options struct {
 	// AppMaxBatch, above 1, has the events of a session that are ready
 	// together (up to this many) POSTed in one request to the app's
 	// BatchPath instead of one request per event to EventsPath; default
-	// cfg.AppMaxBatch.
+	// cfg.AppMaxBatch. At 1 the app may still offer batches
+	// (HeaderBatchMax).
 	AppMaxBatch int
 	// MaxBuffer bounds each session's reorder buffer; 0 means twice the
 	// prefetch (at least 16). Buffered events stay unacked, so the window
@@ -215,8 +216,11 @@ type Sidecar struct {
 	// stalledSessions counts the session workers whose app is failing
 	// their messages (stream.stalled).
 	stalledSessions atomic.Int32
-	buffered        atomic.Int64
-	dispatchedAt    atomic.Int64
+	// appBatchMax is the batch size the app last offered (HeaderBatchMax;
+	// 0: none), used while Options.AppMaxBatch is 1.
+	appBatchMax  atomic.Int32
+	buffered     atomic.Int64
+	dispatchedAt atomic.Int64
 	// answered holds task message ids whose answer has arrived (even if not
 	// yet delivered to the app), so they are not republished.
 	answered map[string]bool

@@ -871,13 +871,20 @@ func (w *stream) backoff(d time.Duration, keep int) bool {
 	}
 }
 
-// deliverEvents delivers the next ready events: one per request, or, with
-// Options.AppMaxBatch above 1, every consecutive one ready (up to that
-// many, never past a terminal message's anchor) in one request to the
-// app's batch endpoint. A 2xx means the app processed all of them.
+// deliverEvents delivers the next ready events: one per request, or
+// every consecutive one ready (up to Sidecar.batchLimit, never past a
+// terminal message's anchor) in one request to the app's batch endpoint,
+// with Options.AppMaxBatch above 1 or while the app offers batches
+// (HeaderBatchMax). A 2xx means the app processed all of them. If the app
+// withdraws its offer while a batch is retried, the retry carries the
+// first event alone.
 func (w *stream) deliverEvents() bool {
 	n := w.batchLen()
-	build := func() []AppMessage {
+	fixed := w.s.o.AppMaxBatch > 1
+	send := func() error {
+		if !fixed {
+			n = min(n, w.s.batchLimit())
+		}
 		ms := make([]AppMessage, n)
 		for i, e := range w.ready[:n] {
 			ms[i] = w.s.appMessage(e.Item, w.callee, w.taskMessageID)
@@ -885,11 +892,10 @@ func (w *stream) deliverEvents() bool {
 		if w.lost != nil && w.lost.To < w.ready[0].Seq {
 			ms[0].Lost = w.lost
 		}
-		return ms
-	}
-	send := func() error { return w.s.deliver(build()[0]) }
-	if w.s.o.AppMaxBatch > 1 {
-		send = func() error { return w.s.deliverBatch(build()) }
+		if fixed || n > 1 {
+			return w.s.deliverBatch(ms)
+		}
+		return w.s.deliver(ms[0])
 	}
 	if !w.deliverRetrying("event", n, send) {
 		return false
@@ -939,7 +945,7 @@ func (w *stream) deliverEvents() bool {
 
 // batchLen is how many of the ready events the next request carries.
 func (w *stream) batchLen() int {
-	limit := min(len(w.ready), max(w.s.o.AppMaxBatch, 1))
+	limit := min(len(w.ready), w.s.batchLimit())
 	n := 1
 	for n < limit && (len(w.barriers) == 0 || w.ready[n].Seq <= w.barriers[0].anchor) {
 		n++
