@@ -206,7 +206,9 @@ func (s *Sidecar) noteBatchOffer(path string, resp *http.Response) {
 	default:
 		return // a failure says nothing about batches
 	}
-	if old := s.appBatchMax.Swap(offer); old != offer {
+	old := s.appBatchMax.Swap(offer)
+	s.m.AppBatchMax.Set(float64(s.batchLimit()))
+	if old != offer {
 		if offer > 1 {
 			s.log.Info("The app takes batches of events; delivering them together", "maxBatch", offer, "header", HeaderBatchMax)
 		} else {

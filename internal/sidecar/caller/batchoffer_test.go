@@ -4,7 +4,11 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 )
 
 // TestNoteBatchOffer: what each answer of the app does to the batch size
@@ -37,15 +41,18 @@ func TestNoteBatchOffer(t *testing.T) {
 		{"a malformed offer is no offer", EventsPath, answer(204, "lots"), 1},
 		{"a negative offer is no offer", EventsPath, answer(204, "-3"), 1},
 	}
-	s := &Sidecar{}
+	s := &Sidecar{m: metrics.New(prometheus.NewRegistry())}
 	for _, st := range steps {
 		s.noteBatchOffer(st.path, st.resp)
 		if got := s.batchLimit(); got != st.want {
 			t.Errorf("%s: batch limit %d, want %d", st.what, got, st.want)
 		}
+		if got := testutil.ToFloat64(s.m.AppBatchMax); got != float64(st.want) {
+			t.Errorf("%s: hcp_sidecar_app_batch_max %v, want %d", st.what, got, st.want)
+		}
 	}
 
-	fixed := &Sidecar{o: Options{AppMaxBatch: 30}}
+	fixed := &Sidecar{o: Options{AppMaxBatch: 30}, m: metrics.New(prometheus.NewRegistry())}
 	fixed.noteBatchOffer(EventsPath, answer(204, "5"))
 	if got := fixed.batchLimit(); got != 30 {
 		t.Errorf("with AppMaxBatch 30 and an offer of 5: batch limit %d, want 30 (the option wins)", got)

@@ -345,6 +345,7 @@ func New(opts Options) (*Sidecar, error) {
 		runCtx:    context.Background(),
 		stopCh:    make(chan struct{}),
 	}
+	s.m.AppBatchMax.Set(float64(s.batchLimit()))
 	if s.store == nil {
 		st, err := OpenStore(c.StateDir)
 		if err != nil {

@@ -39,6 +39,10 @@ type Metrics struct {
 	// AppDeliveries counts events handed to the local app/harness over HTTP,
 	// by result (ok, error).
 	AppDeliveries *prometheus.CounterVec
+	// AppBatchMax is how many events one request to the app may carry
+	// (caller): the Caller's appMaxBatch when above 1, otherwise what the
+	// app offers (HCP-Batch-Max), 1 without an offer.
+	AppBatchMax prometheus.Gauge
 	// Released counts deliveries a caller sidecar returned to the queue
 	// because their session could not use them yet (its app was failing,
 	// or it waited for a gap) and such sessions already held their share
@@ -72,11 +76,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		Reconnects:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries, by connection."}, []string{ConnectionLabel}),
 		Connected:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up, by connection."}, []string{ConnectionLabel}),
 		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{resultLabel}),
+		AppBatchMax:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "hcp_sidecar_app_batch_max", Help: "Events one request to the app may carry: the Caller's appMaxBatch above 1, else the app's HCP-Batch-Max offer, 1 without one (caller)."}),
 		Released:      prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_released_total", Help: "Deliveries returned to the queue because their session could not use them yet: its app was failing or it waited for a gap (caller)."}),
 		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
-		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.Released, m.Latency)
+		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.AppBatchMax, m.Released, m.Latency)
 	return m
 }
 
