@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -92,9 +93,16 @@ const (
 // POST up to N ready events of a session at once to BatchPath from then
 // on. Every answer decides again: a 2xx without it, or the batch endpoint
 // answering 404, 405 or 501, takes the sidecar back to one event per
-// request. Options.AppMaxBatch above 1 fixes the batch size instead, and
-// the header is then ignored.
+// request, and after such a refusal offers are ignored for
+// batchRefusalHold. Options.AppMaxBatch above 1 fixes the batch size
+// instead, and the header is then ignored.
 const HeaderBatchMax = "HCP-Batch-Max"
+
+// batchRefusalHold is how long the sidecar ignores the app's offers after
+// its batch endpoint refused a batch: an app that offers batches but does
+// not serve them (a misconfigured route) costs one refused request a
+// minute, not one per event.
+const batchRefusalHold = time.Minute
 
 func (s *Sidecar) appMessage(it *item, calleeID, taskMessageID string) AppMessage {
 	m := AppMessage{
@@ -197,12 +205,15 @@ func (s *Sidecar) noteBatchOffer(path string, resp *http.Response) {
 	offer := int32(0)
 	switch code := resp.StatusCode; {
 	case code >= 200 && code <= 299:
-		if n, err := strconv.Atoi(resp.Header.Get(HeaderBatchMax)); err == nil && n > 1 {
+		n, err := strconv.Atoi(resp.Header.Get(HeaderBatchMax))
+		refused := s.batchRefusedAt.Load()
+		if err == nil && n > 1 && (refused == 0 || s.clk.Since(time.Unix(0, refused)) >= batchRefusalHold) {
 			offer = int32(min(n, config.MaxAppBatch))
 		}
 	case path == BatchPath && (code == http.StatusNotFound || code == http.StatusMethodNotAllowed || code == http.StatusNotImplemented):
 		// The batch endpoint is gone (an older app rolled out): single
 		// requests again, the failed batch included.
+		s.batchRefusedAt.Store(s.clk.Now().UnixNano())
 	default:
 		return // a failure says nothing about batches
 	}

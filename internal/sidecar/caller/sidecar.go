@@ -217,10 +217,12 @@ type Sidecar struct {
 	// their messages (stream.stalled).
 	stalledSessions atomic.Int32
 	// appBatchMax is the batch size the app last offered (HeaderBatchMax;
-	// 0: none), used while Options.AppMaxBatch is 1.
-	appBatchMax  atomic.Int32
-	buffered     atomic.Int64
-	dispatchedAt atomic.Int64
+	// 0: none), used while Options.AppMaxBatch is 1; batchRefusedAt is
+	// when its batch endpoint last refused a batch (unix nanos).
+	appBatchMax    atomic.Int32
+	batchRefusedAt atomic.Int64
+	buffered       atomic.Int64
+	dispatchedAt   atomic.Int64
 	// answered holds task message ids whose answer has arrived (even if not
 	// yet delivered to the app), so they are not republished.
 	answered map[string]bool
