@@ -205,7 +205,11 @@ func (s *Sidecar) noteBatchOffer(path string, resp *http.Response) {
 	offer := int32(0)
 	switch code := resp.StatusCode; {
 	case code >= 200 && code <= 299:
-		n, err := strconv.Atoi(resp.Header.Get(HeaderBatchMax))
+		v := resp.Header.Get(HeaderBatchMax)
+		if v == "" { // most answers: no parse, no error to allocate
+			break
+		}
+		n, err := strconv.Atoi(v)
 		refused := s.batchRefusedAt.Load()
 		if err == nil && n > 1 && (refused == 0 || s.clk.Since(time.Unix(0, refused)) >= batchRefusalHold) {
 			offer = int32(min(n, config.MaxAppBatch))
