@@ -110,7 +110,9 @@ const (
 type benchRow struct {
 	scenario   string
 	raw, relay benchutil.Summary
-	paced      bool
+	// floor is the harness API's floor (floorRun), where it was run.
+	floor benchutil.Summary
+	paced bool
 }
 
 var benchRows []benchRow
@@ -144,6 +146,19 @@ func formatRows(rows []benchRow) string {
 		thr, p99 := r.verdict()
 		fmt.Fprintf(&b, "%-48s %10.0f %10.0f %8s %12.2f %12.2f %12.2f %12.2f %8s %22s %22s\n", r.scenario, r.raw.Throughput, r.relay.Throughput, thr,
 			ms(r.raw.P50), ms(r.raw.P99), ms(r.relay.P50), ms(r.relay.P99), p99, us(r.raw.CPUPerMessage), us(r.relay.CPUPerMessage))
+	}
+	floorHeader := true
+	for _, r := range rows {
+		if r.floor.Runs == 0 {
+			continue
+		}
+		if floorHeader {
+			fmt.Fprintf(&b, "the harness API's floor (raw amqp091-go behind the same harness and app, HTTP on both sides, nothing else):\n%-48s %10s %10s %12s %12s %12s %22s\n",
+				"scenario", "floor ev/s", "floor/raw", "relay/floor", "floor p99 ms", "p99× raw", "floor CPU µs/ev us+brk")
+			floorHeader = false
+		}
+		fmt.Fprintf(&b, "%-48s %10.0f %10.2f %12.2f %12.2f %12.2f %22s\n", r.scenario, r.floor.Throughput, r.floor.Throughput/r.raw.Throughput,
+			r.relay.Throughput/r.floor.Throughput, ms(r.floor.P99), float64(r.floor.P99)/float64(r.raw.P99), us(r.floor.CPUPerMessage))
 	}
 	self, broker := benchutil.PeakRSS()
 	fmt.Fprintf(&b, "CPU per event: \"cl\" the raw client, \"us\" this process (both sidecars, the harness and the app), \"brk\" the RabbitMQ node; peak RSS: this process %d MiB, the RabbitMQ node %d MiB\n",
@@ -195,6 +210,10 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 			return res, err
 		},
 	}
+	if mode == modeAsync && app == appBatch {
+		// The harness API's floor (floorRun), beside the fastest mode.
+		runners["floor"] = floorRun{mode: mode, sessions: sessions}.run
+	}
 	if only := os.Getenv("HCP_BENCH_ONLY"); only != "" {
 		// Profiling one side (HCP_BENCH_ONLY=relay or raw): no ratios.
 		for name := range runners {
@@ -206,22 +225,8 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 	res, err := benchutil.Interleave(ctx, rounds, runners, func(name string) (benchutil.Config, error) {
 		cfg := benchutil.Config{Messages: n, Rate: rate, BodySize: bodySize, Window: benchutil.DefaultWindow, Prefetch: benchutil.DefaultPrefetch}
 		switch name {
-		case "raw":
-			vhost := testbed.RandomName("hcp-relay-raw-")
-			if err := mgmt(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})); err != nil {
-				return cfg, err
-			}
-			b.Cleanup(func() { _ = broker.DeleteVhost(vhost) })
-			if err := mgmt(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})); err != nil {
-				return cfg, err
-			}
-			cfg.URL = broker.AMQPURI(broker.Username, broker.Password, vhost)
-			cfg.Topology = benchutil.Topology{
-				Exchange: topology.EventsExchange, ExchangeKind: topology.EventsExchangeType,
-				RoutingKey: topology.EventRoutingKey(callerID, envelope.NewMessageID(), envelope.TypeEvent),
-				BindingKey: topology.EventBindingKey(callerID), Queue: topology.EventQueue(callerID),
-			}
-			return cfg, declareRawTopology(cfg.URL, cfg.Topology)
+		case "raw", "floor":
+			return rawConfig(b, broker, name, cfg)
 		default:
 			next = newRelayRunWith(b, mode, sessions, bedOptions{Quiet: true, CallerPrefetch: cfg.Prefetch})
 			if app == appBatch {
@@ -244,6 +249,9 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 		for i, r := range res["relay"] {
 			b.Logf("relay round %d: %s; %s", i+1, r, details[i])
 		}
+		for i, r := range res["floor"] {
+			b.Logf("floor round %d: %s", i+1, r)
+		}
 	}
 	if len(res["raw"]) == 0 || len(res["relay"]) == 0 {
 		logRounds()
@@ -253,6 +261,12 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 	b.Logf("relay/raw: throughput %.2f, p50 %.2f, p99 %.2f (load average before %s, after %s)", relay.Throughput/raw.Throughput,
 		float64(relay.P50)/float64(raw.P50), float64(relay.P99)/float64(raw.P99), loadBefore, loadavg())
 	row := benchRow{scenario: strings.TrimPrefix(b.Name(), "BenchmarkRelay/"), raw: raw, relay: relay, paced: rate > 0}
+	if fl := res["floor"]; len(fl) > 0 {
+		row.floor = benchutil.Summarize(fl)
+		b.Logf("floor: %s; floor/raw: throughput %.2f, p99 %.2f", row.floor, row.floor.Throughput/raw.Throughput, float64(row.floor.P99)/float64(raw.P99))
+		b.ReportMetric(row.floor.Throughput, "floor-events/s")
+		b.ReportMetric(row.floor.Throughput/raw.Throughput, "floor-throughput-ratio")
+	}
 	benchRows = append(benchRows, row)
 	thr, p99 := row.verdict()
 	b.Logf("relay/raw: throughput %s, p99 %s", thr, p99)
@@ -270,6 +284,27 @@ func benchRelayVsRaw(b *testing.B, mode emitMode, app appMode, rate float64, ses
 	b.ReportMetric(ms(raw.P99), "raw-p99-ms")
 	b.ReportMetric(ms(relay.P99), "relay-p99-ms")
 	b.ReportMetric(float64(relay.P99)/float64(raw.P99), "p99-ratio")
+}
+
+// rawConfig completes cfg for a raw amqp091-go run (the baseline, or the
+// floor): a vhost of its own, deleted at the end of the test, and in it the
+// relay's event exchange and a queue like the relay's event queue.
+func rawConfig(tb testing.TB, broker *testbed.Broker, name string, cfg benchutil.Config) (benchutil.Config, error) {
+	vhost := testbed.RandomName("hcp-relay-" + name + "-")
+	if err := mgmt(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})); err != nil {
+		return cfg, err
+	}
+	tb.Cleanup(func() { _ = broker.DeleteVhost(vhost) })
+	if err := mgmt(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})); err != nil {
+		return cfg, err
+	}
+	cfg.URL = broker.AMQPURI(broker.Username, broker.Password, vhost)
+	cfg.Topology = benchutil.Topology{
+		Exchange: topology.EventsExchange, ExchangeKind: topology.EventsExchangeType,
+		RoutingKey: topology.EventRoutingKey(callerID, envelope.NewMessageID(), envelope.TypeEvent),
+		BindingKey: topology.EventBindingKey(callerID), Queue: topology.EventQueue(callerID),
+	}
+	return cfg, declareRawTopology(cfg.URL, cfg.Topology)
 }
 
 // declareRawTopology declares the baseline's exchange and a quorum queue
@@ -423,13 +458,12 @@ func gathered(reg *prometheus.Registry, name string) float64 {
 
 // relayRun is one bed for one measured run.
 type relayRun struct {
-	tb   testing.TB
-	bed  *bed
-	app  *benchApp
-	h    *benchHarness
-	mode emitMode
-	n    int // sessions
-	hc   *http.Client
+	harnessDriver
+	tb  testing.TB
+	bed *bed
+	app *benchApp
+	h   *benchHarness
+	n   int // sessions
 	// postedRate is the rate at which the harness got its events accepted
 	// by the callee sidecar in the last run (events/s); detail describes
 	// the run.
@@ -444,11 +478,11 @@ func newRelayRun(tb testing.TB, mode emitMode, sessions int) *relayRun {
 // newRelayRunWith is newRelayRun on a bed with options o (Harness and App
 // are the run's).
 func newRelayRunWith(tb testing.TB, mode emitMode, sessions int, o bedOptions) *relayRun {
-	r := &relayRun{tb: tb, app: newBenchApp(), h: newBenchHarness(), mode: mode, n: sessions}
+	r := &relayRun{tb: tb, app: newBenchApp(), h: newBenchHarness(), n: sessions}
 	o.Harness = func(string, logr.Logger) http.Handler { return r.h }
 	o.App = r.app
 	r.bed = newBed(tb, o)
-	r.hc = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
+	r.harnessDriver = newHarnessDriver(r.bed.CalleeAPI, mode)
 	return r
 }
 
@@ -575,11 +609,26 @@ type benchEvent struct {
 	sent int64 // UnixNano; 0: stamped when the sender takes it
 }
 
+// harnessDriver is the benchmark's harness: it posts events to the
+// harness API at base (a callee sidecar's, or the floor's) in its mode.
+type harnessDriver struct {
+	hc   *http.Client
+	base string
+	mode emitMode
+}
+
+func newHarnessDriver(base string, mode emitMode) harnessDriver {
+	return harnessDriver{
+		hc:   &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}},
+		base: base, mode: mode,
+	}
+}
+
 // emit posts n events over the sessions, round robin, paced at rate
 // events/s in all (0: as fast as the senders take them). Paced events are
 // stamped when due; unpaced ones when the harness takes them to post, as
 // the raw baseline stamps a message when its window lets it publish.
-func (r *relayRun) emit(ctx context.Context, sids []string, n int, rate float64, rec *benchutil.Recorder) error {
+func (r *harnessDriver) emit(ctx context.Context, sids []string, n int, rate float64, rec *benchutil.Recorder) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	chans := make([]chan benchEvent, len(sids))
@@ -624,8 +673,8 @@ func (r *relayRun) emit(ctx context.Context, sids []string, n int, rate float64,
 }
 
 // send is one session's harness: it posts the events of ch in order.
-func (r *relayRun) send(ctx context.Context, sid string, ch <-chan benchEvent, total int) error {
-	url := r.bed.CalleeAPI + "/hcp/v1/sessions/" + sid + "/events"
+func (r *harnessDriver) send(ctx context.Context, sid string, ch <-chan benchEvent, total int) error {
+	url := r.base + "/hcp/v1/sessions/" + sid + "/events"
 	pad := strings.Repeat("x", eventPadding())
 	var buf bytes.Buffer
 	appendEvent := func(ev benchEvent) {
@@ -664,7 +713,13 @@ func (r *relayRun) send(ctx context.Context, sid string, ch <-chan benchEvent, t
 	return nil
 }
 
-func (r *relayRun) post(ctx context.Context, url string, body []byte, async bool) error {
+func (r *harnessDriver) post(ctx context.Context, url string, body []byte, async bool) error {
+	return postJSON(ctx, r.hc, url, body, async)
+}
+
+// postJSON POSTs a JSON body ("Prefer: respond-async" if async) and wants
+// a 2xx.
+func postJSON(ctx context.Context, hc *http.Client, url string, body []byte, async bool) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -673,13 +728,13 @@ func (r *relayRun) post(ctx context.Context, url string, body []byte, async bool
 	if async {
 		req.Header.Set("Prefer", "respond-async")
 	}
-	resp, err := r.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	msg, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("POST %s: %s: %s", url, resp.Status, bytes.TrimSpace(msg))
 	}
 	return nil

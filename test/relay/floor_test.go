@@ -1,0 +1,304 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/hcp-io/hcp-operator/internal/benchutil"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
+	"github.com/hcp-io/hcp-operator/internal/testbed"
+)
+
+// floorRun is the harness API's floor: the least any relay between the
+// benchmark's harness and app has to do, done as cheaply as raw
+// amqp091-go allows. The harness POSTs the same batches as to the callee
+// sidecar (in the same mode; async is answered once published); an HTTP
+// handler splits each batch and publishes every event's data as it came,
+// persistent and mandatory, within the raw baseline's confirm window, on
+// one channel; one consumer with the raw baseline's prefetch POSTs all
+// the deliveries that are ready to the app's batch endpoint in one body
+// and acks them (multiple) on its 2xx. It has no envelope, sequencing
+// check, session state, journal, dedup or status.
+//
+// What it costs beyond raw amqp091-go is the harness API's part (an HTTP
+// hop and its JSON on each side, and a harness and an app beside the
+// broker and the client): on a machine where all of them share the
+// cores, no relay behind the harness API gets above its throughput, and
+// a relay that gets close to it adds little of its own.
+type floorRun struct {
+	mode     emitMode
+	sessions int
+}
+
+// floorEvent is what the floor reads of a harness event.
+type floorEvent struct {
+	EventType string          `json:"event_type"`
+	Data      json.RawMessage `json:"data"`
+}
+
+func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Result, error) {
+	if f.mode != modeAsync {
+		return benchutil.Result{}, fmt.Errorf("the floor answers a batch once published (async); mode %s is not built", f.mode)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rec := benchutil.NewRecorder(benchutil.NewRunID("floor"), cfg.Messages)
+	app := newBenchApp()
+	app.setRecorder(rec)
+	appSrv := httptest.NewServer(app)
+	defer appSrv.Close()
+
+	consConn, err := amqp.Dial(cfg.URL)
+	if err != nil {
+		return benchutil.Result{}, err
+	}
+	defer func() { _ = consConn.Close() }()
+	cch, err := consConn.Channel()
+	if err != nil {
+		return benchutil.Result{}, err
+	}
+	if err := cch.Qos(cfg.Prefetch, 0, false); err != nil {
+		return benchutil.Result{}, err
+	}
+	deliveries, err := cch.Consume(cfg.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		return benchutil.Result{}, err
+	}
+	consErr := make(chan error, 1)
+	go func() { consErr <- f.deliver(ctx, deliveries, cfg.Prefetch, appSrv.URL+caller.BatchPath) }()
+
+	pubConn, err := amqp.Dial(cfg.URL)
+	if err != nil {
+		return benchutil.Result{}, err
+	}
+	defer func() { _ = pubConn.Close() }()
+	pch, err := pubConn.Channel()
+	if err != nil {
+		return benchutil.Result{}, err
+	}
+	if err := pch.Confirm(false); err != nil {
+		return benchutil.Result{}, err
+	}
+	returns := pch.NotifyReturn(make(chan amqp.Return, 1))
+	pub := &floorPublisher{ch: pch, cfg: cfg, seqs: map[string]int64{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /hcp/v1/sessions/{id}/events", func(w http.ResponseWriter, r *http.Request) {
+		body, err := server.ReadJSON(r, 64<<20, false)
+		var events []floorEvent
+		if err == nil {
+			err = json.Unmarshal(body, &events)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := pub.publish(r.Context(), r.PathValue("id"), events); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+	})
+	ingest := httptest.NewServer(mux)
+	defer ingest.Close()
+
+	driver := newHarnessDriver(ingest.URL, f.mode)
+	defer driver.hc.CloseIdleConnections()
+	sids := make([]string, f.sessions)
+	for i := range sids {
+		sids[i] = testbed.RandomName("floor-")
+	}
+	if cfg.OnStart != nil {
+		cfg.OnStart()
+	}
+	if err := driver.emit(ctx, sids, cfg.Messages, cfg.Rate, rec); err != nil {
+		return benchutil.Result{}, err
+	}
+	select {
+	case <-rec.Done():
+	case r := <-returns:
+		return benchutil.Result{}, fmt.Errorf("message returned: %d %s", r.ReplyCode, r.ReplyText)
+	case err := <-consErr:
+		return benchutil.Result{}, fmt.Errorf("delivery to the app: %w", err)
+	case <-ctx.Done():
+		return benchutil.Result{}, fmt.Errorf("%d of %d events at the app: %w", rec.Received(), cfg.Messages, ctx.Err())
+	}
+	if err := pub.drain(ctx); err != nil {
+		return benchutil.Result{}, err
+	}
+	res := rec.Result()
+	if p := app.problems(); len(p) > 0 {
+		return res, fmt.Errorf("the app saw %d problems: %q", len(p), p[:min(len(p), 10)])
+	}
+	if res.Duplicates != 0 {
+		return res, fmt.Errorf("the app received %d events twice", res.Duplicates)
+	}
+	return res, nil
+}
+
+// floorPublisher publishes the harness's events on one channel with the
+// raw baseline's window of deferred confirms, numbering each session's
+// events from 1.
+type floorPublisher struct {
+	cfg    benchutil.Config
+	mu     sync.Mutex
+	ch     *amqp.Channel
+	window []*amqp.DeferredConfirmation
+	seqs   map[string]int64
+}
+
+func (p *floorPublisher) publish(ctx context.Context, sid string, events []floorEvent) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ev := range events {
+		if len(p.window) == p.cfg.Window {
+			if err := p.waitOldest(ctx); err != nil {
+				return err
+			}
+		}
+		p.seqs[sid]++
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, p.cfg.RoutingKey, true, false, amqp.Publishing{
+			ContentType:   "application/json",
+			DeliveryMode:  amqp.Persistent,
+			CorrelationId: sid,
+			MessageId:     strconv.FormatInt(p.seqs[sid], 10),
+			Type:          ev.EventType,
+			Body:          ev.Data,
+		})
+		if err != nil {
+			return err
+		}
+		p.window = append(p.window, dc)
+	}
+	return nil
+}
+
+func (p *floorPublisher) waitOldest(ctx context.Context) error {
+	dc := p.window[0]
+	p.window = p.window[1:]
+	ok, err := dc.WaitContext(ctx)
+	if err == nil && !ok {
+		err = errors.New("publish nacked")
+	}
+	return err
+}
+
+// drain waits for the confirms still outstanding.
+func (p *floorPublisher) drain(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.window) > 0 {
+		if err := p.waitOldest(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deliver POSTs the deliveries that are ready, up to prefetch, to the
+// app's batch endpoint in one body and acks them on its 2xx, until
+// deliveries closes. Taking deliveries and POSTing them overlap: while one
+// batch is at the app, the next is gathered.
+func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, prefetch int, url string) error {
+	type batch struct {
+		body []byte
+		n    int
+		last amqp.Delivery
+	}
+	batches := make(chan batch, 1)
+	errc := make(chan error, 1)
+	go func() {
+		defer close(errc)
+		hc := &http.Client{Transport: &http.Transport{Proxy: nil}}
+		defer hc.CloseIdleConnections()
+		unacked := 0
+		for b := range batches {
+			if err := postJSON(ctx, hc, url, b.body, false); err != nil {
+				errc <- err
+				return
+			}
+			// The app has them: ack as the raw baseline's consumer does,
+			// once per burst and at the latest every half window.
+			if unacked += b.n; len(batches) > 0 && unacked < max(prefetch/2, 1) {
+				continue
+			}
+			if err := b.last.Ack(true); err != nil {
+				errc <- err
+				return
+			}
+			unacked = 0
+		}
+	}()
+	defer close(batches)
+	var buf bytes.Buffer
+	appendMessage := func(d amqp.Delivery) {
+		buf.WriteString(`{"session_id":"`)
+		buf.WriteString(d.CorrelationId)
+		buf.WriteString(`","type":"event","sequence":`)
+		buf.WriteString(d.MessageId)
+		buf.WriteString(`,"event_type":"`)
+		buf.WriteString(d.Type)
+		buf.WriteString(`","data":`)
+		buf.Write(d.Body)
+		buf.WriteByte('}')
+	}
+	for d := range deliveries {
+		buf = bytes.Buffer{}
+		buf.WriteString(`{"messages":[`)
+		appendMessage(d)
+		b := batch{n: 1, last: d}
+		for ; b.n < prefetch && len(deliveries) > 0; b.n++ {
+			b.last = <-deliveries
+			buf.WriteByte(',')
+			appendMessage(b.last)
+		}
+		buf.WriteString(`]}`)
+		b.body = buf.Bytes()
+		select {
+		case batches <- b:
+		case err := <-errc:
+			return err
+		}
+	}
+	return nil
+}
+
+// TestHarnessAPIFloor runs the floor that make bench sets beside the relay,
+// small: every event reaches the app once and in order, at 1 and at 3
+// sessions, paced and not.
+func TestHarnessAPIFloor(t *testing.T) {
+	broker := testbed.EnsureRabbitMQ(t)
+	for _, tc := range []struct {
+		sessions int
+		rate     float64
+	}{{1, 0}, {3, 0}, {3, 2000}} {
+		t.Run(fmt.Sprintf("sessions=%d/rate=%v", tc.sessions, tc.rate), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg, err := rawConfig(t, broker, "floor", benchutil.Config{Messages: 2000, Rate: tc.rate, BodySize: relayEnvelopeSize(),
+				Window: benchutil.DefaultWindow, Prefetch: benchutil.DefaultPrefetch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := floorRun{mode: modeAsync, sessions: tc.sessions}.run(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(res.Latencies); got != cfg.Messages {
+				t.Fatalf("the app timed %d events; want %d", got, cfg.Messages)
+			}
+			t.Logf("%d events over %d session(s): %.0f events/s, p99 %v", cfg.Messages, tc.sessions, res.Throughput(), res.Percentile(0.99))
+		})
+	}
+}
