@@ -42,6 +42,13 @@ func (l Latencies) String() string {
 // both ends and the broker wake up), so a baseline for operations that
 // follow idle time must pause as they do.
 func RoundTrip(ctx context.Context, url, requests, replies string, n, bodySize int, gap time.Duration) (Latencies, error) {
+	return RoundTripThen(ctx, url, requests, replies, n, bodySize, gap, nil)
+}
+
+// RoundTripThen is RoundTrip with then(i), when not nil, called after the
+// i-th reply, within the time measured: a round trip followed by what the
+// system measured beside it does next on its path (an API create, say).
+func RoundTripThen(ctx context.Context, url, requests, replies string, n, bodySize int, gap time.Duration, then func(i int) error) (Latencies, error) {
 	conn := func(name string) (*amqp.Connection, *amqp.Channel, error) {
 		c, err := amqp.DialConfig(url, amqp.Config{Heartbeat: 30 * time.Second, Properties: connName(name)})
 		if err != nil {
@@ -143,6 +150,11 @@ func RoundTrip(ctx context.Context, url, requests, replies string, n, bodySize i
 				return lat, ctx.Err()
 			}
 			break
+		}
+		if then != nil {
+			if err := then(i); err != nil {
+				return lat, err
+			}
 		}
 		lat = append(lat, time.Since(start))
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -54,6 +57,10 @@ const (
 // path alone on a quiet machine, beside a raw round trip and the
 // HCPSession create each after the same quiet (on a machine whose
 // processes go idle, a lone request costs more than one in a tight loop).
+// And the acceptance floor, back to back: a raw round trip and the
+// HCPSession create, with the session's later writes beside the next one
+// (floorSessionWrites), the least any gate that keeps HCPSessions does
+// here.
 func benchAcceptance(b *testing.B) {
 	if b.N == 1 {
 		return // the framework's probe run (see benchRelayVsRaw)
@@ -123,7 +130,29 @@ func benchAcceptance(b *testing.B) {
 		return time.Since(start), err
 	}
 
-	var relay, spaced, raw, bare, bareHS, rawSpaced, bareHSSpaced benchutil.Latencies
+	// The acceptance floor, back to back: what any gate on this machine
+	// has to do, as cheaply as raw amqp091-go and a client allow. Timed: a
+	// raw two-hop round trip, then the create of the HCPSession. Beside
+	// the next one, as the back-to-back series' previous session's end
+	// runs beside its next acceptance: the fewest other writes a session
+	// needs (floorSessionWrites: two, where the relay's sidecars make
+	// about 2.9).
+	var later sync.WaitGroup
+	var laterErr atomic.Pointer[error]
+	floorAccept := func(int) error {
+		hs := bareSession(r.bed.ns, callee)
+		if err := r.bed.env.Client.Create(ctx, hs); err != nil {
+			return err
+		}
+		later.Go(func() {
+			if err := floorSessionWrites(ctx, r.bed.env.Client, hs); err != nil {
+				laterErr.CompareAndSwap(nil, &err)
+			}
+		})
+		return nil
+	}
+
+	var relay, spaced, raw, bare, bareHS, rawSpaced, bareHSSpaced, floor benchutil.Latencies
 	api, err := kubernetes.NewForConfig(r.bed.env.Config)
 	must(b, err)
 	var writes float64
@@ -150,6 +179,15 @@ func benchAcceptance(b *testing.B) {
 			b.Fatal(err)
 		}
 		raw = append(raw, l...)
+		l, err = benchutil.RoundTripThen(ctx, rawURL, "requests", "replies", per, benchutil.DefaultBodySize, 0, floorAccept)
+		later.Wait()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if e := laterErr.Load(); e != nil {
+			b.Fatalf("the floor's session writes: %v", *e)
+		}
+		floor = append(floor, l...)
 		// The spaced series' baselines: each after the same quiet.
 		if l, err = benchutil.RoundTrip(ctx, rawURL, "requests", "replies", per/2, benchutil.DefaultBodySize, spacingQuiet); err != nil {
 			b.Fatal(err)
@@ -187,6 +225,9 @@ func benchAcceptance(b *testing.B) {
 	b.Logf("the same with %s of quiet after each session's end: %s", spacingQuiet, spaced)
 	b.Logf("raw two-hop round trip: %s; bare API create: %s; bare create of an HCPSession like the gate's: %s", raw, bare, bareHS)
 	b.Logf("each after %s of quiet, as in the spaced series: raw two-hop round trip: %s; bare create of an HCPSession like the gate's: %s", spacingQuiet, rawSpaced, bareHSSpaced)
+	b.Logf("the acceptance floor, back to back (a raw two-hop round trip and the HCPSession create, the session's two other writes beside the next): %s; against the target: p50 %s, p99 %s",
+		floor, mark(floor.Percentile(0.5) <= acceptanceP50Target), mark(floor.Percentile(0.99) <= budget))
+	b.Logf("acceptance against the floor: p50 %+.1f ms, p99 %+.1f ms", ms(relay.Percentile(0.5)-floor.Percentile(0.5)), ms(relay.Percentile(0.99)-floor.Percentile(0.99)))
 	b.Logf("API writes to HCPSessions in the back-to-back series, both sidecars: %.2f per session", writes/float64(len(relay)))
 	b.Logf("acceptance p50 %.1f ms %s (target ≤ %.0f ms); p99 %.1f ms %s (target ≤ raw p99 + create p99 + 5 ms = %.1f ms)",
 		ms(relay.Percentile(0.5)), mark(relay.Percentile(0.5) <= acceptanceP50Target), ms(acceptanceP50Target),
@@ -200,7 +241,25 @@ func benchAcceptance(b *testing.B) {
 	b.ReportMetric(ms(bareHS.Percentile(0.99)), "session-create-p99-ms")
 	b.ReportMetric(ms(rawSpaced.Percentile(0.5)), "spaced-raw-rt-p50-ms")
 	b.ReportMetric(ms(bareHSSpaced.Percentile(0.5)), "spaced-session-create-p50-ms")
+	b.ReportMetric(ms(floor.Percentile(0.5)), "floor-p50-ms")
+	b.ReportMetric(ms(floor.Percentile(0.99)), "floor-p99-ms")
 	b.ReportMetric(writes/float64(len(relay)), "writes/session")
+}
+
+// floorSessionWrites makes the fewest writes a session that ends soon
+// after its create needs to show its end, as the callee sidecar's status
+// writer makes them (JSON merge patches under its field manager): the
+// terminal status (the status subresource; a create cannot carry it), then
+// the state label. The relay's sidecars make about 2.9, with the RUNNING
+// status and the caller's.
+func floorSessionWrites(ctx context.Context, c client.Client, hs *v1alpha1.HCPSession) error {
+	owner := client.FieldOwner("hcp-sidecar")
+	terminal := `{"status":{"state":"COMPLETED","completedAt":"` + time.Now().UTC().Format(time.RFC3339) + `","result":{"summary":"ok"}}}`
+	if err := c.Status().Patch(ctx, hs, client.RawPatch(types.MergePatchType, []byte(terminal)), owner); err != nil {
+		return err
+	}
+	label := `{"metadata":{"labels":{"` + v1alpha1.LabelSessionState + `":"COMPLETED"}}}`
+	return c.Patch(ctx, hs, client.RawPatch(types.MergePatchType, []byte(label)), owner)
 }
 
 // sessionWrites is the API server's count so far of the writes to

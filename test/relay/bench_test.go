@@ -117,22 +117,25 @@ type benchRow struct {
 
 var benchRows []benchRow
 
-// verdict marks a ratio ✓ or ✗ against its target (the one that applies
-// to the scenario: throughput unpaced, p99 paced).
-func (r benchRow) verdict() (thr, p99 string) {
+// verdict marks the ratios of sut against base ✓ or ✗ against their
+// targets (the one that applies to the scenario: throughput unpaced, p99
+// paced).
+func verdict(sut, base benchutil.Summary, paced bool) (thr, p99 string) {
 	mark := func(ok bool) string {
 		if ok {
 			return "✓"
 		}
 		return "✗"
 	}
-	t := r.relay.Throughput / r.raw.Throughput
-	p := float64(r.relay.P99) / float64(r.raw.P99)
-	if r.paced {
+	t := sut.Throughput / base.Throughput
+	p := float64(sut.P99) / float64(base.P99)
+	if paced {
 		return fmt.Sprintf("%.2f", t), fmt.Sprintf("%.2f %s", p, mark(p <= targetP99))
 	}
 	return fmt.Sprintf("%.2f %s", t, mark(t >= targetThroughput)), fmt.Sprintf("%.2f", p)
 }
+
+func (r benchRow) verdict() (thr, p99 string) { return verdict(r.relay, r.raw, r.paced) }
 
 func formatRows(rows []benchRow) string {
 	var b strings.Builder
@@ -153,12 +156,14 @@ func formatRows(rows []benchRow) string {
 			continue
 		}
 		if floorHeader {
-			fmt.Fprintf(&b, "the harness API's floor (raw amqp091-go behind the same harness and app, HTTP on both sides, nothing else):\n%-48s %10s %10s %12s %12s %12s %22s\n",
-				"scenario", "floor ev/s", "floor/raw", "relay/floor", "floor p99 ms", "p99× raw", "floor CPU µs/ev us+brk")
+			fmt.Fprintf(&b, "the harness API's floor (raw amqp091-go behind the same harness and app, HTTP on both sides, nothing else), against raw and the relay against it, same targets:\n%-48s %10s %10s %12s %12s %12s %12s %22s\n",
+				"scenario", "floor ev/s", "floor/raw", "relay/floor", "floor p99 ms", "p99× raw", "relay p99×", "floor CPU µs/ev us+brk")
 			floorHeader = false
 		}
-		fmt.Fprintf(&b, "%-48s %10.0f %10.2f %12.2f %12.2f %12.2f %22s\n", r.scenario, r.floor.Throughput, r.floor.Throughput/r.raw.Throughput,
-			r.relay.Throughput/r.floor.Throughput, ms(r.floor.P99), float64(r.floor.P99)/float64(r.raw.P99), us(r.floor.CPUPerMessage))
+		floorThr, floorP99 := verdict(r.floor, r.raw, r.paced)
+		relayThr, relayP99 := verdict(r.relay, r.floor, r.paced)
+		fmt.Fprintf(&b, "%-48s %10.0f %10s %12s %12.2f %12s %12s %22s\n", r.scenario, r.floor.Throughput, floorThr, relayThr,
+			ms(r.floor.P99), floorP99, relayP99, us(r.floor.CPUPerMessage))
 	}
 	self, broker := benchutil.PeakRSS()
 	fmt.Fprintf(&b, "CPU per event: \"cl\" the raw client, \"us\" this process (both sidecars, the harness and the app), \"brk\" the RabbitMQ node; peak RSS: this process %d MiB, the RabbitMQ node %d MiB\n",
