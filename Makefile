@@ -99,7 +99,7 @@ test-unit: ## Run the pure unit tests only (no API server, no broker).
 	go test $(GO_TEST_FLAGS) -short ./pkg/... ./api/... ./internal/resource/...
 
 .PHONY: bench
-bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go, and the full sidecar relay vs raw (at 1 and 10 sessions, about 12 minutes); the status writer's API write budget at 10, 100, 1,000 sessions.
+bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go, and the full sidecar relay vs raw and vs the harness API's floor (at 1 and 10 sessions, 12 to 15 minutes); the status writer's API write budget at 10, 100, 1,000 sessions.
 	go test -run '^$$' -bench . -benchtime 5000x ./internal/transport
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkRelay -benchtime 5000x -timeout 60m -v ./test/relay
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkWriteBudget -benchtime 1x -timeout 20m -v ./internal/sidecar/status
