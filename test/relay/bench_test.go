@@ -61,6 +61,9 @@ import (
 // latency is mostly queueing), rate=1000 paces at 1,000 events/s (latency).
 // sessions=N spreads the events round robin over N concurrent sessions
 // (HCP_BENCH_SESSIONS, a comma-separated list, default 1,10).
+// Beside mode=async/app=batch each round also runs floorRun, the harness
+// API's floor (raw amqp091-go behind the same harness and app), and the
+// table shows it against raw and the relay against it.
 // harness-events/s is the rate at which the callee sidecar took the
 // harness's events (the publishing half alone). HCP_BENCH_ONLY=relay (or
 // raw) runs one side only, for profiling.

@@ -34,9 +34,10 @@ import (
 //
 // What it costs beyond raw amqp091-go is the harness API's part (an HTTP
 // hop and its JSON on each side, and a harness and an app beside the
-// broker and the client): on a machine where all of them share the
-// cores, no relay behind the harness API gets above its throughput, and
-// a relay that gets close to it adds little of its own.
+// broker and the client). On a machine where all of them share the
+// cores, a relay behind the harness API, which has to do all of this and
+// more, has little room above the floor; how close it gets is what its
+// own work costs.
 type floorRun struct {
 	mode     emitMode
 	sessions int
