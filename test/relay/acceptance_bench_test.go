@@ -25,6 +25,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
@@ -253,12 +254,13 @@ func benchAcceptance(b *testing.B) {
 // the state label. The relay's sidecars make about 2.9, with the RUNNING
 // status and the caller's.
 func floorSessionWrites(ctx context.Context, c client.Client, hs *v1alpha1.HCPSession) error {
-	owner := client.FieldOwner("hcp-sidecar")
-	terminal := `{"status":{"state":"COMPLETED","completedAt":"` + time.Now().UTC().Format(time.RFC3339) + `","result":{"summary":"ok"}}}`
+	owner := client.FieldOwner(status.FieldOwner)
+	done := string(v1alpha1.SessionCompleted)
+	terminal := `{"status":{"state":"` + done + `","completedAt":"` + time.Now().UTC().Format(time.RFC3339) + `","result":{"summary":"ok"}}}`
 	if err := c.Status().Patch(ctx, hs, client.RawPatch(types.MergePatchType, []byte(terminal)), owner); err != nil {
 		return err
 	}
-	label := `{"metadata":{"labels":{"` + v1alpha1.LabelSessionState + `":"COMPLETED"}}}`
+	label := `{"metadata":{"labels":{"` + v1alpha1.LabelSessionState + `":"` + done + `"}}}`
 	return c.Patch(ctx, hs, client.RawPatch(types.MergePatchType, []byte(label)), owner)
 }
 

@@ -301,15 +301,11 @@ func eventQueueArgs() amqp.Table {
 // withChannel runs f on a channel of a connection to url of its own, an
 // administrator's for declarations.
 func withChannel(url string, f func(*amqp.Channel) error) error {
-	conn, err := amqp.Dial(url)
+	conn, ch, err := dialChannel(url)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
 	return f(ch)
 }
 

@@ -61,15 +61,11 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 	appSrv := httptest.NewServer(app)
 	defer appSrv.Close()
 
-	consConn, err := amqp.Dial(cfg.URL)
+	consConn, cch, err := dialChannel(cfg.URL)
 	if err != nil {
 		return benchutil.Result{}, err
 	}
 	defer func() { _ = consConn.Close() }()
-	cch, err := consConn.Channel()
-	if err != nil {
-		return benchutil.Result{}, err
-	}
 	if err := cch.Qos(cfg.Prefetch, 0, false); err != nil {
 		return benchutil.Result{}, err
 	}
@@ -80,19 +76,25 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 	consErr := make(chan error, 1)
 	go func() { consErr <- f.deliver(ctx, deliveries, cfg.Prefetch, appSrv.URL+caller.BatchPath) }()
 
-	pubConn, err := amqp.Dial(cfg.URL)
+	pubConn, pch, err := dialChannel(cfg.URL)
 	if err != nil {
 		return benchutil.Result{}, err
 	}
 	defer func() { _ = pubConn.Close() }()
-	pch, err := pubConn.Channel()
-	if err != nil {
-		return benchutil.Result{}, err
-	}
 	if err := pch.Confirm(false); err != nil {
 		return benchutil.Result{}, err
 	}
-	returns := pch.NotifyReturn(make(chan amqp.Return, 1))
+	// The first return, if any; the rest drained so that amqp091-go's
+	// reader never blocks on them.
+	returned := make(chan amqp.Return, 1)
+	go func() {
+		for r := range pch.NotifyReturn(make(chan amqp.Return, 16)) {
+			select {
+			case returned <- r:
+			default:
+			}
+		}
+	}()
 	pub := &floorPublisher{ch: pch, cfg: cfg, seqs: map[string]int64{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hcp/v1/sessions/{id}/events", func(w http.ResponseWriter, r *http.Request) {
@@ -128,7 +130,7 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 	}
 	select {
 	case <-rec.Done():
-	case r := <-returns:
+	case r := <-returned:
 		return benchutil.Result{}, fmt.Errorf("message returned: %d %s", r.ReplyCode, r.ReplyText)
 	case err := <-consErr:
 		return benchutil.Result{}, fmt.Errorf("delivery to the app: %w", err)
@@ -146,6 +148,20 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 		return res, fmt.Errorf("the app received %d events twice", res.Duplicates)
 	}
 	return res, nil
+}
+
+// dialChannel opens a connection and a channel on it.
+func dialChannel(url string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return conn, ch, nil
 }
 
 // floorPublisher publishes the harness's events on one channel with the
