@@ -19,17 +19,37 @@ type APIWrites map[string]float64
 // ReadAPIWrites reads APIWrites from the API server's own metrics
 // (apiserver_request_total) through c, a REST client of an admin config.
 func ReadAPIWrites(ctx context.Context, c rest.Interface) (APIWrites, error) {
+	all, err := ReadAPIRequests(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return all.Writes(), nil
+}
+
+// ReadAPIRequests is ReadAPIWrites for every verb: reads (GET, LIST,
+// WATCH) too.
+func ReadAPIRequests(ctx context.Context, c rest.Interface) (APIWrites, error) {
 	raw, err := c.Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return ParseAPIWrites(raw)
+	return ParseAPIRequests(raw)
 }
 
 // ParseAPIWrites counts the write requests (POST, PUT, PATCH, APPLY,
 // DELETE, DELETECOLLECTION) of apiserver_request_total in text, the
 // Prometheus text format.
 func ParseAPIWrites(text []byte) (APIWrites, error) {
+	all, err := ParseAPIRequests(text)
+	if err != nil {
+		return nil, err
+	}
+	return all.Writes(), nil
+}
+
+// ParseAPIRequests counts the requests of apiserver_request_total in
+// text, every verb.
+func ParseAPIRequests(text []byte) (APIWrites, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(text))
 	if err != nil {
@@ -41,11 +61,6 @@ func ParseAPIWrites(text []byte) (APIWrites, error) {
 		for _, p := range m.GetLabel() {
 			l[p.GetName()] = p.GetValue()
 		}
-		switch l["verb"] {
-		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
-		default:
-			continue
-		}
 		what := l["resource"]
 		if l["group"] != "" {
 			what = l["group"] + "/" + what
@@ -56,6 +71,32 @@ func ParseAPIWrites(text []byte) (APIWrites, error) {
 		out[l["verb"]+" "+what] += m.GetCounter().GetValue()
 	}
 	return out, nil
+}
+
+// Writes keeps the write verbs' counts (POST, PUT, PATCH, APPLY, DELETE,
+// DELETECOLLECTION); Reads the others.
+func (w APIWrites) Writes() APIWrites { return w.verbs(true) }
+
+// Reads keeps the counts of the verbs that do not write (GET, LIST,
+// WATCH).
+func (w APIWrites) Reads() APIWrites { return w.verbs(false) }
+
+func (w APIWrites) verbs(writes bool) APIWrites {
+	out := APIWrites{}
+	for k, v := range w {
+		verb, _, _ := strings.Cut(k, " ")
+		switch verb {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+			if writes {
+				out[k] = v
+			}
+		default:
+			if !writes {
+				out[k] = v
+			}
+		}
+	}
+	return out
 }
 
 // Of sums the writes to resource ("hcp.io/hcpsessions"), its subresources

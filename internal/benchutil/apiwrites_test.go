@@ -24,6 +24,13 @@ apiserver_request_total{code="201",component="apiserver",dry_run="",group="",res
 	if got := w.Of("hcp.io/hcpsessions"); got != 9 {
 		t.Errorf("Of(hcp.io/hcpsessions) = %v, want 9 (not the 7 of hcpsessionsx)", got)
 	}
+	all, err := ParseAPIRequests(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := all.Reads(); len(r) != 1 || r["GET secrets"] != 9 {
+		t.Errorf("Reads() = %v, want only GET secrets 9", r)
+	}
 	if _, err := ParseAPIWrites([]byte("not { metrics")); err == nil {
 		t.Error("garbage parsed without an error")
 	}

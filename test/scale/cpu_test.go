@@ -80,23 +80,33 @@ func (c cpuByProcess) since(before cpuByProcess) string {
 	return fmt.Sprintf("%.1f s in all: %s", total.Seconds(), strings.Join(parts, ", "))
 }
 
-// apiWrites is the API server's count of write requests so far, from
-// every client, by verb and resource (benchutil.APIWrites); empty when its
-// metrics cannot be read.
-type apiWrites benchutil.APIWrites
+// apiRequests is the API server's count of requests so far, from every
+// client, by verb and resource (benchutil.APIWrites, every verb); empty
+// when its metrics cannot be read.
+type apiRequests benchutil.APIWrites
 
-func (b *bed) apiWrites(ctx context.Context) apiWrites {
-	w, err := benchutil.ReadAPIWrites(ctx, b.api)
+func (b *bed) apiRequests(ctx context.Context) apiRequests {
+	w, err := benchutil.ReadAPIRequests(ctx, b.api)
 	if err != nil {
 		b.t.Logf("API server metrics: %v", err)
-		return apiWrites{}
+		return apiRequests{}
 	}
-	return apiWrites(w)
+	return apiRequests(w)
 }
 
-// since is the writes between before and w, the most first, as
+// apiUse is what the API server served in a phase: its writes and its
+// reads, each as apiRequests.since prints them.
+type apiUse struct{ writes, reads string }
+
+func (w apiRequests) use(before apiRequests) apiUse {
+	all := benchutil.APIWrites(w)
+	prev := benchutil.APIWrites(before)
+	return apiUse{writes: since(all.Writes(), prev.Writes()), reads: since(all.Reads(), prev.Reads())}
+}
+
+// since is the requests between before and w, the most first, as
 // "APPLY apps/deployments 400" for those above 1 % of the total.
-func (w apiWrites) since(before apiWrites) string {
+func since(w, before benchutil.APIWrites) string {
 	type n struct {
 		what string
 		v    float64

@@ -173,14 +173,23 @@ func TestScale(t *testing.T) {
 	t.Logf("manager started (pid %d, log %s): RSS %s idle with no objects", mgr.cmd.Process.Pid, mgr.logPath, mib(r.mem0.rss))
 
 	// Baseline: the same children, created directly.
-	cpu0, api0 := sampleCPU(), b.apiWrites(ctx)
+	cpu0, api0 := sampleCPU(), b.apiRequests(ctx)
 	apiProfiled := b.startAPIProfile(ctx, s.apiProfile, "baseline")
-	r.baseCounts, r.baseReady, r.baseRequests = b.baseline(ctx)
-	r.baseCPU, r.baseAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
+	r.baseCounts, r.baseReady, r.baseRequests = b.baseline(ctx, false)
+	r.baseCPU, r.baseAPI = sampleCPU().since(cpu0), b.apiRequests(ctx).use(api0)
 	apiProfiled()
-	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
+	cpu0, api0 = sampleCPU(), b.apiRequests(ctx)
 	r.baseCleanup, r.baseLeft = b.cleanupBaseline(ctx)
-	r.baseCleanupCPU, r.baseCleanupAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
+	r.baseCleanupCPU, r.baseCleanupAPI = sampleCPU().since(cpu0), b.apiRequests(ctx).use(api0)
+	b.waitReplicaSetsGone(ctx, b.base)
+
+	// The floor: the baseline and the writes any operator adds.
+	cpu0, api0 = sampleCPU(), b.apiRequests(ctx)
+	_, r.floorReady, r.floorRequests = b.baseline(ctx, true)
+	r.floorCPU, r.floorAPI = sampleCPU().since(cpu0), b.apiRequests(ctx).use(api0)
+	if _, left := b.cleanupBaseline(ctx); left.total() > 0 {
+		t.Errorf("floor cleanup: the broker still holds %s", left)
+	}
 	b.waitReplicaSetsGone(ctx, b.base)
 
 	// The operator.
@@ -188,14 +197,14 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
+	cpu0, api0 = sampleCPU(), b.apiRequests(ctx)
 	apiProfiled = b.startAPIProfile(ctx, s.apiProfile, "operator")
 	profiled := make(chan error, 1)
 	if s.cpuProfile != "" {
 		go func() { profiled <- mgr.cpuProfile(ctx, cpuProfileFor, s.cpuProfile) }()
 	}
 	r.opReady, r.opTopologyReady = b.operatorPhase(ctx)
-	r.opCPU, r.opAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
+	r.opCPU, r.opAPI = sampleCPU().since(cpu0), b.apiRequests(ctx).use(api0)
 	apiProfiled()
 	if s.cpuProfile != "" {
 		if err := <-profiled; err != nil {
@@ -258,9 +267,9 @@ func TestScale(t *testing.T) {
 	}
 
 	// Cleanup.
-	cpu0, api0 = sampleCPU(), b.apiWrites(ctx)
+	cpu0, api0 = sampleCPU(), b.apiRequests(ctx)
 	r.opCleanup, r.opLeft = b.cleanupOperator(ctx)
-	r.opCleanupCPU, r.opCleanupAPI = sampleCPU().since(cpu0), b.apiWrites(ctx).since(api0)
+	r.opCleanupCPU, r.opCleanupAPI = sampleCPU().since(cpu0), b.apiRequests(ctx).use(api0)
 
 	r.print(t, s.report)
 }
@@ -503,9 +512,18 @@ func forBoth(n int, callee, caller func(i int) error) error {
 // baseline creates, directly, what the operator would create for n
 // Callees and n Callers (objects_test.go), as fast as the client goes
 // with one writer per kind, and waits until the topology operator has
-// made every topology object Ready: the floor for the operator's time to
-// Ready. It returns the objects by kind, the time and the requests sent.
-func (b *bed) baseline(ctx context.Context) (map[string]int, time.Duration, int) {
+// made every topology object Ready: issue 13's measure for the operator's
+// time to Ready. It returns the objects by kind, the time and the
+// requests sent.
+//
+// With floor it also makes the writes any operator of these kinds adds,
+// and nothing else: each Callee and Caller itself is created before its
+// children (the user's create, in the operator's phase too), and once
+// every topology object is Ready each gets one status write (the least
+// that tells kstatus, Argo CD or a user it converged). No watch, no
+// reconcile, no claim, no Event: what is left of the operator's time
+// above the floor is the operator's own.
+func (b *bed) baseline(ctx context.Context, floor bool) (map[string]int, time.Duration, int) {
 	t := b.t
 	conn := &corev1.Secret{}
 	if err := b.cl.Get(ctx, client.ObjectKey{Namespace: b.base, Name: connSecretName}, conn); err != nil {
@@ -537,22 +555,48 @@ func (b *bed) baseline(ctx context.Context) (map[string]int, time.Duration, int)
 		mu.Unlock()
 		return nil
 	}
-	t.Logf("baseline: creating the children of %d Callees and %d Callers directly", b.s.n, b.s.n)
+	phase := "baseline"
+	if floor {
+		phase = "floor"
+	}
+	// subject is the Callee or Caller the children are built for: with
+	// floor, created; else never created, with a UID of its own.
+	callees := make([]*hcpv1alpha1.Callee, b.s.n)
+	callers := make([]*hcpv1alpha1.Caller, b.s.n)
+	subject := func(o client.Object) error {
+		if !floor {
+			withUID(o)
+			return nil
+		}
+		// The dry run's result, as a new object.
+		o.SetResourceVersion("")
+		o.SetManagedFields(nil)
+		return create([]client.Object{o})
+	}
+	t.Logf("%s: creating the children of %d Callees and %d Callers directly", phase, b.s.n, b.s.n)
 	start := time.Now()
 	if err := create(sharedObjects(b.base, brk, conn)); err != nil {
 		t.Fatal(err)
 	}
 	err = forBoth(b.s.n, func(i int) error {
-		c := withUID(calleeTmpl.DeepCopy())
+		c := calleeTmpl.DeepCopy()
 		c.Name = objectName(i)
+		if err := subject(c); err != nil {
+			return err
+		}
+		callees[i] = c
 		objs, err := calleeChildren(c, brk, randomPassword())
 		if err != nil {
 			return err
 		}
 		return create(objs)
 	}, func(i int) error {
-		c := withUID(callerTmpl.DeepCopy())
+		c := callerTmpl.DeepCopy()
 		c.Name = objectName(i)
+		if err := subject(c); err != nil {
+			return err
+		}
+		callers[i] = c
 		objs, err := callerChildren(c, brk, randomPassword())
 		if err != nil {
 			return err
@@ -563,12 +607,44 @@ func (b *bed) baseline(ctx context.Context) (map[string]int, time.Duration, int)
 		t.Fatal(err)
 	}
 	created := time.Since(start)
-	t.Logf("baseline: %d objects created in %s", requests, created.Round(100*time.Millisecond))
-	d := b.waitFor(ctx, "baseline: every topology object Ready", start, func() (bool, string) {
+	t.Logf("%s: %d objects created in %s", phase, requests, created.Round(100*time.Millisecond))
+	d := b.waitFor(ctx, phase+": every topology object Ready", start, func() (bool, string) {
 		ready, total := b.topologyReady(ctx, b.base)
 		return total > 0 && ready == total, fmt.Sprintf("%d/%d topology objects Ready", ready, total)
 	})
+	if floor {
+		err := forBoth(b.s.n, func(i int) error {
+			return writeConverged(ctx, b.cl, callees[i], &callees[i].Status.ObservedGeneration, &callees[i].Status.Conditions)
+		}, func(i int) error {
+			return writeConverged(ctx, b.cl, callers[i], &callers[i].Status.ObservedGeneration, &callers[i].Status.Conditions)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requests += 2 * b.s.n
+		d = time.Since(start)
+		t.Logf("%s: one status write each for the %d Callees and Callers after %s", phase, 2*b.s.n, d.Round(100*time.Millisecond))
+	}
 	return b.count(ctx, b.base), d, requests
+}
+
+// writeConverged writes obj's status as the operator's reads once
+// converged with replicas 0 (converged holds for it): one merge patch of
+// the status subresource, as the operator's status writes are.
+func writeConverged(ctx context.Context, cl client.Client, obj client.Object, observed *int64, conds *[]metav1.Condition) error {
+	before := obj.DeepCopyObject().(client.Object)
+	*observed = obj.GetGeneration()
+	set := func(typ string, ok bool, reason, msg string) {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: obj.GetGeneration()})
+	}
+	set(hcpv1alpha1.ConditionTopologyReady, true, hcpv1alpha1.ReasonReconciled, "topology objects ready")
+	set(hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonScaledToZero, "scaled to zero")
+	set(hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonScaledToZero, "HarnessReady: scaled to zero")
+	return cl.Status().Patch(ctx, obj, client.MergeFrom(before))
 }
 
 // resourceRef is a reference to a connection Secret in the subject's
@@ -612,6 +688,13 @@ func (b *bed) cleanupBaseline(ctx context.Context) (cleanup, leftover) {
 		return n == 0, fmt.Sprintf("%d left", n)
 	})
 	deleteAll("Secret")
+	// The floor's Callees and Callers: no finalizer (no operator watches
+	// this namespace).
+	for _, o := range []client.Object{&hcpv1alpha1.Callee{}, &hcpv1alpha1.Caller{}} {
+		if err := b.cl.DeleteAllOf(ctx, o, client.InNamespace(b.base)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	d, left := b.waitGone(ctx, "baseline cleanup", start, b.baseVhost, b.base)
 	return cleanup{topology: r, all: d}, left
 }
