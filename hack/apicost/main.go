@@ -6,9 +6,9 @@
 // on the API server's machine (the local stack: hack/local-stack.sh); it
 // prints each write's share of that CPU over its step, and the same less
 // what the API server spends with nothing sent (measured for 10 s first).
-// The API server's work for a write includes what it does after the
-// response (the watch events to every watcher), which the next step pays
-// in part: steps are 2 s apart.
+// A write's work after its response (its watch events to every watcher)
+// is counted as far as it falls within its step; steps are 2 s apart, so
+// that little of one step's tail falls into the next.
 //
 //	go run ./hack/apicost -kubeconfig ~/.cache/hcp-operator/stack/kubeconfig [-n 300]
 //

@@ -628,9 +628,9 @@ func (b *bed) baseline(ctx context.Context, floor bool) (map[string]int, time.Du
 	return b.count(ctx, b.base), d, requests
 }
 
-// writeConverged writes obj's status as the operator's reads once
-// converged with replicas 0 (converged holds for it): one merge patch of
-// the status subresource, as the operator's status writes are.
+// writeConverged writes obj's status as the operator writes it for a
+// converged object with replicas 0 (converged holds for it): one merge
+// patch of the status subresource, as the operator's status writes are.
 func writeConverged(ctx context.Context, cl client.Client, obj client.Object, observed *int64, conds *[]metav1.Condition) error {
 	before := obj.DeepCopyObject().(client.Object)
 	*observed = obj.GetGeneration()
