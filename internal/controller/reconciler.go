@@ -75,20 +75,7 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 		err = nil // the user's to fix: no retry with back-off
 	}
 	setOutcome(v, deleting, prob, err)
-	switch {
-	case equality.Semantic.DeepEqual(bv.status, v.status):
-	case changes.topologyCreated && messagesOnly(bv, v):
-		// This reconcile created topology objects (a Binding once its
-		// Queue is declared) and only the list of what the object waits
-		// for changed: the topology operator's status writes on the new
-		// objects reconcile it again, and that reconcile writes the list
-		// as it is then. One status write fewer per new Callee or Caller
-		// (docs/performance.md, "Scale"); heldStatusBackstop writes it
-		// should no such event come.
-		if res.RequeueAfter == 0 || res.RequeueAfter > heldStatusBackstop {
-			res.RequeueAfter = heldStatusBackstop
-		}
-	default:
+	if !equality.Semantic.DeepEqual(bv.status, v.status) {
 		// The status patch goes from before: obj's metadata as read, its
 		// status as it was.
 		statusBefore := obj.DeepCopyObject().(client.Object)

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -14,7 +13,6 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -254,47 +252,6 @@ func TestChildAfterPrerequisite(t *testing.T) {
 			eventually(t, "the child follows its Ready prerequisite", exists(child, callee))
 		})
 	}
-}
-
-// TestStatusHeldWhileChildrenFollow: the reconcile that creates a Binding
-// once its Queue is declared changes only the list of what the Callee
-// waits for; it does not write the status (one write fewer per new
-// object). The topology operator's status on the new Binding reconciles
-// the Callee again, and that reconcile writes the list as it is then.
-func TestStatusHeldWhileChildrenFollow(t *testing.T) {
-	ns := newNamespace(t, "held-")
-	dumpOnFailure(t, ns)
-	callee := newCallee(ns, "held")
-	create(t, callee)
-	base, _, _ := childNames("callee", "held")
-	queue := &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
-	binding := &topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
-	eventually(t, "the first status names the Queue", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady,
-		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "Queue "+base+": not yet declared"))
-	written := callee.ResourceVersion
-
-	setTopologyStatus(t, queue, true, "")
-	eventually(t, "the Binding follows its Queue", exists(binding, callee))
-	time.Sleep(2 * time.Second) // the reconcile that created it is done
-	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(callee), callee); err != nil {
-		t.Fatal(err)
-	}
-	if callee.ResourceVersion != written {
-		c := meta.FindStatusCondition(callee.Status.Conditions, hcpv1alpha1.ConditionTopologyReady)
-		t.Fatalf("the Callee was written (resourceVersion %s, was %s) when its Binding was created; TopologyReady %+v", callee.ResourceVersion, written, c)
-	}
-
-	setTopologyStatus(t, binding, true, "")
-	eventually(t, "the next reconcile writes what it waits for now", func(ctx context.Context) error {
-		if err := calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "not yet declared")(ctx); err != nil {
-			return err
-		}
-		msg := meta.FindStatusCondition(callee.Status.Conditions, hcpv1alpha1.ConditionTopologyReady).Message
-		if strings.Contains(msg, "Queue "+base) || strings.Contains(msg, "Binding "+base) {
-			return fmt.Errorf("TopologyReady still names the declared Queue or Binding: %s", msg)
-		}
-		return nil
-	})
 }
 
 func testSubject() resource.Subject {

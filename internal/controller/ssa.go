@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -284,10 +283,6 @@ func metaOwnedBy(live, desired client.Object) bool {
 type changeLog struct {
 	byVerb map[string][]string
 	first  map[string]client.Object
-	// topologyCreated: a topology operator object was created, whose
-	// status the topology operator will write (an event that reconciles
-	// the owner again).
-	topologyCreated bool
 }
 
 // The verbs of a changeLog, in the order emitChanges records them.
@@ -337,7 +332,6 @@ func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind, v
 	what := kind + " " + obj.GetName()
 	if l, ok := ctx.Value(changeLogKey{}).(*changeLog); ok {
 		l.byVerb[verb] = append(l.byVerb[verb], what)
-		l.topologyCreated = l.topologyCreated || verb == verbCreated && isTopologyObject(obj)
 		if l.first[verb] == nil {
 			l.first[verb] = obj
 		}
@@ -382,15 +376,4 @@ func changeNote(verb string, children []string) string {
 		note += sep + ch
 	}
 	return note
-}
-
-// isTopologyObject: obj is one of the topology operator's kinds the
-// operator creates.
-func isTopologyObject(obj client.Object) bool {
-	switch obj.(type) {
-	case *topologyv1beta1.Queue, *topologyv1beta1.Binding, *topologyv1beta1.User, *topologyv1beta1.Permission,
-		*topologyv1beta1.Policy, *topologyv1beta1.Exchange, *topologyv1beta1.Vhost:
-		return true
-	}
-	return false
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -349,24 +347,4 @@ func podSelector(d *appsv1.Deployment) string {
 		return ""
 	}
 	return sel.String()
-}
-
-// heldStatusBackstop bounds how long a held status change (the reconcile
-// loop: a reconcile that created topology objects) waits for the event
-// that writes it.
-const heldStatusBackstop = 30 * time.Second
-
-// messagesOnly: after's status differs from before's in the messages of
-// conditions that keep their status, reason and observed generation, and
-// in nothing else.
-func messagesOnly(before, after view) bool {
-	c, _ := viewOf(after.obj.DeepCopyObject().(client.Object))
-	for i := range *c.conditions {
-		ac := &(*c.conditions)[i]
-		bc := meta.FindStatusCondition(*before.conditions, ac.Type)
-		if bc != nil && bc.Status == ac.Status && bc.Reason == ac.Reason && bc.ObservedGeneration == ac.ObservedGeneration {
-			ac.Message = bc.Message
-		}
-	}
-	return equality.Semantic.DeepEqual(before.status, c.status)
 }
