@@ -133,10 +133,11 @@ func run(n int, policyPath string) error {
 		}
 	}
 
-	steps := []struct {
+	type write struct {
 		what  string
 		write func(i int) error
-	}{
+	}
+	steps := []write{
 		{"ConfigMap: create (for reference)", func(i int) error {
 			return cl.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cm%d", i)}, Data: map[string]string{"a": "b"}})
 		}},
@@ -158,10 +159,7 @@ func run(n int, policyPath string) error {
 		}},
 	}
 	for round := 1; round <= 3; round++ {
-		steps = append(steps, struct {
-			what  string
-			write func(i int) error
-		}{fmt.Sprintf("Callee: status patch %d", round), func(i int) error {
+		steps = append(steps, write{fmt.Sprintf("Callee: status patch %d", round), func(i int) error {
 			c := callees[i]
 			before := c.DeepCopy()
 			c.Status.ObservedGeneration = c.Generation
@@ -170,10 +168,7 @@ func run(n int, policyPath string) error {
 		}})
 	}
 	policies := make([]*hcpv1alpha1.CapabilityPolicy, n)
-	steps = append(steps, []struct {
-		what  string
-		write func(i int) error
-	}{
+	steps = append(steps, []write{
 		{"CapabilityPolicy: create", func(i int) error {
 			p := policy.DeepCopy()
 			p.Namespace, p.Name = ns, fmt.Sprintf("p%d", i)

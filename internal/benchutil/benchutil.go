@@ -339,15 +339,11 @@ func RawAMQP091(ctx context.Context, cfg Config) (Result, error) {
 	}
 	rec := NewRecorder(NewRunID("raw"), cfg.Messages)
 
-	consConn, err := amqp.DialConfig(cfg.URL, amqp.Config{Heartbeat: 30 * time.Second, Properties: connName("bench-raw-consumer")})
+	consConn, cch, err := DialChannel(cfg.URL, "bench-raw-consumer")
 	if err != nil {
 		return Result{}, err
 	}
 	defer func() { _ = consConn.Close() }()
-	cch, err := consConn.Channel()
-	if err != nil {
-		return Result{}, err
-	}
 	if err := cch.Qos(cfg.Prefetch, 0, false); err != nil {
 		return Result{}, err
 	}
@@ -375,15 +371,11 @@ func RawAMQP091(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}()
 
-	pubConn, err := amqp.DialConfig(cfg.URL, amqp.Config{Heartbeat: 30 * time.Second, Properties: connName("bench-raw-publisher")})
+	pubConn, pch, err := DialChannel(cfg.URL, "bench-raw-publisher")
 	if err != nil {
 		return Result{}, err
 	}
 	defer func() { _ = pubConn.Close() }()
-	pch, err := pubConn.Channel()
-	if err != nil {
-		return Result{}, err
-	}
 	if err := pch.Confirm(false); err != nil {
 		return Result{}, err
 	}
@@ -455,6 +447,21 @@ func RawAMQP091(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, fmt.Errorf("benchutil: %d of %d messages consumed: %w", rec.Received(), cfg.Messages, ctx.Err())
 	}
 	return rec.Result(), nil
+}
+
+// DialChannel opens a connection to url named name (as the management UI
+// shows it) and a channel on it; the caller closes the connection.
+func DialChannel(url, name string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqp.DialConfig(url, amqp.Config{Heartbeat: 30 * time.Second, Properties: connName(name)})
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return conn, ch, nil
 }
 
 func connName(n string) amqp.Table {

@@ -49,18 +49,6 @@ func RoundTrip(ctx context.Context, url, requests, replies string, n, bodySize i
 // i-th reply, within the time measured: a round trip followed by what the
 // system measured beside it does next on its path (an API create, say).
 func RoundTripThen(ctx context.Context, url, requests, replies string, n, bodySize int, gap time.Duration, then func(i int) error) (Latencies, error) {
-	conn := func(name string) (*amqp.Connection, *amqp.Channel, error) {
-		c, err := amqp.DialConfig(url, amqp.Config{Heartbeat: 30 * time.Second, Properties: connName(name)})
-		if err != nil {
-			return nil, nil, err
-		}
-		ch, err := c.Channel()
-		if err != nil {
-			_ = c.Close()
-			return nil, nil, err
-		}
-		return c, ch, nil
-	}
 	publish := func(ch *amqp.Channel, queue string, id string, body []byte) error {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
 			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Body: body,
@@ -77,7 +65,7 @@ func RoundTripThen(ctx context.Context, url, requests, replies string, n, bodySi
 	body := Body(bodySize)
 
 	// The responder.
-	rc, rch, err := conn("bench-roundtrip-responder")
+	rc, rch, err := DialChannel(url, "bench-roundtrip-responder")
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +92,7 @@ func RoundTripThen(ctx context.Context, url, requests, replies string, n, bodySi
 	}()
 
 	// The requester.
-	qc, qch, err := conn("bench-roundtrip-requester")
+	qc, qch, err := DialChannel(url, "bench-roundtrip-requester")
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +100,7 @@ func RoundTripThen(ctx context.Context, url, requests, replies string, n, bodySi
 	if err := qch.Confirm(false); err != nil {
 		return nil, err
 	}
-	cc, cch, err := conn("bench-roundtrip-reply-consumer")
+	cc, cch, err := DialChannel(url, "bench-roundtrip-reply-consumer")
 	if err != nil {
 		return nil, err
 	}

@@ -43,6 +43,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/benchutil"
 	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
@@ -301,7 +302,7 @@ func eventQueueArgs() amqp.Table {
 // withChannel runs f on a channel of a connection to url of its own, an
 // administrator's for declarations.
 func withChannel(url string, f func(*amqp.Channel) error) error {
-	conn, ch, err := dialChannel(url)
+	conn, ch, err := benchutil.DialChannel(url, "relay-test-admin")
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 	appSrv := httptest.NewServer(app)
 	defer appSrv.Close()
 
-	consConn, cch, err := dialChannel(cfg.URL)
+	consConn, cch, err := benchutil.DialChannel(cfg.URL, "bench-floor-consumer")
 	if err != nil {
 		return benchutil.Result{}, err
 	}
@@ -76,7 +76,7 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 	consErr := make(chan error, 1)
 	go func() { consErr <- f.deliver(ctx, deliveries, cfg.Prefetch, appSrv.URL+caller.BatchPath) }()
 
-	pubConn, pch, err := dialChannel(cfg.URL)
+	pubConn, pch, err := benchutil.DialChannel(cfg.URL, "bench-floor-publisher")
 	if err != nil {
 		return benchutil.Result{}, err
 	}
@@ -148,20 +148,6 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 		return res, fmt.Errorf("the app received %d events twice", res.Duplicates)
 	}
 	return res, nil
-}
-
-// dialChannel opens a connection and a channel on it.
-func dialChannel(url string) (*amqp.Connection, *amqp.Channel, error) {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return nil, nil, err
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		_ = conn.Close()
-		return nil, nil, err
-	}
-	return conn, ch, nil
 }
 
 // floorPublisher publishes the harness's events on one channel with the
