@@ -24,9 +24,12 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -133,6 +136,15 @@ func run(n int, policyPath string) error {
 		}
 	}
 
+	newCallee := func(name string) *hcpv1alpha1.Callee {
+		c := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		c.Spec.Broker = hcpv1alpha1.BrokerSpec{Vhost: "/apicost", CreateVhost: true}
+		c.Spec.Capabilities = []hcpv1alpha1.Capability{{Name: "apicost.noop", RiskLevel: "R1", DataClassification: "T1", MaxDuration: "PT5M"}}
+		c.Spec.Harness.Replicas = new(int32)
+		c.Spec.Harness.Template.Spec.Containers = []corev1.Container{{Name: "app", Image: "example.com/app"}}
+		return c
+	}
+
 	type write struct {
 		what  string
 		write func(i int) error
@@ -142,11 +154,7 @@ func run(n int, policyPath string) error {
 			return cl.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cm%d", i)}, Data: map[string]string{"a": "b"}})
 		}},
 		{"Callee: create", func(i int) error {
-			c := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("c%d", i)}}
-			c.Spec.Broker = hcpv1alpha1.BrokerSpec{Vhost: "/apicost", CreateVhost: true}
-			c.Spec.Capabilities = []hcpv1alpha1.Capability{{Name: "apicost.noop", RiskLevel: "R1", DataClassification: "T1", MaxDuration: "PT5M"}}
-			c.Spec.Harness.Replicas = new(int32)
-			c.Spec.Harness.Template.Spec.Containers = []corev1.Container{{Name: "app", Image: "example.com/app"}}
+			c := newCallee(fmt.Sprintf("c%d", i))
 			callees[i] = c
 			return cl.Create(ctx, c)
 		}},
@@ -158,6 +166,51 @@ func run(n int, policyPath string) error {
 			return cl.Patch(ctx, c, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 		}},
 	}
+	// A child as the operator makes it: created, or applied (server-side
+	// apply of an object that does not exist yet), as applyChild does.
+	role := func(name string) *rbacv1.Role {
+		return &rbacv1.Role{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "hcp-operator"}},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{"hcp.io"}, Resources: []string{"hcpsessions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
+				{APIGroups: []string{"hcp.io"}, Resources: []string{"hcpsessions/status"}, Verbs: []string{"get", "update", "patch"}}}}
+	}
+	secret := func(name string) *corev1.Secret {
+		return &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "hcp-operator"}},
+			Data:       map[string][]byte{"username": []byte("hcp-callee-" + name), "password": []byte("0123456789abcdef0123456789abcdef")}}
+	}
+	deployment := func(name string) *appsv1.Deployment {
+		labels := map[string]string{"app.kubernetes.io/name": name}
+		return &appsv1.Deployment{TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+			Spec: appsv1.DeploymentSpec{Replicas: new(int32), Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{
+					{Name: "app", Image: "example.com/app"},
+					{Name: "hcp-sidecar", Image: "example.com/sidecar", Args: []string{"--role=callee"},
+						Env: []corev1.EnvVar{{Name: "HCP_ID", Value: name}, {Name: "HCP_VHOST", Value: "/x"}}}}}}}}
+	}
+	applyNew := func(o client.Object) error {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+		if err != nil {
+			return err
+		}
+		u := &unstructured.Unstructured{Object: m}
+		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+		return cl.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("hcp-operator"), client.ForceOwnership)
+	}
+	steps = append(steps, []write{
+		{"Role: create", func(i int) error { return cl.Create(ctx, role(fmt.Sprintf("rc%d", i))) }},
+		{"Role: server-side apply (new)", func(i int) error { return applyNew(role(fmt.Sprintf("ra%d", i))) }},
+		{"Deployment (replicas 0): create", func(i int) error { return cl.Create(ctx, deployment(fmt.Sprintf("dc%d", i))) }},
+		{"Deployment (replicas 0): server-side apply (new)", func(i int) error { return applyNew(deployment(fmt.Sprintf("da%d", i))) }},
+		{"Callee: server-side apply (new)", func(i int) error {
+			c := newCallee(fmt.Sprintf("ca%d", i))
+			c.TypeMeta = metav1.TypeMeta{APIVersion: hcpv1alpha1.GroupVersion.String(), Kind: "Callee"}
+			return applyNew(c)
+		}},
+		{"Secret: create", func(i int) error { return cl.Create(ctx, secret(fmt.Sprintf("sc%d", i))) }},
+		{"Secret: server-side apply (new)", func(i int) error { return applyNew(secret(fmt.Sprintf("sa%d", i))) }},
+	}...)
 	for round := 1; round <= 3; round++ {
 		steps = append(steps, write{fmt.Sprintf("Callee: status patch %d", round), func(i int) error {
 			c := callees[i]

@@ -67,9 +67,7 @@ func (c *core) apply(ctx context.Context, owner client.Object, desired client.Ob
 		return nil, fmt.Errorf("%s %s: %w", c.kindOf(desired), klog.KObj(desired), err)
 	}
 	if res != controllerutil.OperationResultNone {
-		kind := c.kindOf(desired)
-		ctrl.LoggerFrom(ctx).Info("Applied child", "kind", kind, "child", klog.KObj(obj), "operation", res)
-		c.noteChange(ctx, owner, obj, kind, verbOf(res))
+		c.noteApplied(ctx, owner, obj, c.kindOf(desired), res)
 	}
 	return obj, nil
 }

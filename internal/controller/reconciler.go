@@ -28,9 +28,9 @@ type harnessObject interface {
 //
 // The kind's build step (Callee: reconcileCallee, Caller: reconcileCaller)
 // resolves the broker and the id claim, builds the desired children with
-// desiredChildren (pure, from the childKinds table), applies them with
-// server-side apply (applyChildren) and derives the status from what it
-// observed (setTopologyReady, setHarnessReady). This loop does the rest
+// desiredChildren (pure, from the childKinds table), applies them with a
+// create or server-side apply (applyChildren) and derives the status from
+// what it observed (setTopologyReady, setHarnessReady). This loop does the rest
 // the same way for both kinds: conflicts, Ready and kstatus' conditions
 // from the outcome (setOutcome, the one place they are set),
 // observedGeneration, one Event per verb for the children (emitChanges)

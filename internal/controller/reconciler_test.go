@@ -27,17 +27,24 @@ import (
 // appliedBy reports whether manager owns fields of o through server-side
 // apply.
 func appliedBy(o client.Object, manager string) bool {
+	return managedThrough(o, manager, metav1.ManagedFieldsOperationApply)
+}
+
+// managedThrough reports whether manager owns fields of o through op.
+func managedThrough(o client.Object, manager string, op metav1.ManagedFieldsOperationType) bool {
 	for _, f := range o.GetManagedFields() {
-		if f.Manager == manager && f.Operation == metav1.ManagedFieldsOperationApply {
+		if f.Manager == manager && f.Operation == op {
 			return true
 		}
 	}
 	return false
 }
 
-// TestChildrenServerSideApply: the children of childKinds are written by
-// server-side apply under the operator's field manager; a field another
-// manager sets on a child stays through the operator's next apply.
+// TestChildrenServerSideApply: the children of childKinds are created
+// under the operator's field manager, and later written by server-side
+// apply, which first takes the create's fields into its own entry; a
+// field another manager sets on a child stays through the operator's
+// next apply.
 func TestChildrenServerSideApply(t *testing.T) {
 	ns := newNamespace(t, "ssa-")
 	dumpOnFailure(t, ns)
@@ -46,13 +53,13 @@ func TestChildrenServerSideApply(t *testing.T) {
 	base, _, _ := childNames("callee", "ssa")
 	declarePrerequisites(t, ns, base)
 	children := append(topologyChildren(ns, base), harnessChildren(ns, base)...)
-	eventually(t, "every child is applied by "+resource.FieldManager, func(ctx context.Context) error {
+	eventually(t, "every child is created by "+resource.FieldManager, func(ctx context.Context) error {
 		for _, o := range children {
 			if err := exists(o, callee)(ctx); err != nil {
 				return err
 			}
-			if !appliedBy(o, resource.FieldManager) {
-				return fmt.Errorf("%T %s: no server-side apply by %s in %+v", o, o.GetName(), resource.FieldManager, o.GetManagedFields())
+			if !managedThrough(o, resource.FieldManager, metav1.ManagedFieldsOperationUpdate) {
+				return fmt.Errorf("%T %s: not created by %s: %+v", o, o.GetName(), resource.FieldManager, o.GetManagedFields())
 			}
 		}
 		return nil
@@ -75,6 +82,69 @@ func TestChildrenServerSideApply(t *testing.T) {
 		}
 		if role.Labels[resource.LabelPartOf] != resource.PartOfValue || role.Labels["other.example/team"] != "a" {
 			return fmt.Errorf("labels %v", role.Labels)
+		}
+		// The create's fields moved to the operator's apply entry.
+		if !appliedBy(role, resource.FieldManager) || managedThrough(role, resource.FieldManager, metav1.ManagedFieldsOperationUpdate) {
+			return fmt.Errorf("managed fields %+v", role.ManagedFields)
+		}
+		return nil
+	})
+}
+
+// TestChildFieldRemovedAfterCreate: a child the operator created (a POST,
+// the cheap write at scale) loses a field its builder stops setting on the
+// next apply, as if it had been server-side applied from the start: the
+// create's field ownership moves to the operator's apply entry first.
+// A user removes an environment variable from the harness template; the
+// Deployment loses it, and a field another manager set stays.
+func TestChildFieldRemovedAfterCreate(t *testing.T) {
+	ns := newNamespace(t, "drop-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "drop", func(c *hcpv1alpha1.Callee) {
+		c.Spec.Harness.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "KEEP", Value: "1"}, {Name: "DROP", Value: "2"}}
+	})
+	create(t, callee)
+	base, _, _ := childNames("callee", "drop")
+	dep := &appsv1.Deployment{}
+	envOf := func(d *appsv1.Deployment) []string {
+		var names []string
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if c.Name == "harness" {
+				for _, e := range c.Env {
+					names = append(names, e.Name)
+				}
+			}
+		}
+		return names
+	}
+	eventually(t, "the Deployment carries both variables", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, key(ns, base), dep); err != nil {
+			return err
+		}
+		if got := envOf(dep); !slices.Equal(got, []string{"KEEP", "DROP"}) {
+			return fmt.Errorf("harness env %v", got)
+		}
+		return nil
+	})
+	patch := []byte(`{"metadata":{"annotations":{"other.example/note":"x"}}}`)
+	if err := k8sClient.Patch(t.Context(), dep, client.RawPatch(types.MergePatchType, patch), client.FieldOwner("other-controller")); err != nil {
+		t.Fatal(err)
+	}
+	update(t, callee, func(c *hcpv1alpha1.Callee) {
+		c.Spec.Harness.Template.Spec.Containers[0].Env = c.Spec.Harness.Template.Spec.Containers[0].Env[:1]
+	})
+	eventually(t, "the Deployment lost DROP and kept the other manager's annotation", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, key(ns, base), dep); err != nil {
+			return err
+		}
+		if got := envOf(dep); !slices.Equal(got, []string{"KEEP"}) {
+			return fmt.Errorf("harness env %v", got)
+		}
+		if dep.Annotations["other.example/note"] != "x" {
+			return fmt.Errorf("annotations %v", dep.Annotations)
+		}
+		if !appliedBy(dep, resource.FieldManager) {
+			return fmt.Errorf("no server-side apply by %s in %+v", resource.FieldManager, dep.ManagedFields)
 		}
 		return nil
 	})
