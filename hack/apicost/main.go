@@ -1,7 +1,9 @@
 // Command apicost measures what one write of each kind the operator makes
 // costs the API server in CPU: a Callee's create, its id claim (a merge
 // patch of labels and finalizer), its status patch, a CapabilityPolicy's
-// create and status patch, and a ConfigMap's create for reference. It
+// create and status patch, a ConfigMap's create for reference, and a
+// child's create against a server-side apply that creates it (a Role, a
+// Deployment, a Callee as a CRD object, a Secret). It
 // reads the kube-apiserver process's CPU time from /proc, so it must run
 // on the API server's machine (the local stack: hack/local-stack.sh); it
 // prints each write's share of that CPU over its step, and the same less
