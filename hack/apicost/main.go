@@ -40,6 +40,7 @@ import (
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/controller"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 )
 
 func main() {
@@ -170,15 +171,16 @@ func run(n int, policyPath string) error {
 	}
 	// A child as the operator makes it: created, or applied (server-side
 	// apply of an object that does not exist yet), as applyChild does.
+	managedBy := map[string]string{hcpv1alpha1.LabelManagedBy: hcpv1alpha1.ManagedByValue}
 	role := func(name string) *rbacv1.Role {
 		return &rbacv1.Role{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "hcp-operator"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: managedBy},
 			Rules: []rbacv1.PolicyRule{{APIGroups: []string{"hcp.io"}, Resources: []string{"hcpsessions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
 				{APIGroups: []string{"hcp.io"}, Resources: []string{"hcpsessions/status"}, Verbs: []string{"get", "update", "patch"}}}}
 	}
 	secret := func(name string) *corev1.Secret {
 		return &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "hcp-operator"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: managedBy},
 			Data:       map[string][]byte{"username": []byte("hcp-callee-" + name), "password": []byte("0123456789abcdef0123456789abcdef")}}
 	}
 	deployment := func(name string) *appsv1.Deployment {
@@ -198,7 +200,7 @@ func run(n int, policyPath string) error {
 		}
 		u := &unstructured.Unstructured{Object: m}
 		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-		return cl.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("hcp-operator"), client.ForceOwnership)
+		return cl.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(resource.FieldManager), client.ForceOwnership)
 	}
 	steps = append(steps, []write{
 		{"Role: create", func(i int) error { return cl.Create(ctx, role(fmt.Sprintf("rc%d", i))) }},

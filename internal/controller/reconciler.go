@@ -30,9 +30,9 @@ type harnessObject interface {
 // resolves the broker and the id claim, builds the desired children with
 // desiredChildren (pure, from the childKinds table), applies them with a
 // create or server-side apply (applyChildren) and derives the status from
-// what it observed (setTopologyReady, setHarnessReady). This loop does the rest
-// the same way for both kinds: conflicts, Ready and kstatus' conditions
-// from the outcome (setOutcome, the one place they are set),
+// what it observed (setTopologyReady, setHarnessReady). This loop does
+// the rest the same way for both kinds: conflicts, Ready and kstatus'
+// conditions from the outcome (setOutcome, the one place they are set),
 // observedGeneration, one Event per verb for the children (emitChanges)
 // and a status write only when the status changed.
 type harnessReconciler[T harnessObject] struct {
