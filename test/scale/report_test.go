@@ -19,6 +19,11 @@ type results struct {
 	baseCounts, opCounts map[string]int
 	baseReady            time.Duration
 	baseRequests         int
+	// The baseline run again after the operator's cleanup: its time to
+	// Ready and CPU. The ratios are against the mean of the two
+	// (baseMean).
+	baseAgainReady time.Duration
+	baseAgainCPU   string
 	// The floor (bed.baseline with floor): its time to Ready, requests,
 	// CPU and API writes.
 	floorReady    time.Duration
@@ -66,14 +71,18 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func kib(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
 
+// baseMean is the baseline's time to Ready: the mean of its runs before
+// and after the operator's phase.
+func (r *results) baseMean() time.Duration { return (r.baseReady + r.baseAgainReady) / 2 }
+
 func (r *results) table() string {
 	objs := float64(2 * r.n)
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "| scenario (%d Callees + %d Callers, replicas 0) | baseline | operator | ratio | target |\n", r.n, r.n)
 	sb.WriteString("| --- | ---: | ---: | ---: | --- |\n")
-	readyRatio := r.opReady.Seconds() / r.baseReady.Seconds()
-	fmt.Fprintf(&sb, "| time to Ready (baseline: the same %d children created directly) | %s | %s | %.2f× %s | ≤ %.1f× |\n",
-		r.baseRequests, secs(r.baseReady), secs(r.opReady), readyRatio, mark(readyRatio <= targetReadyRatio), targetReadyRatio)
+	readyRatio := r.opReady.Seconds() / r.baseMean().Seconds()
+	fmt.Fprintf(&sb, "| time to Ready (baseline: the same %d children created directly; the mean of its runs before and after the operator's) | %s | %s | %.2f× %s | ≤ %.1f× |\n",
+		r.baseRequests, secs(r.baseMean()), secs(r.opReady), readyRatio, mark(readyRatio <= targetReadyRatio), targetReadyRatio)
 	fmt.Fprintf(&sb, "| — against the floor (the baseline, the %d Callee/Caller creates and one status write each: %d writes) | %s | %s | %.2f× | – |\n",
 		2*r.n, r.floorRequests, secs(r.floorReady), secs(r.opReady), r.opReady.Seconds()/r.floorReady.Seconds())
 	rssPer := float64(r.mem1.rss-r.mem0.rss) / objs
@@ -97,8 +106,9 @@ func (r *results) figures() string {
 	fmt.Fprintf(&sb, "operator: all TopologyReady after %s, all converged after %s; %.0f API writes on the way (%.1f per Callee/Caller; the baseline: %d creates, %.1f per object pair member)\n",
 		secs(r.opTopologyReady), secs(r.opReady), r.opWrites, r.opWrites/objs, r.baseRequests, float64(r.baseRequests)/objs)
 	fmt.Fprintf(&sb, "operator: %.0f reconciles of Callees and Callers until Ready (%.1f per Callee/Caller)\n", r.opReconciles, r.opReconciles/objs)
-	fmt.Fprintf(&sb, "floor: %.2f× the baseline's time to Ready (%s against %s)\n", r.floorReady.Seconds()/r.baseReady.Seconds(), secs(r.floorReady), secs(r.baseReady))
-	fmt.Fprintf(&sb, "CPU until Ready, by process: baseline %s; floor %s; operator %s\n", r.baseCPU, r.floorCPU, r.opCPU)
+	fmt.Fprintf(&sb, "baseline: %s before the operator's phase, %s after it (%.2f×)\n", secs(r.baseReady), secs(r.baseAgainReady), r.baseAgainReady.Seconds()/r.baseReady.Seconds())
+	fmt.Fprintf(&sb, "floor: %.2f× the baseline's time to Ready (%s against %s)\n", r.floorReady.Seconds()/r.baseMean().Seconds(), secs(r.floorReady), secs(r.baseMean()))
+	fmt.Fprintf(&sb, "CPU until Ready, by process: baseline %s; floor %s; operator %s; baseline again %s\n", r.baseCPU, r.floorCPU, r.opCPU, r.baseAgainCPU)
 	fmt.Fprintf(&sb, "API server writes until Ready, every client (apiserver_request_total): baseline %s; floor %s; operator %s\n", r.baseAPI.writes, r.floorAPI.writes, r.opAPI.writes)
 	fmt.Fprintf(&sb, "API server reads until Ready, every client: baseline %s; floor %s; operator %s\n", r.baseAPI.reads, r.floorAPI.reads, r.opAPI.reads)
 	fmt.Fprintf(&sb, "CPU during cleanup, by process: baseline %s; operator %s\n", r.baseCleanupCPU, r.opCleanupCPU)
