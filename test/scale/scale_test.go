@@ -714,8 +714,7 @@ func (b *bed) cleanupBaseline(ctx context.Context) (cleanup, leftover) {
 
 // waitReplicaSetsGone waits, untimed, until the garbage collector has
 // removed the ReplicaSets of ns's deleted Deployments, so that its tail
-// after the baseline's cleanup does not load the machine in the
-// operator's phase.
+// after one phase's cleanup does not load the machine in the next phase.
 func (b *bed) waitReplicaSetsGone(ctx context.Context, ns string) {
 	b.waitFor(ctx, ns+": ReplicaSets gone (garbage collection, untimed)", time.Now(), func() (bool, string) {
 		var l appsv1.ReplicaSetList
