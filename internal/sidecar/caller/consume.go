@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -213,147 +211,5 @@ func (s *Sidecar) dispatch(it *item) {
 		// the consumer must never block. Left unsettled, it comes back
 		// after the next reconnect.
 		s.log.Error(errors.New("session worker inbox full"), "Left a delivery unsettled", "session", sid)
-	}
-}
-
-// mustRelease reports whether it, an event for w, goes back to the queue
-// rather than to w (see release): w cannot deliver now (its app is
-// failing, or it waits for a gap to fill), it is not one of the events w
-// waits for, and w holds its share of the prefetch window or, for a gap,
-// the reorder buffers of all sessions together do; sessions whose app
-// fails divide one share between them. Without these global shares, such
-// sessions could fill the window between them, each below its own share:
-// nothing more would arrive, the missing events behind them in the queue
-// included (measured: 3 sessions, 2 of them with gaps or a failing app,
-// stalled for good; see TestGapsDoNotFillTheWindow and
-// TestPoisonedSessionDoesNotStallOthers).
-func (s *Sidecar) mustRelease(w *stream, it *item) bool {
-	if it.event == nil || w.fillsGap(it.seq()) {
-		return false
-	}
-	held, share := int(w.held.Load()), s.holdCap()
-	switch {
-	case w.stalled.Load():
-		// The sessions whose app fails share one half of the window.
-		return held >= max(share/max(int(s.stalledSessions.Load()), 1), 1)
-	case w.gapped.Load():
-		return held >= share || int(s.buffered.Load()) >= share
-	}
-	return false
-}
-
-// fillsGap reports whether seq is the stream's next sequence or, behind a
-// gap, one of the missing ones: such an event is never released. Released,
-// it would go to the back of the queue, behind the session's later events,
-// and every one of them would have to go round the queue before it comes
-// back.
-func (w *stream) fillsGap(seq int64) bool {
-	next := w.next.Load()
-	return seq == next || (w.gapped.Load() && seq > next && seq < w.gapEnd.Load())
-}
-
-// releaseDelay is how long a released delivery of a session whose app is
-// failing is kept before it goes back to the queue, when no other session
-// is moving: an immediate nack would have it delivered again at once, in a
-// loop that helps nobody. While other sessions move, and always for a
-// session waiting for a gap to fill, the release is immediate: a delayed
-// release holds a prefetch slot meanwhile, and with the session's held
-// share and its releases in their delay filling the window the consumer
-// takes a few messages a second (measured: 6,000 events of 3 sessions
-// stalled for minutes behind one gap). A gap fills only when the missing
-// event comes round the queue, so the faster its session's later events go
-// back, the sooner it does.
-const releaseDelay = time.Second
-
-// holdCap is how many unsettled deliveries a session that cannot deliver
-// may hold: half the prefetch window, so that the other half keeps the
-// other sessions moving.
-func (s *Sidecar) holdCap() int { return max(1, s.cfg.Prefetch/2) }
-
-// release returns an event of a session that cannot deliver now (its app
-// is failing, or it waits for a gap to fill) and already holds its share
-// of the prefetch window to the queue (after releaseDelay) instead of
-// handing it to its worker; the event that fills the gap is never
-// released. Without this, such a session would fill the window: the others
-// would stall, and the missing event, queued behind, could never arrive.
-// The session keeps the head of its stream held in place, so nothing it
-// delivers later is out of order: the released events come back and are
-// ordered by their sequence like any other. The worker remembers their
-// sequences, so that it waits for them rather than skip them as a gap, and
-// so that a terminal message is anchored after them. Unsequenced messages
-// are never released (a session has at most a few).
-func (s *Sidecar) release(w *stream, it *item) {
-	w.noteReleased(it.seq(), s.clk.Now())
-	if w.releasing.CompareAndSwap(false, true) {
-		w.log.Info("This session cannot take more messages now (its app is failing, or a gap); returning its further deliveries to the queue so that other sessions go on",
-			"held", w.held.Load(), "cap", s.holdCap(), "appFailing", w.stalled.Load(), "gap", w.gapped.Load())
-	}
-	s.m.Released.Inc()
-	if w.stalled.Load() && s.clk.Now().Sub(time.Unix(0, s.movedAt.Load())) >= releaseDelay {
-		s.clk.AfterFunc(releaseDelay, func() { s.settle(it, false) })
-		return
-	}
-	s.settle(it, false)
-}
-
-// Held returns how many deliveries the session workers hold unsettled
-// (for diagnostics and tests: with nothing in flight it is 0; a delivery
-// counted and never settled nor forgotten is a leak that narrows the
-// prefetch window for good).
-func (s *Sidecar) Held() int { return int(s.holding.Load()) }
-
-// forget marks a delivery whose channel is gone as settled without
-// settling it (the broker redelivers it), so that it no longer counts as
-// held.
-func (s *Sidecar) forget(it *item) { s.markSettled(it) }
-
-// markSettled marks it settled and no longer held, once: it reports
-// whether this call did (the caller then sends the frame, if any).
-func (s *Sidecar) markSettled(it *item) bool {
-	if !it.settled.CompareAndSwap(false, true) {
-		return false
-	}
-	if it.holder != nil {
-		it.holder.Add(-1)
-		s.holding.Add(-1)
-	}
-	return true
-}
-
-// ackAll acks items once each, with as few frames as is safe
-// (transport.AckAll: one ack with multiple=true for a burst below every
-// other unsettled delivery of its channel).
-func (s *Sidecar) ackAll(items []*item) {
-	ds := make([]amqp.Delivery, 0, len(items))
-	for _, it := range items {
-		if s.markSettled(it) {
-			ds = append(ds, it.d)
-		}
-	}
-	if len(ds) == 0 {
-		return
-	}
-	if err := transport.AckAll(ds); err != nil {
-		s.log.V(1).Info("Could not ack deliveries; the broker redelivers them", "error", err.Error())
-	}
-}
-
-// settle acks (ack=true) or nacks with requeue, once. Errors are logged: a
-// delivery from a closed channel cannot be settled and comes back. Only
-// deliveries that were never handed to a session are nacked: on a quorum
-// queue a nacked message goes to the back of the queue, so a nack would
-// reorder a session's stream (release: the worker reorders by sequence).
-func (s *Sidecar) settle(it *item, ack bool) {
-	if !s.markSettled(it) {
-		return
-	}
-	var err error
-	if ack {
-		err = it.d.Ack(false)
-	} else {
-		err = it.d.Nack(false, true)
-	}
-	if err != nil {
-		s.log.V(1).Info("Could not settle a delivery; the broker redelivers it", "ack", ack, "error", err.Error())
 	}
 }

@@ -233,4 +233,41 @@
 // publish is in the callee's durable command queue and will be answered; an
 // unconfirmed one the app posts again with the same message_id, which the
 // callee deduplicates).
+//
+// # Where things are
+//
+// One type owns a session's delivery: stream (stream.go), the session's
+// worker, a goroutine per session with messages in flight. Each step of the
+// pipeline, receive → order → deliver → commit (journal) → settle (ack), is
+// a method of it, in a file per step. It stays one type because the steps
+// hand one state on to each other (the tracker, the ready events, the
+// barriers, the latest group commit) on the one goroutine that runs them:
+// there is no lock to split it along. The Sidecar's maps (streams, lookups,
+// positions, answered) share its one mutex; they stay fields of the Sidecar
+// rather than types of their own, since splitting them would change the
+// locking.
+//
+//	doc.go          this map
+//	options.go      Options and their defaults, RetryPolicy, Backoff
+//	sidecar.go      the Sidecar, New, Ready
+//	run.go          Run, Drain and the stop sequence; housekeeping
+//	consume.go      a delivery from the queue: decode, check the sender, dispatch to its session's stream
+//	stream.go       stream: the owner of a session's delivery, its loop, its drain and exit
+//	receive.go      stream: take a message in (refused sessions, the callee check, answers and results as barriers)
+//	order.go        stream: sequence order through the tracker; gaps and their timeouts
+//	deliver.go      stream: POST to the app in order, one message or a batch, retried with backoff
+//	commit.go       stream: what the app took, into the tracker and the session and task records
+//	settle.go       acks and nacks, once each; acks that wait for a record's fsync
+//	window.go       sharing the prefetch window: releases to the queue, hand-backs, what the dispatcher sees of a stream
+//	seed.go         stream: a session's starting point, from its local record or its HCPSession
+//	position.go     callerAckedSequence: recorded through the status writer, written at a stop
+//	hcpsession.go   reading HCPSessions: uncached and cached reads, the lookup cache
+//	adopt.go        tasks an earlier pod of this caller submitted, learnt from their HCPSessions
+//	submit.go       task_submit: record, publish, republish; abort
+//	api.go          the app API's HTTP handlers and views
+//	app.go          calls to the app: one message, a batch, the app's batch offer
+//	appjson.go      the app message's JSON, built without reflection
+//	store.go        Store: tasks and sessions in memory, reads and durable updates
+//	records.go      TaskRecord and SessionRecord
+//	journal.go      the Store's journal: line format, group commit (Ticket), compaction
 package caller

@@ -1,0 +1,172 @@
+package caller
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+)
+
+// ReasonForeignSession counts deliveries of a session whose HCPSession names
+// another caller: this caller's queue should never carry them.
+const ReasonForeignSession = "foreign_session"
+
+// ReasonUnsolicitedSession counts deliveries of a session this caller never
+// submitted: no task of its store, and no HCPSession in its namespace
+// naming it. A callee, or anyone who may publish to hcp.events, cannot
+// inject a session into the app.
+const ReasonUnsolicitedSession = "unsolicited_session"
+
+// seed gives a session without a local record (a new pod, or a lost state
+// directory) its starting point from its HCPSession, before anything of it
+// is delivered: last_processed_sequence from status.callerAckedSequence, the
+// callee and task from spec, and the task record (adoptTask). A session
+// whose HCPSession names another caller is refused (ReasonForeignSession),
+// and so is one with no HCPSession in this namespace
+// (ReasonUnsolicitedSession): nothing shows this caller submitted it. While the API server cannot be
+// reached the seed is retried for up to SeedTimeout; then the session is
+// delivered from scratch (a warning: events the previous pod delivered and
+// that come again are then delivered again). seed returns false if the
+// sidecar stopped meanwhile.
+func (w *stream) seed() bool {
+	s := w.s
+	if rec, ok := s.store.Session(w.id); ok {
+		w.refresh(rec)
+		return true
+	}
+	if _, ok := s.store.TaskForSession(w.id); ok {
+		// Submitted through this store, which has no session record: nothing
+		// of it was delivered yet.
+		return true
+	}
+	if s.o.Client == nil && s.o.Reader == nil {
+		return true
+	}
+	deadline := s.clk.Now().Add(s.o.SeedTimeout)
+	backoff := 100 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), lookupTimeout)
+		hs, err := s.readHCPSession(ctx, w.id, true)
+		cancel()
+		switch {
+		case err == nil:
+			w.adopt(hs)
+			return true
+		case errors.Is(err, errAbsent):
+			s.mu.Lock()
+			s.lookups[w.id] = lookup{at: s.clk.Now()}
+			s.mu.Unlock()
+			w.refused = ReasonUnsolicitedSession
+			w.log.Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession in its namespace naming it)")
+			return true
+		case !s.clk.Now().Before(deadline):
+			w.log.Info("WARNING: the HCPSession of a session this pod has no record of could not be read; delivering it from its first event received (copies of events an earlier pod delivered are delivered again)",
+				"waited", s.o.SeedTimeout.String(), "error", err.Error())
+			return true
+		}
+		w.log.Info("Cannot read the HCPSession of a session this pod has no record of; its deliveries wait", "retryIn", backoff.String(), "error", err.Error())
+		timer := s.clk.NewTimer(backoff)
+		select {
+		case <-timer.C():
+		case <-s.stopCh:
+			timer.Stop()
+			return false
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// refreshTimeout bounds the best-effort HCPSession read of refresh.
+const refreshTimeout = 2 * time.Second
+
+// refresh raises the local record of a session to its HCPSession's
+// callerAckedSequence when that is higher. Both are positions the app has
+// processed (lower bounds of its true position), so the higher one is the
+// better starting point; the HCPSession's can only be higher when another
+// pod of this caller delivered the session meanwhile: with several replicas
+// the queue's single active consumer moves between live pods when a
+// connection drops. Best effort: one read, and the local record stands if
+// the API server does not answer at once.
+func (w *stream) refresh(rec SessionRecord) {
+	s := w.s
+	if rec.over() || s.o.Client == nil && s.o.Reader == nil {
+		return
+	}
+	s.mu.Lock()
+	l, known := s.lookups[w.id]
+	s.mu.Unlock()
+	if known && !l.found {
+		return // not here, or not this caller's
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), refreshTimeout)
+	hs, err := s.readHCPSession(ctx, w.id, true)
+	cancel()
+	switch {
+	case errors.Is(err, errAbsent):
+		s.mu.Lock()
+		s.lookups[w.id] = lookup{at: s.clk.Now()}
+		s.mu.Unlock()
+		return
+	case err != nil:
+		w.log.V(1).Info("Could not read the HCPSession; resuming from the local record", "lastProcessed", rec.LastSeq, "error", err.Error())
+		return
+	}
+	if s.lookupOf(hs).foreign {
+		return
+	}
+	seq := hs.Status.CallerAckedSequence
+	// What the HCPSession lacks (a write the previous process did not get
+	// to make) is written with the next report.
+	w.reported = seq
+	w.acked.Store(max(seq, rec.LastSeq))
+	if seq <= rec.LastSeq {
+		return
+	}
+	if _, err := s.store.UpdateSession(w.id, func(r *SessionRecord) bool {
+		if r.LastSeq >= seq {
+			return false
+		}
+		r.LastSeq, r.UpdatedAt = seq, s.clk.Now()
+		return true
+	}); err != nil {
+		w.log.Error(err, "Failed to persist the position read from the HCPSession")
+	}
+	w.log.Info("Another pod of this caller delivered this session beyond this pod's record; resuming from its HCPSession",
+		"localLastProcessed", rec.LastSeq, "lastProcessed", seq)
+}
+
+// adopt applies a session's HCPSession to the new worker (see seed).
+func (w *stream) adopt(hs *v1alpha1.HCPSession) {
+	s := w.s
+	l := s.lookupOf(hs)
+	if l.foreign {
+		w.refused = ReasonForeignSession
+		w.log.Info("WARNING: the HCPSession of this session names another caller; refusing its messages", "caller", hs.Spec.CallerID, "callee", hs.Spec.CalleeID)
+		return
+	}
+	tid := strings.ToLower(hs.Spec.TaskMessageID)
+	if _, err := s.adoptTask(hs); err != nil {
+		w.log.Error(err, "Failed to record the task of a session learnt from its HCPSession", "task", tid)
+	}
+	seq := hs.Status.CallerAckedSequence
+	now := s.clk.Now()
+	if _, err := s.store.UpdateSession(w.id, func(r *SessionRecord) bool {
+		r.CalleeID, r.TaskMessageID, r.Capability = hs.Spec.CalleeID, tid, hs.Spec.Capability
+		r.RiskLevel = string(hs.Spec.RiskLevel)
+		r.LastSeq = max(r.LastSeq, seq)
+		r.UpdatedAt = now
+		return true
+	}); err != nil {
+		// The in-memory record holds it: this run still resumes from it.
+		w.log.Error(err, "Failed to persist the position read from the HCPSession")
+	}
+	w.maxSeen = max(w.maxSeen, seq)
+	w.callee, w.unverified = hs.Spec.CalleeID, false
+	w.taskMessageID, w.capability = tid, hs.Spec.Capability
+	w.acked.Store(seq)
+	w.reported = seq
+	w.log.Info("Resuming a session this pod has no record of from its HCPSession", "lastProcessed", seq,
+		"callee", hs.Spec.CalleeID, "task", tid, "hcpState", string(hs.Status.State))
+}
