@@ -17,11 +17,12 @@ CONTROLLER_GEN ?= go tool controller-gen
 GO_BUILD_FLAGS ?= -trimpath -ldflags=-s\ -w
 export CGO_ENABLED ?= 0
 
-# hack/podrunner, the local stack's node agent, is a Go module of its own
-# (hack/local-stack.sh builds it there): root ./... patterns skip it, so the
-# targets that cover it too (lint, verify, test) enter its directory. GOWORK
-# off: it builds alone, whatever workspace is around.
-PODRUNNER_GO := cd hack/podrunner && export GOWORK=off
+# hack/imagebuild, which builds the images offline, is a Go module of its
+# own (go-containerregistry stays out of the main module): root ./...
+# patterns skip it, so the targets that cover it too (lint, verify, test)
+# enter its directory. GOWORK off: it builds alone, whatever workspace is
+# around.
+IMAGEBUILD_GO := cd hack/imagebuild && export GOWORK=off
 
 # Test settings.
 GO_TEST_FLAGS ?= -count=1
@@ -59,19 +60,19 @@ vet: ## Run go vet.
 	go vet ./...
 
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint on the module and on hack/podrunner (a module of its own).
+lint: golangci-lint ## Run golangci-lint on the module and on hack/imagebuild (a module of its own).
 	$(GOLANGCI_LINT) run ./...
-	$(PODRUNNER_GO) && $(GOLANGCI_LINT) run ./...
+	$(IMAGEBUILD_GO) && $(GOLANGCI_LINT) run ./...
 
 .PHONY: verify
 verify: generate manifests fmt ## Regenerate everything (deepcopy, CRDs, RBAC, chart, API docs) and fail if anything changed.
 	go mod tidy
-	$(PODRUNNER_GO) && go fmt ./... && go mod tidy
+	$(IMAGEBUILD_GO) && go fmt ./... && go mod tidy
 	hack/gen-api-docs.sh
 	hack/conformance-check.sh
-	@if [ -n "$$(git status --porcelain -- api config charts docs go.mod go.sum hack/podrunner/go.mod hack/podrunner/go.sum '*.go')" ]; then \
+	@if [ -n "$$(git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum '*.go')" ]; then \
 		echo "make verify: generated files or formatting are out of date:"; \
-		git status --porcelain -- api config charts docs go.mod go.sum hack/podrunner/go.mod hack/podrunner/go.sum '*.go'; \
+		git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum '*.go'; \
 		git --no-pager diff --stat; exit 1; \
 	fi
 	@echo "make verify: everything is up to date"
@@ -89,7 +90,7 @@ testbed: ## Provide kube-apiserver/etcd/kubectl, RabbitMQ with management, and t
 .PHONY: test
 test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration (real RabbitMQ and topology operator), install checks (chart, kustomize, Dockerfile), and the end-to-end suite on the local stack.
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
-	$(PODRUNNER_GO) && go test $(GO_TEST_FLAGS) ./...
+	$(IMAGEBUILD_GO) && go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) check-install
 	$(MAKE) test-e2e
 	$(MAKE) test-scale
@@ -177,6 +178,8 @@ build: kubectl-hcp ## Build the manager, hcp-sidecar, hcp-conformance and kubect
 kubectl-hcp: ## Build the kubectl plugin into bin/kubectl-hcp (put it on PATH: kubectl hcp; docs/kubectl-plugin.md).
 	go build $(GO_BUILD_FLAGS) -o $(LOCALBIN)/kubectl-hcp ./cmd/kubectl-hcp
 
+include hack/make/images.mk
+
 ##@ Install checks
 
 .PHONY: check-install
@@ -190,7 +193,7 @@ check-dockerfile: ## Build the Dockerfile's binaries with its exact commands and
 ##@ Demo
 
 .PHONY: demo
-demo: ## Bring up a local control plane, RabbitMQ, the topology operator and hcp-operator with the samples (pods as local processes; root), and run a task.
+demo: ## Bring up a local control plane and node (kubelet, containerd), RabbitMQ, the topology operator and hcp-operator with the samples, from images built offline (root), and run a task.
 	hack/demo.sh up
 
 .PHONY: demo-down
@@ -198,7 +201,7 @@ demo-down: ## Stop everything `make demo` started and remove its state.
 	hack/demo.sh down
 
 .PHONY: local-stack
-local-stack: ## Only the local stack (control plane, node, RabbitMQ, topology operator), for e2e tests; see hack/local-stack.sh.
+local-stack: ## Only the local stack (control plane, a real node, RabbitMQ, topology operator), for e2e tests; see hack/local-stack.sh.
 	hack/local-stack.sh up
 
 ##@ Tools

@@ -15,9 +15,8 @@
 #                          are sample-caller's, after the defaults --callee lab-cvd ...)
 #   hack/demo.sh down      stop everything and remove the state (make demo-down)
 #
-# The Pods of the project's images run as local processes (hack/podrunner): the
-# manager, the harnesses and the injected hcp-sidecars get exactly the
-# environment, arguments, volumes and security context of their specs.
+# The Pods run as containers on the stack's node (a kubelet with containerd
+# and runc), from the project's own images built offline by `make images`.
 #
 # Environment: HCP_DEMO_NAMESPACE (default "default"), HCP_DEMO_WAIT_SECONDS
 # (bound of each wait, default 240), and hack/local-stack.sh's settings.
@@ -39,7 +38,7 @@ log() { echo "[demo] $*" >&2; }
 die() {
   echo "[demo] ERROR: $*" >&2
   if [ -n "${HCP_STACK_LOGS:-}" ]; then
-    echo "[demo] every container's log is in $HCP_STACK_LOGS (<namespace>_<pod>_<container>.log); the stack's own logs too" >&2
+    echo "[demo] the stack's own logs are in $HCP_STACK_LOGS; the containers' in ${HCP_STACK_POD_LOGS:-its node/pod-logs} (kubectl logs)" >&2
   fi
   exit 1
 }
@@ -63,13 +62,13 @@ caller_pod() {
     awk '$2 == "True" && $3 == "" {print $1; exit}'
 }
 
-# submit ARGS...: sample-caller submit inside the caller pod's namespaces,
-# talking to its sidecar on 127.0.0.1:9090 as the harness app would.
+# submit ARGS...: sample-caller submit in the caller pod's app container
+# (kubectl exec), talking to its sidecar on 127.0.0.1:9090 as the app would.
 submit() {
   local pod; pod=$(caller_pod)
   [ -n "$pod" ] || die "no ready pod of Caller alpha in namespace $ns (kubectl get pods -n $ns)"
-  "$root/hack/local-stack.sh" exec "$ns/$pod" -c hcp-sidecar -- \
-    "$root/bin/sample-caller" submit --sidecar http://127.0.0.1:9090 --callee lab-cvd "$@"
+  kubectl exec -n "$ns" "$pod" -c harness -- \
+    /sample-caller submit --sidecar http://127.0.0.1:9090 --callee lab-cvd "$@"
 }
 
 # wait_for WHAT CMD...: polls CMD (quietly) every 2 s, reporting every 10 s.
@@ -86,22 +85,21 @@ wait_for() {
   done
 }
 
-# replace_stale_pods: a pod whose container runs an older build of its binary
-# (the pod runner records the binary's sha256 as the imageID) is replaced,
-# as a new image tag would roll it.
+# replace_stale_pods: a pod that runs an image the last import changed
+# (hack/local-stack.sh lists them in $HCP_STACK_DIR/images-changed) is
+# replaced, as a new image tag would roll it.
 replace_stale_pods() {
-  local line pod namespace id path sum
-  while read -r namespace pod rest; do
-    for id in $rest; do
-      path=${id#local://}; sum=${path##*@sha256:}; path=${path%@sha256:*}
-      [ -f "$path" ] || continue
-      if [ "$(sha256sum "$path" | cut -d' ' -f1)" != "$sum" ]; then
-        log "pod $namespace/$pod runs an older build of $path: replacing it"
+  local changed=$HCP_STACK_DIR/images-changed namespace pod images
+  [ -s "$changed" ] || return 0
+  while read -r namespace pod images; do
+    for image in $images; do
+      if grep -qxF "$image" "$changed" || grep -qxF "docker.io/$image" "$changed"; then
+        log "pod $namespace/$pod runs an image rebuilt just now ($image): replacing it"
         kubectl delete pod -n "$namespace" "$pod" --wait=false >/dev/null
         break
       fi
     done
-  done < <(kubectl get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}{" "}{.metadata.name}{" "}{range .status.containerStatuses[*]}{.imageID}{" "}{end}{"\n"}{end}' | grep 'local://' || true)
+  done < <(kubectl get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}{" "}{.metadata.name}{" "}{range .spec.initContainers[*]}{.image}{" "}{end}{range .spec.containers[*]}{.image}{" "}{end}{"\n"}{end}')
 }
 
 ready_cond() { [ "$(kubectl get "$1" -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
@@ -117,9 +115,9 @@ explain_not_ready() {
   # The logs of the pods that exist now.
   local pod c
   for pod in $(kubectl get pods -n "$ns" -o name | cut -d/ -f2) $(kubectl get pods -n "$manager_ns" -o name | cut -d/ -f2); do
-    for f in "$HCP_STACK_LOGS"/*_"$pod"_*.log; do
+    for f in "$HCP_STACK_POD_LOGS"/*_"$pod"_*/*/*.log; do
       [ -f "$f" ] || continue
-      c=${f##*_}; c=${c%.log}
+      c=$(basename "$(dirname "$f")")
       echo "--- $pod/$c (last 8 lines of $f)"; tail -n 8 "$f" | cut -c1-400
     done
   done
@@ -142,17 +140,13 @@ stop_watch() {
 }
 
 up() {
-  step "Local stack: etcd, kube-apiserver, controller-manager, scheduler, the pod runner, RabbitMQ, the topology operator"
+  step "Local stack: etcd, kube-apiserver, controller-manager, scheduler, a node (kubelet, containerd, runc), RabbitMQ, the topology operator"
   "$root/hack/local-stack.sh" up
   stack_env
 
-  step "Build the manager, the hcp-sidecar and the sample harnesses (the binaries the images would hold)"
-  (cd "$root" && with_progress "make build" make -s build) || die "make build failed"
-  for s in sample-callee sample-caller; do
-    (cd "$root" && CGO_ENABLED=0 with_progress "$s" go build -trimpath -ldflags="-s -w" -o "bin/$s" "./cmd/$s") ||
-      die "building cmd/$s failed"
-  done
-  log "built bin/manager bin/hcp-sidecar bin/sample-callee bin/sample-caller"
+  step "The images: make images (OCI archives built offline), imported into the node's containerd"
+  "$root/hack/local-stack.sh" images
+  "$root/hack/local-stack.sh" ctr images list | awk 'NR == 1 || $1 ~ /hcp-io/ {print "    " $1, $3, $4, $5}'
   replace_stale_pods
 
   step "The broker: connection Secret $ns/$broker_secret (the manager's default) and vhost $vhost"
@@ -178,7 +172,7 @@ up() {
   kubectl kustomize "$root/hack/demo" | kubectl apply --server-side --force-conflicts --field-manager=hcp-demo -f - | sed 's/^/    /' | grep -v 'serverside-applied$' || true
   echo "    applied $(kubectl kustomize "$root/hack/demo" | grep -c '^kind:') objects (CRDs, RBAC, Namespace, Deployment, Service)"
   kubectl -n "$manager_ns" rollout status "deploy/$manager_deploy" --timeout="${wait_s}s" | sed 's/^/    /' ||
-    { kubectl get pods -n "$manager_ns" -o wide; tail -n 30 "$HCP_STACK_LOGS/${manager_ns}_"*_manager.log 2>/dev/null; die "the manager did not become available"; }
+    { kubectl get pods -n "$manager_ns" -o wide; kubectl logs -n "$manager_ns" "deploy/$manager_deploy" --tail=30 2>/dev/null; die "the manager did not become available"; }
   kubectl get pods -n "$manager_ns" -o wide | sed 's/^/    /'
 
   step "The samples: kubectl apply -k config/samples -n $ns"
@@ -228,7 +222,8 @@ The stack keeps running. Use it:
   export KUBECONFIG=$KUBECONFIG        # or: eval "\$(hack/local-stack.sh env)"
   kubectl get callees,callers,capabilitypolicies,hcpsessions -n $ns
   kubectl get pods -A -o wide
-  kubectl logs -n $ns deploy/hcp-callee-lab-cvd -c hcp-sidecar     # every container: $HCP_STACK_LOGS/<ns>_<pod>_<container>.log
+  kubectl logs -n $ns deploy/hcp-callee-lab-cvd -c hcp-sidecar
+  hack/local-stack.sh ctr containers list                          # the node's containers (containerd)
 
   RabbitMQ management UI: $mgmt_url  (guest / guest; vhost $vhost, queues hcp.cmd.lab-cvd and hcp.evt.alpha)
 
@@ -238,8 +233,8 @@ The stack keeps running. Use it:
   Watch it, then abort it:
     kubectl get hcpsessions -n $ns -w
     kubectl patch hcps <session-id> -n $ns --type merge -p '{"spec":{"abortRequested":true}}'
-  A shell-less peek inside a pod (network, mounts, hostname):
-    hack/local-stack.sh exec $ns/$pod -c hcp-sidecar -- cat /etc/hosts
+  The same from your shell, with the kubectl plugin (make kubectl-hcp; port-forward to the sidecar):
+    kubectl hcp submit -n $ns --caller alpha --callee lab-cvd --capability cvd.run-synthesis --data-class T2 --inputs '{"steps":5}'
 
 Stop everything and remove the state:  make demo-down
 EOF

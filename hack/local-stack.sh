@@ -1,43 +1,51 @@
 #!/usr/bin/env bash
-# A local Kubernetes control plane and node, as processes, for `make demo` and
-# the end-to-end suite. No container runtime is needed: Pods run as local
-# processes under hack/podrunner (see its package documentation).
+# A local Kubernetes cluster on this machine, for `make demo` and the
+# end-to-end suite: the control plane as processes, and one real node: a
+# kubelet with containerd and runc that runs the project's images (built
+# offline by `make images`) as containers.
 #
 #   local-stack.sh up       build what is missing, start everything, wait until it works
 #   local-stack.sh down     stop everything and remove the state
 #   local-stack.sh status   what runs, and whether it answers
 #   local-stack.sh env      shell exports for using the stack: eval "$(hack/local-stack.sh env)"
-#   local-stack.sh exec NAMESPACE/POD [-c CONTAINER] -- COMMAND...
-#                           run a command inside a pod's namespaces (network,
-#                           mounts, hostname), like kubectl exec
-#   local-stack.sh netns NAMESPACE/POD
-#                           print the pod's network namespace (for ip netns exec)
+#   local-stack.sh images [ARCHIVE...]
+#                           build the project's images for this machine's platform
+#                           (make images) and import them into the node's containerd;
+#                           with ARCHIVEs, import those only
 #   local-stack.sh kill NAMESPACE/POD CONTAINER [SIGNAL]
-#                           signal a container's processes (default KILL), like a crash
+#                           signal a container's first process (default KILL), like a crash
+#   local-stack.sh oom NAMESPACE/POD CONTAINER
+#                           drive a container over its memory limit: the kernel OOM-kills it
 #   local-stack.sh freeze PROCESS SECONDS
 #                           SIGSTOP a stack process (e.g. kube-apiserver), SIGCONT after
+#   local-stack.sh ctr ARGS...
+#                           containerd's ctr on the node (namespace k8s.io)
+#   local-stack.sh crictl ARGS...
+#                           crictl on the node: crictl ps, crictl pods, crictl logs
 #
 # What runs (all on this machine, state in $HCP_STACK_DIR):
 #   etcd                     127.0.0.1:$HCP_ETCD_PORT
-#   kube-apiserver           https://127.0.0.1:$HCP_APISERVER_PORT (certificates from openssl;
-#                            RBAC + Node authorization, NodeRestriction)
+#   kube-apiserver           https://127.0.0.1:$HCP_APISERVER_PORT, also on the node's address
+#                            (certificates from openssl; RBAC + Node authorization, NodeRestriction)
 #   kube-controller-manager  deployments, replicasets, GC, namespaces, service accounts and tokens, ...
 #   kube-scheduler           binds Pods to the node
-#   podrunner                the node "hcp-local": runs Pods as processes, one network
-#                            namespace each, on bridge $HCP_POD_BRIDGE ($HCP_POD_CIDR; the node
-#                            is its first address). Pods reach the API server through the
-#                            kubernetes Service's ClusterIP and RabbitMQ at
-#                            <node address>:5672 (relayed to 127.0.0.1:5672).
+#   the node "hcp-local"     kubelet, containerd, runc, CNI bridge $HCP_POD_BRIDGE ($HCP_POD_CIDR;
+#                            the node is its first address), kube-proxy (iptables);
+#                            configuration in hack/node/, see hack/lib/node.sh. Pods
+#                            reach the API server through the kubernetes Service and
+#                            RabbitMQ at <node address>:5672 (translated to 127.0.0.1:5672).
 #   RabbitMQ                 ensured by hack/testbed-rabbitmq.sh (management on :15672)
 #   messaging-topology-operator  built and run by hack/testbed-mto.sh, with its CRDs and
 #                            cluster-operator's RabbitmqCluster CRD installed
 #
 # Binaries: kube-apiserver, etcd, kube-controller-manager and kubectl from
-# hack/testbed-k8s.sh; kube-scheduler is built here the same way (same
-# Kubernetes version, a copy of that throw-away module). Cold builds take
-# minutes; progress is printed as packages compile.
+# hack/testbed-k8s.sh; kube-scheduler, kubelet and kube-proxy are built here
+# the same way (same Kubernetes version, a copy of that throw-away module).
+# Cold builds take minutes; progress is printed as packages compile.
 #
-# Needs root (network namespaces, mounts), openssl, curl, ip (iproute2) and nsenter.
+# Needs root (a kubelet, network namespaces, iptables), openssl, curl, ip
+# (iproute2); installs containerd, runc, containernetworking-plugins and
+# iptables from Debian's packages when missing.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,13 +56,18 @@ etcd_peer_port=${HCP_ETCD_PEER_PORT:-12380}
 api_port=${HCP_APISERVER_PORT:-16443}
 kcm_port=${HCP_KCM_PORT:-10357}
 sched_port=${HCP_SCHEDULER_PORT:-10359}
-kubelet_port=${HCP_KUBELET_PORT:-10350}
+kubelet_port=${HCP_KUBELET_PORT:-10250}
+kubelet_healthz_port=${HCP_KUBELET_HEALTHZ_PORT:-10248}
+kube_proxy_healthz_port=${HCP_KUBE_PROXY_HEALTHZ_PORT:-10256}
+kube_proxy_metrics_port=${HCP_KUBE_PROXY_METRICS_PORT:-10249}
 mto_probe_port=${HCP_MTO_PROBE_PORT:-18081}
 bridge=${HCP_POD_BRIDGE:-hcp0}
 pod_cidr=${HCP_POD_CIDR:-10.250.0.0/16}
 service_cidr=${HCP_SERVICE_CIDR:-10.251.0.0/16}
 node_name=${HCP_NODE_NAME:-hcp-local}
-node_cpu=${HCP_NODE_CPU:-16}
+# The sandbox image of every pod, built by `make images` (hack/imagebuild).
+pause_image=localhost/hcp-local/pause:1
+crictl_version=v1.37.0
 mto_namespace=rabbitmq-system
 wait_s=${HCP_STACK_WAIT_SECONDS:-120}
 
@@ -67,6 +80,7 @@ pki=$stack/pki
 run=$stack/run
 logs=$stack/logs
 kubeconfig=$stack/kubeconfig
+node_dir=$stack/node
 
 log() { echo "[local-stack] $*" >&2; }
 die() { echo "[local-stack] ERROR: $*" >&2; exit 1; }
@@ -84,38 +98,44 @@ k8s_assets() {
   k8s_version=v$(basename "$assets" | sed 's/-linux-amd64$//')
 }
 
-# kube-scheduler: hack/testbed-k8s.sh builds only what envtest needs, so build
-# it here with the same recipe, in a copy of that script's throw-away module
-# (the copy keeps concurrent runs of the script undisturbed).
-build_scheduler() {
-  scheduler=$cache/bin/kube-scheduler-$k8s_version
-  [ -x "$scheduler" ] && return
-  local ver=${k8s_version#v} work=$cache/scheduler-build-${k8s_version#v}
+# build_k8s_bin NAME: a Kubernetes component hack/testbed-k8s.sh does not
+# build (kube-scheduler, kubelet, kube-proxy), with the same recipe, in a
+# copy of that script's throw-away module (the copy keeps concurrent runs of
+# the script undisturbed). Sets $NAME's path in bin_path.
+build_k8s_bin() {
+  local name=$1
+  bin_path=$cache/bin/$name-$k8s_version
+  [ -x "$bin_path" ] && return
+  local ver=${k8s_version#v} work=$cache/node-build-${k8s_version#v}
   local src=${TESTBED_BUILD_DIR:-$cache/k8s-build-$ver}
   [ -f "$src/go.mod" ] || die "no $src/go.mod: hack/testbed-k8s.sh did not leave its build module (set TESTBED_BUILD_DIR?)"
-  log "building kube-scheduler $k8s_version in $work (warm Go cache: under a minute; cold: several)"
+  log "building $name $k8s_version in $work (warm Go cache: a minute or two; cold: several)"
   mkdir -p "$work" "$cache/bin"
-  cp "$src/go.mod" "$src/go.sum" "$work/"
-  (cd "$work" && go mod edit -module=hcp-testbed-scheduler)
+  if [ ! -f "$work/tools.go" ]; then
+    # The control plane's module resolved only what its commands import.
+    cp "$src/go.mod" "$src/go.sum" "$work/"
+    (cd "$work" && go mod edit -module=hcp-testbed-node)
+    printf '//go:build tools\n\npackage tools\n\nimport (\n%s)\n' \
+      "$(printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' kube-scheduler kubelet kube-proxy)" >"$work/tools.go.tmp"
+    mv "$work/tools.go.tmp" "$work/tools.go"
+    log "resolving the modules of kube-scheduler, kubelet and kube-proxy"
+    (cd "$work" && go mod tidy -e >/dev/null 2>&1) || true
+  fi
   local major=${ver%%.*} rest=${ver#*.}; local minor=${rest%%.*}
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=$major -X k8s.io/component-base/version.gitMinor=$minor"
-  (cd "$work" && with_progress kube-scheduler go build -ldflags "$ldflags" -o "$scheduler.tmp" k8s.io/kubernetes/cmd/kube-scheduler) ||
-    die "building kube-scheduler failed"
-  mv "$scheduler.tmp" "$scheduler"
-}
-
-build_podrunner() {
-  podrunner=$stack/bin/podrunner
-  mkdir -p "$stack/bin"
-  log "building the pod runner (hack/podrunner, a Go module of its own)"
-  (cd "$root/hack/podrunner" && GOWORK=off CGO_ENABLED=0 with_progress podrunner go build -o "$podrunner" .) || die "building hack/podrunner failed"
+  (cd "$work" && with_progress "$name" go build -ldflags "$ldflags" -o "$bin_path.tmp" "k8s.io/kubernetes/cmd/$name") ||
+    die "building $name failed"
+  mv "$bin_path.tmp" "$bin_path"
 }
 
 build_all() {
   k8s_assets
-  build_scheduler
-  build_podrunner
+  build_k8s_bin kube-scheduler; scheduler=$bin_path
+  build_k8s_bin kubelet; kubelet=$bin_path
+  build_k8s_bin kube-proxy; kube_proxy=$bin_path
+  build_crictl
   with_progress topology-operator "$root/hack/testbed-mto.sh" build >/dev/null || die "hack/testbed-mto.sh build failed"
+  build_images
   kubectl=$assets/kubectl
 }
 
@@ -176,11 +196,13 @@ make_pki() {
   cert scheduler system:kube-scheduler "" clientAuth
   cert node "system:node:$node_name" system:nodes clientAuth
   cert kubelet "system:node:$node_name" system:nodes serverAuth "DNS:$node_name,IP:$node_ip"
+  cert kube-proxy system:kube-proxy "" clientAuth
   cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters clientAuth
   write_kubeconfig "$kubeconfig" admin
   write_kubeconfig "$stack/controller-manager.kubeconfig" controller-manager
   write_kubeconfig "$stack/scheduler.kubeconfig" scheduler
   write_kubeconfig "$stack/node.kubeconfig" node
+  write_kubeconfig "$stack/kube-proxy.kubeconfig" kube-proxy
 }
 
 # ---------------------------------------------------------------- processes
@@ -254,56 +276,25 @@ k() { "$kubectl" --kubeconfig="$kubeconfig" "$@"; }
 api_ready() { curl -sf --max-time 3 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "https://127.0.0.1:$api_port/readyz"; }
 https_healthz() { curl -skf --max-time 3 "https://127.0.0.1:$1/healthz"; }
 
-# The image table the pod runner reads: what the project's images hold, as
-# the Dockerfile builds them (hack/podrunner/images.go explains the format).
-write_images() {
-  cat >"$stack/images.yaml" <<EOF
-# Which local binaries stand for which images (any tag). Written by
-# hack/local-stack.sh; read by the pod runner at every container start.
-images:
-# The Dockerfile: distroless/static:nonroot, USER 65532:65532, ENTRYPOINT ["/manager"].
-- repository: ghcr.io/hcp-io/hcp-operator
-  entrypoint: ["/manager"]
-  user: "65532:65532"
-  env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"]
-  files:
-    /manager: $root/bin/manager
-    /hcp-sidecar: $root/bin/hcp-sidecar
-# The sample harnesses (cmd/sample-callee, cmd/sample-caller), same base image.
-- repository: ghcr.io/hcp-io/hcp-sample-callee
-  entrypoint: ["/sample-callee"]
-  user: "65532:65532"
-  env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-  files:
-    /sample-callee: $root/bin/sample-callee
-- repository: ghcr.io/hcp-io/hcp-sample-caller
-  entrypoint: ["/sample-caller"]
-  user: "65532:65532"
-  env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-  files:
-    /sample-caller: $root/bin/sample-caller
-EOF
-  if [ -f "${HCP_STACK_EXTRA_IMAGES:-}" ]; then
-    # More images (e.g. test binaries): a file with more list items.
-    sed -n '/^- /,$p' "$HCP_STACK_EXTRA_IMAGES" >>"$stack/images.yaml"
-  fi
-}
+# shellcheck source=hack/lib/node.sh
+source "$root/hack/lib/node.sh"
 
 # ---------------------------------------------------------------- up
 
 up() {
-  [ "$(id -u)" = 0 ] || die "must run as root (pods get network namespaces and bind mounts)"
-  for t in openssl curl ip nsenter go setsid; do
+  [ "$(id -u)" = 0 ] || die "must run as root (a kubelet, network namespaces, iptables)"
+  for t in openssl curl ip go setsid findmnt; do
     command -v "$t" >/dev/null || die "$t is required"
   done
   local t0=$SECONDS
   mkdir -p "$stack" "$run" "$logs"
   log "state in $stack"
 
+  ensure_node_packages
   build_all
   "$root/hack/testbed-rabbitmq.sh" >/dev/null || die "RabbitMQ is not available (hack/testbed-rabbitmq.sh)"
   make_pki
-  write_images
+  node_network
 
   start etcd "$assets/etcd" "$assets/etcd" --name=hcp-local --data-dir="$stack/etcd" \
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
@@ -313,7 +304,7 @@ up() {
 
   start kube-apiserver "$assets/kube-apiserver" "$assets/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 --secure-port="$api_port" --advertise-address="$node_ip" \
+    --bind-address=0.0.0.0 --secure-port="$api_port" --advertise-address="$node_ip" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
@@ -340,21 +331,9 @@ up() {
   wait_until "kube-controller-manager healthy" kube-controller-manager https_healthz "$kcm_port"
   wait_until "kube-scheduler healthy" kube-scheduler https_healthz "$sched_port"
 
-  # A rebuilt runner replaces the running one (its pods restart, as on a
-  # rebooted node).
-  if running podrunner && [[ "$(readlink "/proc/$(pid_of podrunner)/exe")" == *" (deleted)" ]]; then
-    log "the pod runner was rebuilt; restarting it"
-    stop podrunner 40
-  fi
-  start podrunner "$podrunner" "$podrunner" --kubeconfig="$stack/node.kubeconfig" --node-name="$node_name" \
-    --state-dir="$stack/podrunner" --log-dir="$logs" --images="$stack/images.yaml" \
-    --bridge="$bridge" --pod-cidr="$pod_cidr" --bridge-address="$kubernetes_svc_ip" \
-    --forward="$kubernetes_svc_ip:443=127.0.0.1:$api_port" \
-    --forward="$node_ip:$api_port=127.0.0.1:$api_port" \
-    --forward="$node_ip:5672=127.0.0.1:5672" \
-    --kubelet-port="$kubelet_port" --tls-cert-file="$pki/kubelet.crt" --tls-private-key-file="$pki/kubelet.key" \
-    --client-ca-file="$pki/ca.crt" --kubernetes-version="$k8s_version" --cpu="$node_cpu"
-  wait_until "node $node_name Ready" podrunner k wait --for=condition=Ready "node/$node_name" --timeout=5s
+  k apply --server-side --force-conflicts --field-manager=hcp-local-stack -f "$root/hack/node/pull-policy.yaml" >/dev/null ||
+    die "applying hack/node/pull-policy.yaml failed"
+  start_node
   wait_until "default service account" kube-controller-manager k get serviceaccount default -n default
 
   log "installing the topology operator's CRDs and RabbitmqCluster's"
@@ -382,6 +361,7 @@ export HCP_STACK_NODE_IP=$node_ip
 export HCP_STACK_AMQP_URL=amqp://$node_ip:5672
 export HCP_STACK_MANAGEMENT_URL=http://127.0.0.1:15672
 export HCP_STACK_LOGS=$logs
+export HCP_STACK_POD_LOGS=$node_dir/pod-logs
 export PATH=$assets:\$PATH
 EOF
 }
@@ -394,34 +374,16 @@ down() {
     log "no stack in $stack"
   fi
   stop messaging-topology-operator 10
-  # The pod runner stops every pod's processes and removes their namespaces.
-  stop podrunner 40
+  # The node's tools as built by `up` (down never builds).
+  kube_proxy=$(find "$cache/bin" -maxdepth 1 -name 'kube-proxy-v*' 2>/dev/null | sort | tail -n1)
+  crictl=$cache/bin/crictl-$crictl_version
+  stop_node
   stop kube-scheduler 10
   stop kube-controller-manager 10
   stop kube-apiserver 15
   stop etcd 10
-  # Leftovers of a runner that was killed.
-  for pidfile in "$stack"/podrunner/pods/*/containers/*.pid; do
-    [ -f "$pidfile" ] || continue
-    read -r pid start_time <"$pidfile" || continue
-    if [ -r "/proc/$pid/stat" ] && [ "$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f20)" = "$start_time" ]; then
-      log "killing leftover container process $pid"
-      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    fi
-  done
-  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^hcp-/ {print $1}'); do
-    ip netns del "$ns" 2>/dev/null || true
-  done
   if ip link show "$bridge" >/dev/null 2>&1; then
     ip link del "$bridge" || true
-  fi
-  # Mount points the pod runner had to create on this machine: empty ones go.
-  if [ -f "$stack/podrunner/created-mountpoints" ]; then
-    while read -r p; do
-      if [ -d "$p" ]; then rmdir "$p" 2>/dev/null || true
-      elif [ -f "$p" ] && [ ! -s "$p" ]; then rm -f "$p"
-      fi
-    done <"$stack/podrunner/created-mountpoints"
   fi
   rm -rf "$stack"
   log "the local stack is down; state removed"
@@ -431,7 +393,7 @@ down() {
 
 status() {
   local ok=0
-  for n in etcd kube-apiserver kube-controller-manager kube-scheduler podrunner messaging-topology-operator; do
+  for n in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy messaging-topology-operator; do
     if running "$n"; then
       printf '%-30s running (pid %s)\n' "$n" "$(pid_of "$n")"
     else
@@ -454,43 +416,15 @@ find_kubectl() {
   [ -x "$kubectl" ] || die "no kubectl (run: hack/local-stack.sh up)"
 }
 
-# pod_pid NS/POD [CONTAINER]: the pid of a running container of the pod.
-pod_pid() {
-  local ref=$1 container=${2:-} ns pod uid f
-  ns=${ref%%/*}; pod=${ref#*/}
-  [ "$ns" != "$ref" ] || { ns=default; pod=$ref; }
-  uid=$(k get pod -n "$ns" "$pod" -o jsonpath='{.metadata.uid}') || die "no pod $ns/$pod"
-  # shellcheck disable=SC2086 # the container name (a DNS label) or a glob
-  for f in "$stack/podrunner/pods/$uid/containers/"${container:-*}.pid; do
-    [ -f "$f" ] || continue
-    local pid; read -r pid _ <"$f"
-    if kill -0 "$pid" 2>/dev/null; then echo "$pid"; return; fi
-  done
-  die "pod $ns/$pod has no running container${container:+ named $container}"
-}
-
-pod_exec() {
-  local ref=${1:-} container=""
-  [ -n "$ref" ] || die "usage: $0 exec NAMESPACE/POD [-c CONTAINER] -- COMMAND..."
-  shift
-  if [ "${1:-}" = -c ]; then container=$2; shift 2; fi
-  [ "${1:-}" = -- ] && shift
-  [ $# -gt 0 ] || die "usage: $0 exec NAMESPACE/POD [-c CONTAINER] -- COMMAND..."
-  local pid; pid=$(pod_pid "$ref" "$container")
-  # Network, mounts and hostname of the container; the command runs as root
-  # from this machine's filesystem (the container sees it too).
-  exec nsenter -t "$pid" -n -m -u -- "$@"
-}
-
-# pod_kill NS/POD CONTAINER [SIGNAL]: signals a container's process group
-# (default KILL), as an OOM kill or a crash would end it; the pod runner
+# pod_kill NS/POD CONTAINER [SIGNAL]: signals a container's first process
+# (default KILL), as an OOM kill or a crash would end it; the kubelet
 # restarts it under the pod's restartPolicy.
 pod_kill() {
   local ref=${1:-} container=${2:-} sig=${3:-KILL}
   [ -n "$ref" ] && [ -n "$container" ] || die "usage: $0 kill NAMESPACE/POD CONTAINER [SIGNAL]"
-  local pid; pid=$(pod_pid "$ref" "$container")
-  kill -"$sig" -- "-$pid"
-  log "sent SIG$sig to $ref container $container (process group $pid)"
+  local pid; pid=$(container_pid "$ref" "$container")
+  kill -"$sig" "$pid"
+  log "sent SIG$sig to $ref container $container (pid $pid)"
 }
 
 # freeze NAME SECONDS: stops a stack process (e.g. kube-apiserver) with
@@ -508,13 +442,6 @@ freeze() {
   log "resumed $name"
 }
 
-pod_netns() {
-  local ref=${1:-} ns pod uid
-  ns=${ref%%/*}; pod=${ref#*/}
-  uid=$(k get pod -n "$ns" "$pod" -o jsonpath='{.metadata.uid}') || die "no pod $ref"
-  echo "hcp-$uid"
-}
-
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -524,9 +451,13 @@ case "$cmd" in
   env)
     [ -f "$stack/env" ] || die "the local stack is not up (hack/local-stack.sh up)"
     cat "$stack/env" ;;
-  exec) find_kubectl; pod_exec "$@" ;;
-  netns) find_kubectl; pod_netns "$@" ;;
+  images)
+    if [ $# -eq 0 ]; then build_images; fi
+    import_images "$@" ;;
   kill) find_kubectl; pod_kill "$@" ;;
+  oom) find_kubectl; container_oom "$@" ;;
   freeze) freeze "$@" ;;
-  *) die "usage: $0 up|down|status|env|exec NS/POD [-c CONTAINER] -- CMD...|netns NS/POD|kill NS/POD CONTAINER [SIGNAL]|freeze PROCESS SECONDS" ;;
+  ctr) ctr_k8s "$@" ;;
+  crictl) build_crictl; crictl_node "$@" ;;
+  *) die "usage: $0 up|down|status|env|images [ARCHIVE...]|kill NS/POD CONTAINER [SIGNAL]|oom NS/POD CONTAINER|freeze PROCESS SECONDS|ctr ARGS...|crictl ARGS..." ;;
 esac

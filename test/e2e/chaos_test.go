@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,6 +78,10 @@ type fault struct {
 var faults = []fault{
 	{name: "callee sidecar SIGKILL", smoke: true, replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
 		r.stack(t, "kill", owner.Namespace+"/"+owner.Name, "hcp-sidecar", "KILL")
+	}},
+	{name: "callee sidecar OOM-killed at its memory limit", smoke: true, replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
+		r.stack(t, "oom", owner.Namespace+"/"+owner.Name, "hcp-sidecar")
+		r.waitOOMKilled(t, owner, "hcp-sidecar")
 	}},
 	{name: "callee app SIGKILL", replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
 		r.stack(t, "kill", owner.Namespace+"/"+owner.Name, owner.Spec.Containers[0].Name, "KILL")
@@ -498,6 +503,43 @@ func (r *samplesRun) stack(t *testing.T, args ...string) {
 	if err != nil {
 		t.Fatalf("hack/local-stack.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
+}
+
+// waitOOMKilled waits until the kubelet reports that the pod's container
+// (a native sidecar: an init container) was OOM-killed and restarted in
+// place: the same pod, a higher restart count, last state OOMKilled.
+func (r *samplesRun) waitOOMKilled(t *testing.T, pod *corev1.Pod, container string) {
+	t.Helper()
+	status := func(p *corev1.Pod) *corev1.ContainerStatus {
+		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+			if cs.Name == container {
+				return &cs
+			}
+		}
+		return nil
+	}
+	var before int32
+	if cs := status(pod); cs != nil {
+		before = cs.RestartCount
+	}
+	eventually(t, time.Minute, fmt.Sprintf("pod %s container %s restarted after an OOM kill", pod.Name, container), func(ctx context.Context) error {
+		p := &corev1.Pod{}
+		if err := r.c.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil {
+			return err
+		}
+		cs := status(p)
+		if cs == nil {
+			return fmt.Errorf("no status of container %s", container)
+		}
+		if cs.RestartCount <= before || cs.LastTerminationState.Terminated == nil {
+			return fmt.Errorf("restart count %d (was %d), last state %+v", cs.RestartCount, before, cs.LastTerminationState)
+		}
+		if reason := cs.LastTerminationState.Terminated.Reason; reason != "OOMKilled" {
+			t.Fatalf("container %s ended with reason %q (exit %d), want OOMKilled", container, reason, cs.LastTerminationState.Terminated.ExitCode)
+		}
+		return nil
+	})
+	t.Logf("pod %s: container %s was OOMKilled by the kernel and restarted in place", pod.Name, container)
 }
 
 func (r *samplesRun) patchCallee(t *testing.T, patch string) {

@@ -56,7 +56,7 @@ func (s *suite) dumpOnFailure(t *testing.T) {
 		s.dumpLogs(t, ctx, s.opNS) // the manager
 		s.dumpLogs(t, ctx, s.ns)   // harnesses and sidecars
 		if s.cfg.stackLogs != "" {
-			for _, name := range []string{"messaging-topology-operator", "podrunner"} {
+			for _, name := range []string{"messaging-topology-operator", "kubelet", "containerd"} {
 				t.Logf("e2e dump: %s log (last 150 lines):\n%s", name, indent(tailFile(filepath.Join(s.cfg.stackLogs, name+".log"), 150)))
 			}
 		}
@@ -66,11 +66,12 @@ func (s *suite) dumpOnFailure(t *testing.T) {
 }
 
 // dumpLogs prints the logs of every container of every pod in ns: the
-// local stack's files (every run of a container, in one file), or kubectl
+// local stack node's files (every run of a container the kubelet still
+// keeps: <namespace>_<pod>_<uid>/<container>/<restart>.log), or kubectl
 // logs elsewhere.
 func (s *suite) dumpLogs(t *testing.T, ctx context.Context, ns string) {
-	if s.cfg.stackLogs != "" {
-		files, _ := filepath.Glob(filepath.Join(s.cfg.stackLogs, ns+"_*.log"))
+	if dir := os.Getenv("HCP_STACK_POD_LOGS"); s.cfg.stackLogs != "" && dir != "" {
+		files, _ := filepath.Glob(filepath.Join(dir, ns+"_*", "*", "*.log"))
 		for _, f := range files {
 			t.Logf("e2e dump: container log %s (last %d lines):\n%s", f, logTailLines, indent(tailFile(f, logTailLines)))
 		}

@@ -30,14 +30,9 @@ import (
 // (progress bars) until it exits 0 with COMPLETED, submit --watch, sessions
 // and describe, a rejection (exit 4) and an abort (exit 3).
 //
-// How submit reaches the Caller sidecar: its API listens on the caller
-// pod's 127.0.0.1:9090 only. kubectl-hcp's default is a port-forward through
-// the API server, which the local stack's pod runner does not serve; there
-// the suite runs kubectl-hcp inside the pod's network namespace (ip netns
-// exec hcp-<pod UID>) with --sidecar-url http://127.0.0.1:9090, and reaches
-// the API server from there through the kubernetes Service's ClusterIP
-// (--server https://<ClusterIP>:443, which the API server's certificate
-// names). On another cluster the default port-forward is used.
+// Submit reaches the Caller sidecar (its API listens on the caller pod's
+// 127.0.0.1:9090 only) through kubectl-hcp's default port-forward, served
+// by the node's kubelet.
 func TestKubectlPlugin(t *testing.T) {
 	s := newSuite(t)
 	t.Logf("run %s: namespace %s, vhost %s", s.id, s.ns, s.vhost)
@@ -201,9 +196,6 @@ func TestKubectlPlugin(t *testing.T) {
 type plugin struct {
 	r   *samplesRun
 	bin string
-	// netns is the caller pod's network namespace on the local stack
-	// ("" elsewhere); server the API server as reached from inside it.
-	netns, server string
 }
 
 func newPlugin(t *testing.T, r *samplesRun) *plugin {
@@ -214,15 +206,6 @@ func newPlugin(t *testing.T, r *samplesRun) *plugin {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("make kubectl-hcp: %v\n%s", err, out)
 	}
-	netns := netnsDir + "/hcp-" + string(r.callerPod.UID)
-	if _, err := os.Stat(netns); err == nil && r.cfg.podAccess != "port-forward" {
-		p.netns = "hcp-" + string(r.callerPod.UID)
-		svc := &corev1.Service{}
-		if err := r.c.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "kubernetes"}, svc); err != nil {
-			t.Fatal(err)
-		}
-		p.server = "https://" + svc.Spec.ClusterIP + ":443"
-	}
 	return p
 }
 
@@ -231,15 +214,12 @@ type pluginResult struct {
 	code     int
 }
 
-func (p *plugin) exec(t *testing.T, inNetns bool, args ...string) pluginResult {
+// run runs kubectl-hcp here, with the suite's KUBECONFIG.
+func (p *plugin) run(t *testing.T, args ...string) pluginResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	name, argv := p.bin, args
-	if inNetns {
-		name, argv = "ip", append([]string{"netns", "exec", p.netns, p.bin, "--server", p.server}, args...)
-	}
-	cmd := exec.CommandContext(ctx, name, argv...)
+	cmd := exec.CommandContext(ctx, p.bin, args...)
 	cmd.Env = os.Environ()
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -247,39 +227,19 @@ func (p *plugin) exec(t *testing.T, inNetns bool, args ...string) pluginResult {
 	res := pluginResult{out: out.String(), err: errOut.String(), code: cmd.ProcessState.ExitCode()}
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
-		t.Fatalf("%s %s: %v", name, strings.Join(argv, " "), err)
+		t.Fatalf("kubectl-hcp %s: %v", strings.Join(args, " "), err)
 	}
-	t.Logf("$ %s %s\n%s%s(exit %d)", strings.TrimPrefix(name, p.r.cfg.root+"/"), strings.Join(argv, " "), res.out, res.err, res.code)
+	t.Logf("$ kubectl-hcp %s\n%s%s(exit %d)", strings.Join(args, " "), res.out, res.err, res.code)
 	return res
 }
 
-// run runs kubectl-hcp here, with the suite's KUBECONFIG.
-func (p *plugin) run(t *testing.T, args ...string) pluginResult {
-	t.Helper()
-	return p.exec(t, false, args...)
-}
-
-// submit submits as the Caller alpha to lab-cvd: on the local stack from
-// inside the caller pod's network namespace (the first time, it also shows
-// that the default port-forward is not served there); elsewhere with the
-// default port-forward.
+// submit submits as the Caller alpha to lab-cvd through the plugin's
+// default port-forward to the caller pod's sidecar, as a user does.
 func (p *plugin) submit(t *testing.T, args ...string) pluginResult {
 	t.Helper()
 	base := []string{"submit", "-n", p.r.ns, "--caller", callerID, "--callee", calleeID, "--decision-timeout", "90s"}
-	if p.netns == "" {
-		return p.exec(t, false, append(base, args...)...)
-	}
-	if !triedPortForward {
-		triedPortForward = true
-		res := p.exec(t, false, append(base, args...)...)
-		if res.code != 1 || !strings.Contains(res.err, "port-forward") || !strings.Contains(res.err, "--sidecar-url") {
-			t.Errorf("the default port-forward on the local stack: exit %d; want 1 and an error that says to use --sidecar-url", res.code)
-		}
-	}
-	return p.exec(t, true, append(append(base, "--sidecar-url", fmt.Sprintf("http://127.0.0.1:%d", sidecarPort)), args...)...)
+	return p.run(t, append(base, args...)...)
 }
-
-var triedPortForward bool
 
 // runPTY runs kubectl-hcp with its stdout on a pseudo-terminal, as in a
 // user's shell, and returns what it wrote and its exit code.

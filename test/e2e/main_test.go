@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -43,7 +42,6 @@ type config struct {
 	helmArgs []string
 	// calleeImage and callerImage override the samples' harness images.
 	calleeImage, callerImage string
-	podAccess                string // auto, netns, port-forward
 	otherManagers            string // pause, fail, ignore
 	keep                     bool
 	// stackStarted: this run brought the local stack up (and stops it).
@@ -92,7 +90,6 @@ func setup() error {
 	cfg = config{
 		existing:      os.Getenv("HCP_E2E_USE_EXISTING_CLUSTER") == "1",
 		root:          root,
-		podAccess:     envOr("HCP_E2E_POD_ACCESS", "auto"),
 		otherManagers: envOr("HCP_E2E_OTHER_MANAGERS", "pause"),
 		keep:          os.Getenv("HCP_E2E_KEEP") == "1",
 		helmArgs:      strings.Fields(os.Getenv("HCP_E2E_HELM_ARGS")),
@@ -110,8 +107,6 @@ func setup() error {
 		cfg.stackLogs = os.Getenv("HCP_STACK_LOGS")
 	} else if err := localStack(); err != nil {
 		return err
-	} else {
-		pinBridgeMAC()
 	}
 	cfg.managementURL = firstOf(os.Getenv("HCP_E2E_MANAGEMENT_URL"), os.Getenv("HCP_STACK_MANAGEMENT_URL"), os.Getenv("RABBITMQ_MANAGEMENT_URL"), testbed.DefaultManagementURL)
 	cfg.brokerURI = firstOf(os.Getenv("HCP_E2E_BROKER_URI"), cfg.managementURL)
@@ -125,8 +120,8 @@ func setup() error {
 	if cfg.helm, err = helmBinary(); err != nil {
 		return err
 	}
-	if !cfg.existing || os.Getenv("HCP_E2E_BUILD") == "1" {
-		if err := buildBinaries(); err != nil {
+	if !cfg.existing {
+		if err := buildImages(); err != nil {
 			return err
 		}
 	}
@@ -165,39 +160,6 @@ func localStack() error {
 	return loadStackEnv(script)
 }
 
-// pinBridgeMAC works around a pod-network hazard of the local stack: a
-// Linux bridge whose MAC address was never set takes the lowest MAC of its
-// ports, so it changes whenever a pod's veth joins or leaves. The other
-// pods' neighbour entries for the gateway (the node, the kubernetes Service
-// address) then point at a MAC that no longer exists, and their traffic to
-// the API server and the broker stalls until the entry is re-resolved (tens
-// of seconds): long enough for the manager to lose its leader lease when a
-// harness pod is deleted. Setting the address, even to its current value,
-// makes the kernel keep it. The current one is kept while pods use it; a
-// bridge without ports (all zeros) gets a fixed locally administered one.
-// The pod runner should do this when it creates the bridge.
-func pinBridgeMAC() {
-	bridge := envOr("HCP_POD_BRIDGE", "hcp0")
-	sys := "/sys/class/net/" + bridge
-	typ, err := os.ReadFile(sys + "/addr_assign_type")
-	if err != nil || strings.TrimSpace(string(typ)) == "3" { // NET_ADDR_SET: pinned already
-		return
-	}
-	mac, err := os.ReadFile(sys + "/address")
-	if err != nil {
-		return
-	}
-	addr := strings.TrimSpace(string(mac))
-	if addr == "00:00:00:00:00:00" {
-		addr = "02:68:63:70:00:01"
-	}
-	if out, err := exec.Command("ip", "link", "set", "dev", bridge, "address", addr).CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: pin the MAC address of the pod bridge %s: %v: %s\n", bridge, err, out)
-		return
-	}
-	fmt.Fprintf(os.Stderr, "e2e: pinned the MAC address of the pod bridge %s to %s (it followed its ports, stalling pods' traffic when one left)\n", bridge, addr)
-}
-
 // loadStackEnv applies `hack/local-stack.sh env` (lines `export K=V`, where
 // V may refer to variables already set, as PATH does).
 func loadStackEnv(script string) error {
@@ -223,61 +185,16 @@ func loadStackEnv(script string) error {
 	return nil
 }
 
-// buildBinaries builds what the images hold (the pod runner's image table
-// maps them to bin/): the manager and hcp-sidecar with `make build`'s
-// flags, and the sample harnesses. A binary is replaced only when it
-// changed, so pods of another build are not disturbed needlessly.
-func buildBinaries() error {
-	done := timed("build binaries")
-	defer done()
-	tmp, err := os.MkdirTemp(filepath.Join(cfg.root, "bin"), ".e2e-build-")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = os.RemoveAll(tmp) }()
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp+"/",
-		"./cmd/manager", "./cmd/hcp-sidecar", "./cmd/sample-callee", "./cmd/sample-caller")
-	cmd.Dir = cfg.root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build: %w\n%s", err, out)
-	}
-	for _, name := range []string{"manager", "hcp-sidecar", "sample-callee", "sample-caller"} {
-		dst := filepath.Join(cfg.root, "bin", name)
-		if same, _ := sameFile(filepath.Join(tmp, name), dst); same {
-			continue
-		}
-		if err := os.Rename(filepath.Join(tmp, name), dst); err != nil {
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "e2e: built bin/%s\n", name)
+// buildImages builds the project's images from the working tree (`make
+// images`: OCI archives, offline) and imports them into the local stack's
+// node (hack/local-stack.sh images), so the pods the suite creates run this
+// build. An unchanged image imports as the same digest.
+func buildImages() error {
+	defer timed("build and import images")()
+	if err := runStreaming(context.Background(), filepath.Join(cfg.root, "hack", "local-stack.sh"), "images"); err != nil {
+		return fmt.Errorf("hack/local-stack.sh images: %w", err)
 	}
 	return nil
-}
-
-func sameFile(a, b string) (bool, error) {
-	ha, err := fileSHA(a)
-	if err != nil {
-		return false, err
-	}
-	hb, err := fileSHA(b)
-	if err != nil {
-		return false, err
-	}
-	return ha == hb, nil
-}
-
-func fileSHA(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = f.Close() }()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("%x", h.Sum(nil)), nil
 }
 
 // helmBinary: $HELM, else the Makefile's pinned helm (`make helm` installs

@@ -12,125 +12,41 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 )
 
 // Pod access. The caller sidecar's local API listens on the pod's
 // 127.0.0.1:9090 only (as it must: it is the app's, not the network's), and
 // the sample caller app serves GET /received on the pod's port 8080. The
-// suite reaches both the way a user would reach a pod's loopback:
-//
-//   - netns: on the local stack every Pod has a network namespace of its
-//     own, `ip netns` name hcp-<pod UID> (hack/podrunner). The suite dials
-//     from inside it (setns on a locked OS thread, only for the connect):
-//     what `ip netns exec hcp-<uid> curl http://127.0.0.1:9090/...` does,
-//     without a curl per request.
-//   - port-forward: on any other cluster, `kubectl port-forward` to the pod
-//     (the pod runner does not implement port-forward, real kubelets do).
-//
-// HCP_E2E_POD_ACCESS=netns|port-forward forces one; auto (the default)
-// takes netns when the pod's namespace exists on this machine.
-
-const netnsDir = "/var/run/netns"
+// suite reaches both the way a user reaches a pod's loopback: `kubectl
+// port-forward`, served by the node's kubelet and containerd.
 
 // podHTTP returns an HTTP client whose connections to 127.0.0.1:PORT (any
 // of ports) reach the pod's own loopback.
 func (s *suite) podHTTP(t testing.TB, pod *corev1.Pod, ports ...int) *http.Client {
 	t.Helper()
-	mode := s.cfg.podAccess
-	netns := netnsDir + "/hcp-" + string(pod.UID)
-	if mode == "auto" {
-		mode = "port-forward"
-		if _, err := os.Stat(netns); err == nil {
-			mode = "netns"
+	local := s.portForward(t, pod, ports)
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
 		}
+		lp, ok := local[port]
+		if !ok || (host != "127.0.0.1" && host != "localhost") {
+			return nil, fmt.Errorf("no port-forward to %s in pod %s/%s", addr, pod.Namespace, pod.Name)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, "127.0.0.1:"+lp)
 	}
-	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	switch mode {
-	case "netns":
-		if _, err := os.Stat(netns); err != nil {
-			t.Fatalf("pod %s/%s: no network namespace %s (is this the local stack's pod runner? HCP_E2E_POD_ACCESS=port-forward otherwise): %v",
-				pod.Namespace, pod.Name, netns, err)
-		}
-		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dialInNetns(ctx, netns, network, addr)
-		}
-	case "port-forward":
-		local := s.portForward(t, pod, ports)
-		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			host, port, err := net.SplitHostPort(addr)
-			if err != nil {
-				return nil, err
-			}
-			lp, ok := local[port]
-			if !ok || (host != "127.0.0.1" && host != "localhost") {
-				return nil, fmt.Errorf("no port-forward to %s in pod %s/%s", addr, pod.Namespace, pod.Name)
-			}
-			var d net.Dialer
-			return d.DialContext(ctx, network, "127.0.0.1:"+lp)
-		}
-	default:
-		t.Fatalf("HCP_E2E_POD_ACCESS=%q: want auto, netns or port-forward", mode)
-	}
-	t.Logf("pod %s/%s: reaching its 127.0.0.1 through %s", pod.Namespace, pod.Name, mode)
+	t.Logf("pod %s/%s: reaching its 127.0.0.1 through kubectl port-forward", pod.Namespace, pod.Name)
 	tr := &http.Transport{DialContext: dial, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
-
-// dialInNetns connects from inside the network namespace at path. The
-// socket is created in that namespace and stays there; the thread is moved
-// back before it is released, or, when that fails, never reused (a locked
-// thread whose goroutine exits is terminated).
-func dialInNetns(ctx context.Context, path, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer func() { _ = orig.Close() }()
-		target, err := os.Open(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer func() { _ = target.Close() }()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("setns %s: %w", path, err)}
-			return
-		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		if rerr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); rerr != nil {
-			// Leave the thread locked: it dies with this goroutine.
-			if c != nil {
-				_ = c.Close()
-			}
-			ch <- result{err: fmt.Errorf("setns back to the host network: %w", rerr)}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
 }
 
 var forwardLine = regexp.MustCompile(`^Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)`)

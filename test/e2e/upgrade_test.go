@@ -123,9 +123,12 @@ type version struct {
 
 func (v version) chart() string { return filepath.Join(v.dir, chartDir) }
 
+// tag is the tag of version N's manager image: its commit.
+func (v version) tag() string { return v.commit[:12] }
+
 // buildVersion extracts ref into bin/upgrade-from/<commit>, builds its
-// manager and hcp-sidecar there, and maps them to upgradeFromRepository in
-// the pod runner's image table until the test ends.
+// manager and hcp-sidecar there, and imports them into the node as the
+// image upgradeFromRepository:<commit> until the test ends.
 func buildVersion(t *testing.T, ref string) version {
 	t.Helper()
 	defer timed("upgrade: build version N")()
@@ -158,41 +161,32 @@ func buildVersion(t *testing.T, ref string) version {
 		}
 		t.Logf("built version N's manager and hcp-sidecar in %s", v.dir)
 	}
-	mapImage(t, upgradeFromRepository, filepath.Join(v.dir, "bin"))
+	importImage(t, upgradeFromRepository+":"+v.tag(), filepath.Join(v.dir, "bin"))
 	return v
 }
 
-// mapImage adds repository to the local stack's image table (read at every
-// container start) with the manager image's configuration and the binaries
-// in bin, and removes it when the test ends.
-func mapImage(t *testing.T, repository, bin string) {
+// importImage builds an image of the manager's layout (hack/imagebuild:
+// /manager and /hcp-sidecar, entrypoint /manager, user 65532) from the
+// binaries in bin, imports it into the local stack's node as ref, and
+// removes it when the test ends.
+func importImage(t *testing.T, ref, bin string) {
 	t.Helper()
-	table := filepath.Join(os.Getenv("HCP_STACK_DIR"), "images.yaml")
-	orig, err := os.ReadFile(table)
-	if err != nil {
-		t.Fatalf("the local stack's image table (HCP_STACK_DIR): %v", err)
+	ctx := t.Context()
+	archive := filepath.Join(bin, "image.tar")
+	build := exec.CommandContext(ctx, "go", "run", ".", "image", "--name", ref, "--entrypoint", "/manager",
+		"--file", "/manager="+filepath.Join(bin, "manager"), "--file", "/hcp-sidecar="+filepath.Join(bin, "hcp-sidecar"), "--out", archive)
+	build.Dir = filepath.Join(cfg.root, "hack", "imagebuild")
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("hack/imagebuild image %s: %v\n%s", ref, err, out)
 	}
-	begin, end := "# begin "+t.Name()+"\n", "# end "+t.Name()+"\n"
-	base := string(orig)
-	if i := strings.Index(base, begin); i >= 0 {
-		if j := strings.Index(base, end); j > i {
-			base = base[:i] + base[j+len(end):]
-		}
-	}
-	entry := fmt.Sprintf(`%s- repository: %s
-  entrypoint: ["/manager"]
-  user: "65532:65532"
-  env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"]
-  files:
-    /manager: %s
-    /hcp-sidecar: %s
-%s`, begin, repository, filepath.Join(bin, "manager"), filepath.Join(bin, "hcp-sidecar"), end)
-	if err := os.WriteFile(table, []byte(base+entry), 0o644); err != nil {
-		t.Fatal(err)
+	stack := filepath.Join(cfg.root, "hack", "local-stack.sh")
+	if out, err := output(ctx, stack, "images", archive); err != nil {
+		t.Fatalf("import %s: %v\n%s", ref, err, out)
 	}
 	t.Cleanup(func() {
-		if err := os.WriteFile(table, []byte(base), 0o644); err != nil {
-			t.Errorf("restore the image table %s: %v", table, err)
+		if out, err := output(context.Background(), stack, "ctr", "images", "rm", ref); err != nil {
+			t.Errorf("remove image %s from the node: %v\n%s", ref, err, out)
 		}
 	})
 }
@@ -229,7 +223,7 @@ func (s *suite) helmInstall(t *testing.T, v version) {
 		t.Logf("version N's CRDs: kubectl apply --server-side -f crds/:\n%s", indent(out))
 	}
 	args := append([]string{"install", release, v.chart(), "--namespace", s.opNS, "--wait", "--timeout", installTimeout.String(),
-		"--set", "image.repository=" + upgradeFromRepository}, s.helmValues()...)
+		"--set", "image.repository=" + upgradeFromRepository, "--set", "image.tag=" + v.tag()}, s.helmValues()...)
 	out, err := s.helm(ctx, args...)
 	if err != nil {
 		t.Fatalf("helm %s: %v\n%s\npods: %s", strings.Join(redact(args), " "), err, out, s.podsSummary(ctx, s.opNS))
