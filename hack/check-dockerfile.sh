@@ -14,6 +14,13 @@
 #  5. Every command the project's pod specs run is a binary of the image:
 #     the manager in the chart and config/manager, and the hcp-sidecar
 #     container the operator injects (hack/installcheck).
+#  6. The Dockerfile's final stage and Dockerfile.samples' image stages
+#     give the images `make images` builds without Docker (hack/imagebuild,
+#     `imagebuild describe`): the same exec-form ENTRYPOINT and CMD, USER,
+#     WORKDIR and binary paths, and, for a distroless static:nonroot base,
+#     a base layer with what that base gives (users, CA bundle, /tmp,
+#     nonroot's home). Every imagebuild image but the local test node's
+#     (localhost/...) must have a Dockerfile stage.
 #
 # Usage: hack/check-dockerfile.sh [Dockerfile]. GO_BUILD_FLAGS defaults to
 # the Makefile's.
@@ -269,6 +276,85 @@ check_command "config/manager container" "${kustomize_cmd:--}" /manager
 while read -r name cmd; do
   check_command "injected $name container" "$cmd" /hcp-sidecar
 done < <(go run ./hack/installcheck commands)
+
+echo "== Dockerfiles against imagebuild (make images)"
+# stage_instructions FILE STAGE: the instructions of the stage named STAGE
+# ("" for the last), keyword upper-cased, continuations joined.
+stage_instructions() {
+  sed -e 's/^[[:space:]]*#.*$//' "$1" | sed -e ':a' -e '/\\$/N; s/\\\n/ /; ta' | grep -v '^[[:space:]]*$' |
+    awk -v want="$2" '
+      { $1 = toupper($1) }
+      $1 == "FROM" { n++; names[n] = (toupper($3) == "AS") ? $4 : ""; froms[n] = $2; next }
+      { buf[n] = buf[n] $0 "\n" }
+      END { for (i = 1; i <= n; i++) if ((want == "" && i == n) || (want != "" && names[i] == want)) { printf "FROM %s\n%s", froms[i], buf[i]; exit } }'
+}
+# exec_json WORDS: an exec-form array ["a", "b"] as compact JSON; fails on
+# the shell form.
+exec_json() {
+  [[ "$1" =~ ^\[.*\]$ ]] || return 1
+  printf '[%s]' "$(grep -o '"[^"]*"' <<<"$1" | paste -sd, -)"
+}
+if described=$(cd hack/imagebuild && env -u GOFLAGS GOWORK=off go run . describe -text -repo "$root" 2>&1); then
+  ok "imagebuild describe ($(awk '{print $1}' <<<"$described" | sort -u | wc -l) images)"
+else
+  fail "imagebuild describe: $described"
+  described=""
+fi
+# compare_stage FILE STAGE IMAGE
+compare_stage() {
+  local file=$1 stage=$2 image=$3 lines from got want
+  lines=$(stage_instructions "$file" "$stage")
+  [ -n "$lines" ] || { fail "$file: no stage ${stage:-(last)}"; return; }
+  from=$(sed -n 's/^FROM //p' <<<"$lines")
+  if ! grep -q "^$image " <<<"$described"; then
+    fail "$file stage ${stage:-(final)}: imagebuild builds no $image"
+    return
+  fi
+  want=$(awk -v i="$image" '$1 == i && $2 == "entrypoint" {print $3}' <<<"$described")
+  got=$(exec_json "$(sed -n 's/^ENTRYPOINT //p' <<<"$lines" | tail -1)") || got="(not exec form)"
+  if [ "$got" = "$want" ]; then ok "$image: ENTRYPOINT $got"; else fail "$image: $file ENTRYPOINT $got, imagebuild $want"; fi
+  want=$(awk -v i="$image" '$1 == i && $2 == "cmd" {print $3}' <<<"$described")
+  got=$(sed -n 's/^CMD //p' <<<"$lines" | tail -1)
+  if [ -n "$got" ]; then got=$(exec_json "$got") || got="(not exec form)"; else got="[]"; fi
+  if [ "$got" = "$want" ]; then ok "$image: CMD $got"; else fail "$image: $file CMD $got, imagebuild $want"; fi
+  want=$(awk -v i="$image" '$1 == i && $2 == "user" {print $3}' <<<"$described")
+  got=$(sed -n 's/^USER //p' <<<"$lines" | tail -1)
+  if [ "$got" = "$want" ]; then ok "$image: USER $got"; else fail "$image: $file USER ${got:-(none)}, imagebuild $want"; fi
+  want=$(awk -v i="$image" '$1 == i && $2 == "workdir" {print $3}' <<<"$described")
+  got=$(sed -n 's/^WORKDIR //p' <<<"$lines" | tail -1)
+  if [ "${got:-/}" = "$want" ]; then ok "$image: WORKDIR ${got:-/ (default)}"; else fail "$image: $file WORKDIR $got, imagebuild $want"; fi
+  want=$(awk -v i="$image" '$1 == i && $2 == "app" {print $3}' <<<"$described" | sort | xargs)
+  got=$(awk '$1 == "COPY" {print $NF}' <<<"$lines" | sort | xargs)
+  if [ "$got" = "$want" ]; then ok "$image: files $got"; else fail "$image: $file copies [$got], imagebuild packs [$want]"; fi
+  case "$from" in
+    gcr.io/distroless/static*:nonroot*)
+      local base missing=""
+      base=$(awk -v i="$image" '$1 == i && $2 == "base" {print $3, $4, $5}' <<<"$described")
+      for want in "/etc/passwd 0644 0:0" "/etc/group 0644 0:0" "/etc/ssl/certs/ca-certificates.crt 0644 0:0" "/tmp/ 1777 0:0" "/home/nonroot/ 0700 65532:65532"; do
+        grep -qx "$want" <<<"$base" || missing+=" [$want]"
+      done
+      if [ -z "$missing" ]; then ok "$image: base layer has what $from gives"; else fail "$image: base layer lacks$missing ($from has it)"; fi
+      ;;
+    *) fail "$file stage ${stage:-(final)}: base $from has no imagebuild equivalent" ;;
+  esac
+}
+covered=()
+if [ -n "$described" ]; then
+  # The Dockerfile builds the chart's image.repository.
+  operator_repo=$(awk '/^image:/{m=1; next} m && /^[^ ]/{m=0} m && $1 == "repository:" {print $2; exit}' charts/hcp-operator/values.yaml)
+  compare_stage Dockerfile "" "$operator_repo"
+  covered+=("$operator_repo")
+  # Dockerfile.samples names each target's image in its header comment:
+  #   docker build -f Dockerfile.samples --target STAGE -t IMAGE:TAG .
+  while read -r stage image; do
+    compare_stage Dockerfile.samples "$stage" "${image%:*}"
+    covered+=("${image%:*}")
+  done < <(sed -n 's/^#.*--target \([^ ]*\) -t \([^ ]*\).*/\1 \2/p' Dockerfile.samples)
+  while read -r image; do
+    [[ "$image" == localhost/* ]] && continue
+    [[ " ${covered[*]} " == *" $image "* ]] || fail "imagebuild builds $image, which no Dockerfile stage builds"
+  done < <(awk '{print $1}' <<<"$described" | sort -u)
+fi
 
 if [ "$failures" -gt 0 ]; then
   echo "check-dockerfile: $failures failure(s)"
