@@ -56,7 +56,10 @@ broker_rule=(-p tcp -i "$bridge" -d "$node_ip" --dport 5672 -j DNAT --to-destina
   -m comment --comment hcp-local-broker)
 
 ctr_k8s() { ctr --address "$node_dir/containerd/containerd.sock" -n k8s.io "$@"; }
-crictl_node() { "$crictl" --runtime-endpoint "unix://$node_dir/containerd/containerd.sock" "$@"; }
+crictl_node() {
+  printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\n' "$node_dir/containerd/containerd.sock" "$node_dir/containerd/containerd.sock" >"$node_dir/crictl.yaml"
+  "$crictl" --config "$node_dir/crictl.yaml" "$@"
+}
 
 # build_crictl: crictl (cri-tools) from the Go module proxy, for `down` and
 # for looking at the node (`local-stack.sh crictl ps`).
