@@ -16,6 +16,8 @@
 #                           signal a container's first process (default KILL), like a crash
 #   local-stack.sh oom NAMESPACE/POD CONTAINER
 #                           drive a container over its memory limit: the kernel OOM-kills it
+#   local-stack.sh pid NAMESPACE/POD CONTAINER
+#                           the host pid of a container's first process
 #   local-stack.sh freeze PROCESS SECONDS
 #                           SIGSTOP a stack process (e.g. kube-apiserver), SIGCONT after
 #   local-stack.sh ctr ARGS...
@@ -456,8 +458,9 @@ case "$cmd" in
     import_images "$@" ;;
   kill) find_kubectl; pod_kill "$@" ;;
   oom) find_kubectl; container_oom "$@" ;;
+  pid) find_kubectl; container_pid "$@" ;;
   freeze) freeze "$@" ;;
   ctr) ctr_k8s "$@" ;;
   crictl) build_crictl; crictl_node "$@" ;;
-  *) die "usage: $0 up|down|status|env|images [ARCHIVE...]|kill NS/POD CONTAINER [SIGNAL]|oom NS/POD CONTAINER|freeze PROCESS SECONDS|ctr ARGS...|crictl ARGS..." ;;
+  *) die "usage: $0 up|down|status|env|images [ARCHIVE...]|kill NS/POD CONTAINER [SIGNAL]|oom NS/POD CONTAINER|pid NS/POD CONTAINER|freeze PROCESS SECONDS|ctr ARGS...|crictl ARGS..." ;;
 esac

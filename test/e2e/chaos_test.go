@@ -27,8 +27,8 @@ import (
 )
 
 // The chaos step: faults injected while sessions stream, and what each
-// cost. HCP_CHAOS picks the faults: "smoke" (the default; one sidecar
-// kill, one pod move, for make test), "full" (every fault; make chaos) or
+// cost. HCP_CHAOS picks the faults: "smoke" (the default; a sidecar kill,
+// a sidecar OOM kill, a pod move, for make test), "full" (every fault; make chaos) or
 // "off"; HCP_CHAOS_ONLY, a regular expression, narrows them to the faults
 // it matches. HCP_CHAOS_REPORT names a file for the result table
 // (docs/reliability.md shows the last one).

@@ -68,6 +68,7 @@ func TestHCP(t *testing.T) {
 		f    func(*testing.T)
 	}{
 		{"SamplesReady", r.samplesReady},
+		{"Node", r.node},
 		{"BrokerTopology", r.brokerTopology},
 		{"ConcurrentSessions", r.concurrentSessions},
 		{"Rejections", r.rejections},

@@ -250,13 +250,13 @@ func (s *suite) trackRelease(t *testing.T) {
 // the release's ownership label and annotations first; then `helm upgrade`
 // to the working tree's chart, as docs/upgrades.md has it: the values of
 // the install reused over the new chart's defaults, and the manager image
-// back to the default repository (the working tree's binaries).
+// back to the default repository and tag (the working tree's build).
 func (s *suite) helmUpgrade(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	defer timed("upgrade: helm upgrade, manager available")()
 	args := []string{"upgrade", release, filepath.Join(s.cfg.root, chartDir), "--namespace", s.opNS, "--wait", "--timeout", installTimeout.String(),
-		"--reset-then-reuse-values", "--set", "image.repository=" + imageRepository}
+		"--reset-then-reuse-values", "--set", "image.repository=" + imageRepository, "--set", "image.tag="}
 	out, err := s.helm(ctx, args...)
 	switch {
 	case err == nil:
