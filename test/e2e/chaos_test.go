@@ -104,7 +104,7 @@ var faults = []fault{
 	{name: "Callee rolling update (template change, 2 replicas)", replicas: 2, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
 		r.patchCallee(t, fmt.Sprintf(`{"spec":{"harness":{"template":{"metadata":{"annotations":{"chaos.hcp.io/rollout":%q}}}}}}`, time.Now().Format(time.RFC3339Nano)))
 	}},
-	{name: "operator upgrade changing the sidecar (2 replicas)", replicas: 2, callerMoves: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
+	{name: "operator upgrade changing the sidecar (2 replicas)", replicas: 2, localOnly: true, callerMoves: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
 		r.upgradeSidecarImage(t)
 	}},
 	{name: "caller sidecar SIGKILL", replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
@@ -615,7 +615,11 @@ func (r *samplesRun) upgradeSidecarImage(t *testing.T) {
 				if k := strings.LastIndex(repo, ":"); k > strings.LastIndex(repo, "/") {
 					repo = repo[:k]
 				}
-				args[j] = "--sidecar-image=" + repo + ":chaos-" + strconv.FormatInt(time.Now().Unix(), 10)
+				next := repo + ":chaos-" + strconv.FormatInt(time.Now().Unix(), 10)
+				// The same image under a new tag, as a release would push
+				// it: the node has no registry, so it is tagged there.
+				r.stack(t, "ctr", "images", "tag", img, next)
+				args[j] = "--sidecar-image=" + next
 				t.Logf("manager %s: %s → %s", d.Name, a, args[j])
 			}
 		}
