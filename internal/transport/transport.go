@@ -7,6 +7,22 @@
 // Protocol logic (pkg/hcp, internal/sidecar) sees only the small interfaces
 // below, so it can be unit-tested; this package itself is tested against a
 // real RabbitMQ.
+//
+// # Where things are
+//
+//	transport.go       the interfaces and the errors a publish ends with
+//	options.go         Options and their defaults, Backoff, TLSConfig
+//	conn.go            Conn: Dial, its state, waiting for a connection
+//	conn_supervise.go  dialling, and redialling with backoff when the connection is lost
+//	conn_close.go      the publishers and consumers of a Conn, and its graceful Close
+//	consumer.go        Consume: subscribe, dispatch, resubscribe, drain
+//	ack.go             settling deliveries once each (acker), AckAll
+//	tracker.go         the unsettled delivery tags of a channel
+//	publisher.go       ConfirmPublisher: publish, wait for a channel, Close
+//	confirms.go        the confirm channel: opened per connection, returns and confirms resolved
+//	retry.go           Retry: republish until confirmed
+//	topology.go        Conn.CheckTopology: the exchanges and queues checked passively
+//	metrics.go         the Metrics a Conn reports to
 package transport
 
 import (

@@ -1,0 +1,75 @@
+package kubectlhcp
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hcp-io/hcp-operator/internal/resource"
+)
+
+// broker checks one broker reference: its Secret (labelled for the
+// topology operator), its management API, and AMQP from this machine.
+func (d *doctor) broker(ctx context.Context, ref topologyv1beta1.RabbitmqClusterReference, ns string) []Check {
+	a := resolveBroker(ctx, d.c, ref, ns, d.mgmtURL)
+	name := "broker " + a.Ref
+	var out []Check
+	if ref.ConnectionSecret != nil {
+		sns := ns
+		if ref.Namespace != "" {
+			sns = ref.Namespace
+		}
+		s := &corev1.Secret{}
+		if err := d.c.Get(ctx, client.ObjectKey{Namespace: sns, Name: ref.ConnectionSecret.Name}, s); err == nil {
+			if s.Labels[resource.LabelTopologyOperator] != resource.TopologyOperatorLabelValue {
+				out = append(out, Check{Name: name, Status: CheckFail, Detail: "the Secret lacks the label " + resource.LabelTopologyOperator + "=true: the topology operator cannot see it",
+					Fix: fmt.Sprintf("kubectl label secret -n %s %s %s=true", sns, s.Name, resource.LabelTopologyOperator)})
+			}
+			if amqp := strings.TrimSpace(string(s.Data[resource.ConnectionSecretAMQPURLKey])); amqp != "" {
+				out = append(out, amqpCheck(name, amqp))
+			}
+		}
+	}
+	rh, err := a.managementClient()
+	if err == nil {
+		o, oerr := rh.Overview()
+		if oerr != nil {
+			err = oerr
+		} else {
+			return append([]Check{{Name: name, Status: CheckOK, Detail: fmt.Sprintf("management API %s answers (RabbitMQ %s, node %s)", redactedURL(a.URL), o.RabbitMQVersion, o.Node)}}, out...)
+		}
+	}
+	return append([]Check{{Name: name, Status: CheckFail, Detail: "management API: " + oneLine(err.Error(), 200),
+		Fix: "the topology operator declares through it: check the Secret's uri, username and password; from outside the cluster pass --management-url"}}, out...)
+}
+
+// amqpCheck dials the amqpURL the sidecars use. It is the pods' view of the
+// broker, which this machine may not share: a failure is a warning.
+func amqpCheck(name, raw string) Check {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return Check{Name: name, Status: CheckFail, Detail: "amqpURL " + raw + " does not parse", Fix: "set amqpURL to amqp://HOST:PORT or amqps://HOST:PORT"}
+	}
+	host := u.Host
+	if u.Port() == "" {
+		port := "5672"
+		if u.Scheme == "amqps" {
+			port = "5671"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	c, err := net.DialTimeout("tcp", host, 3*time.Second)
+	if err != nil {
+		return Check{Name: name, Status: CheckWarn, Detail: "AMQP " + host + " (amqpURL, as the sidecars reach it) does not answer from this machine: " + oneLine(err.Error(), 120),
+			Fix: "fine if only pods can reach it; otherwise the sidecars cannot connect either (their /readyz fails)"}
+	}
+	_ = c.Close()
+	return Check{Name: name, Status: CheckOK, Detail: "AMQP " + host + " (amqpURL) accepts connections from this machine"}
+}

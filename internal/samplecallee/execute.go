@@ -1,0 +1,91 @@
+package samplecallee
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// execute runs the simulated task, reporting through the sidecar. Any
+// answer other than 2xx from the sidecar (the session was aborted, timed
+// out or is unknown) ends the task.
+func (h *Harness) execute(t Task, in Inputs, rn *run, first int) {
+	id := t.SessionID
+	log := h.log.WithValues("session", id)
+	start := time.Now()
+	sleep := func(ms int) bool { // false when aborted
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+			return true
+		case <-rn.abort:
+			return false
+		}
+	}
+	aborted := func() {
+		h.mu.Lock()
+		crashed := rn.crashed
+		h.mu.Unlock()
+		if crashed {
+			return
+		}
+		log.Info("Aborting task")
+		if in.IgnoreAbort {
+			return
+		}
+		time.Sleep(time.Duration(in.AbortCleanupMS) * time.Millisecond)
+		_ = h.post(id, "aborted", reason{"cleanup finished"})
+	}
+	for step := first; step <= in.Steps; step++ {
+		if !sleep(in.StepMS) {
+			aborted()
+			return
+		}
+		pct := float64(step) * 100 / float64(in.Steps)
+		if err := h.post(id, "events", event{"progress", progress{Stage: fmt.Sprintf("step %d/%d", step, in.Steps), Percent: pct, Message: "working"}, fmt.Sprintf("step-%d", step)}); err != nil {
+			log.Info("Stopped: the sidecar refused an event", "error", err.Error())
+			return
+		}
+		h.mu.Lock()
+		rn.lastDone = step
+		h.mu.Unlock()
+		if in.LogEvery > 0 && step%in.LogEvery == 0 {
+			if err := h.post(id, "events", event{"log", logData{Level: "info", Message: fmt.Sprintf("step %d done", step)}, fmt.Sprintf("log-%d", step)}); err != nil {
+				return
+			}
+		}
+		if in.CheckpointEvery > 0 && step%in.CheckpointEvery == 0 {
+			state, _ := json.Marshal(checkpointState{Step: step})
+			if err := h.post(id, "checkpoint", map[string]any{
+				"checkpoint_id": fmt.Sprintf("ckpt-%03d", step), "description": fmt.Sprintf("after step %d", step), "resumable": true, "state": state,
+			}); err != nil {
+				return
+			}
+		}
+		if in.FailAt == step {
+			_ = h.post(id, "fail", failure{Code: "simulated_failure", Message: fmt.Sprintf("failed at step %d as asked", step)})
+			return
+		}
+		if in.PauseAt == step {
+			if err := h.post(id, "pause", reason{"pause_at"}); err != nil {
+				return
+			}
+			if !sleep(in.PauseMS) {
+				aborted()
+				return
+			}
+			if err := h.post(id, "resume", reason{"pause over"}); err != nil {
+				return
+			}
+		}
+	}
+	result := in.Result
+	if len(result) == 0 {
+		result, _ = json.Marshal(map[string]any{"steps": in.Steps, "capability": t.Capability})
+	}
+	if err := h.post(id, "complete", map[string]any{
+		"result":  result,
+		"summary": map[string]any{"duration": fmt.Sprintf("PT%.3fS", time.Since(start).Seconds())},
+	}); err != nil {
+		log.Info("Completion refused", "error", err.Error())
+	}
+}
