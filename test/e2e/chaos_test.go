@@ -18,6 +18,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -206,14 +207,14 @@ func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
 	t.Logf("injecting %q (sessions %v, pod %s)", f.name, ids, owner.Name)
 	f.inject(t, r, owner)
 
-	var snap samplecaller.Snapshot
+	// A session may end at the old caller app (the new pod is Ready only
+	// after it): what each app received counts, joined.
+	var before samplecaller.Snapshot
 	if f.callerMoves {
-		before := <-old
+		before = <-old
 		r.refreshCaller(t)
-		snap = joinRecords(before, r.finishedWithin(t, ids, chaosTimeout))
-	} else {
-		snap = r.finishedWithin(t, ids, chaosTimeout)
 	}
+	snap := r.finishedWithin(t, ids, chaosTimeout, before)
 	res := r.judgeSessions(t, f.name, ids, snap, at)
 	if f.minRecovery > 0 && res.recovery < f.minRecovery {
 		t.Errorf("%s: sessions went on after %s; a lost owner fences itself only %s after its last renewal, so no replica may resume its sessions sooner",
@@ -402,15 +403,17 @@ func describeStream(s *samplecaller.SessionLog) string {
 	return strings.Join(parts, " ")
 }
 
-// finishedWithin waits up to d for every session to be closed at the app.
-func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration) samplecaller.Snapshot {
+// finishedWithin waits up to d for every session to be closed at the app,
+// with before (what an earlier caller app received) joined to its record.
+func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration, before samplecaller.Snapshot) samplecaller.Snapshot {
 	t.Helper()
 	var snap samplecaller.Snapshot
 	eventually(t, d, fmt.Sprintf("%d sessions closed at the app", len(ids)), func(ctx context.Context) error {
-		var err error
-		if snap, err = r.received(ctx); err != nil {
+		after, err := r.received(ctx)
+		if err != nil {
 			return err
 		}
+		snap = joinRecords(before, after)
 		for _, id := range ids {
 			if s := snap.Sessions[id]; s == nil || s.FinalState == "" {
 				return fmt.Errorf("session %s not closed at the app yet", id)
@@ -421,30 +424,55 @@ func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration)
 	return snap
 }
 
-// recordUntilGone reads the caller app's record every 50 ms until the app
-// stops answering (its pod is gone) and sends the last one. The caller
-// sidecar drains before the app is stopped, so nothing reaches the app
-// after the last read that answered.
+// recordUntilGone reads the caller app's record every 50 ms until its app
+// container no longer runs (or its pod is gone) and sends the last one. The
+// caller sidecar drains before the app is stopped, so nothing reaches the
+// app after the last read that answered.
 func (r *samplesRun) recordUntilGone(t *testing.T) <-chan samplecaller.Snapshot {
 	out := make(chan samplecaller.Snapshot, 1)
-	app := r.app
+	app, pod := r.app, r.callerPod.DeepCopy()
+	url := fmt.Sprintf("http://127.0.0.1:%d/received", appPort)
 	go func() {
 		var last samplecaller.Snapshot
 		defer func() { out <- last }()
-		for misses := 0; misses < 3; {
+		stop := func() {}
+		defer func() { stop() }()
+		for deadline := time.Now().Add(chaosTimeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			var snap samplecaller.Snapshot
-			err := getJSON(ctx, app, fmt.Sprintf("http://127.0.0.1:%d/received", appPort), &snap)
+			err := getJSON(ctx, app, url, &snap)
 			cancel()
-			if err != nil {
-				misses++
-			} else {
-				misses, last = 0, snap
+			if err == nil {
+				last = snap
+				continue
 			}
-			time.Sleep(50 * time.Millisecond)
+			// Gone only when its app container is: a failed request may be
+			// the port-forward ending (kubectl's ends with the first broken
+			// connection), then a new one reaches the app again.
+			if !r.appRunning(pod) {
+				return
+			}
+			stop()
+			if hc, s, err := r.openPodHTTP(pod, appPort); err == nil {
+				app, stop = hc, s
+			}
 		}
 	}()
 	return out
+}
+
+// appRunning: the pod exists and its app container runs.
+func (r *samplesRun) appRunning(pod *corev1.Pod) bool {
+	p := &corev1.Pod{}
+	if err := r.c.Get(context.Background(), client.ObjectKeyFromObject(pod), p); err != nil {
+		return !apierrors.IsNotFound(err)
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == pod.Spec.Containers[0].Name {
+			return cs.State.Running != nil
+		}
+	}
+	return false
 }
 
 // joinRecords replays what the old and then the new caller app received

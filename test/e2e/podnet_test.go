@@ -27,10 +27,26 @@ import (
 // port-forward`, served by the node's kubelet and containerd.
 
 // podHTTP returns an HTTP client whose connections to 127.0.0.1:PORT (any
-// of ports) reach the pod's own loopback.
+// of ports) reach the pod's own loopback, until the test ends.
 func (s *suite) podHTTP(t testing.TB, pod *corev1.Pod, ports ...int) *http.Client {
 	t.Helper()
-	local := s.portForward(t, pod, ports)
+	hc, stop, err := s.openPodHTTP(pod, ports...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	t.Logf("pod %s/%s: reaching its 127.0.0.1 through kubectl port-forward", pod.Namespace, pod.Name)
+	return hc
+}
+
+// openPodHTTP is podHTTP for a caller that outlives no test, or that must
+// open a new port-forward when one ends (kubectl port-forward exits when
+// the pod's connection breaks): call stop when done.
+func (s *suite) openPodHTTP(pod *corev1.Pod, ports ...int) (*http.Client, func(), error) {
+	local, stopForward, err := s.startPortForward(pod, ports)
+	if err != nil {
+		return nil, nil, err
+	}
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil {
@@ -43,18 +59,19 @@ func (s *suite) podHTTP(t testing.TB, pod *corev1.Pod, ports ...int) *http.Clien
 		var d net.Dialer
 		return d.DialContext(ctx, network, "127.0.0.1:"+lp)
 	}
-	t.Logf("pod %s/%s: reaching its 127.0.0.1 through kubectl port-forward", pod.Namespace, pod.Name)
 	tr := &http.Transport{DialContext: dial, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	stop := func() {
+		tr.CloseIdleConnections()
+		stopForward()
+	}
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}, stop, nil
 }
 
 var forwardLine = regexp.MustCompile(`^Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)`)
 
-// portForward runs `kubectl port-forward` to the pod's ports until the test
-// ends and returns the local port of each.
-func (s *suite) portForward(t testing.TB, pod *corev1.Pod, ports []int) map[string]string {
-	t.Helper()
+// startPortForward runs `kubectl port-forward` to the pod's ports and
+// returns the local port of each, and how to stop it.
+func (s *suite) startPortForward(pod *corev1.Pod, ports []int) (map[string]string, func(), error) {
 	args := make([]string, 0, 6+len(ports))
 	args = append(args, "port-forward", "-n", pod.Namespace, "pod/"+pod.Name, "--address", "127.0.0.1")
 	for _, p := range ports {
@@ -64,12 +81,12 @@ func (s *suite) portForward(t testing.TB, pod *corev1.Pod, ports []int) map[stri
 	cmd.Env = os.Environ()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("kubectl port-forward: %v", err)
+		return nil, nil, fmt.Errorf("kubectl port-forward: %w", err)
 	}
 	var once sync.Once
 	stop := func() {
@@ -78,7 +95,6 @@ func (s *suite) portForward(t testing.TB, pod *corev1.Pod, ports []int) map[stri
 			_ = cmd.Wait()
 		})
 	}
-	t.Cleanup(stop)
 	local := map[string]string{}
 	found, exited := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -96,14 +112,12 @@ func (s *suite) portForward(t testing.TB, pod *corev1.Pod, ports []int) map[stri
 	}()
 	select {
 	case <-found:
-		return local
+		return local, stop, nil
 	case <-exited:
 		stop()
-		t.Fatalf("kubectl %s: %s", strings.Join(args, " "), stderr.String())
-		return nil
+		return nil, nil, fmt.Errorf("kubectl %s: %s", strings.Join(args, " "), stderr.String())
 	case <-time.After(30 * time.Second):
 		stop()
-		t.Fatalf("kubectl %s: no forwarding within 30s: %s", strings.Join(args, " "), stderr.String())
-		return nil
+		return nil, nil, fmt.Errorf("kubectl %s: no forwarding within 30s: %s", strings.Join(args, " "), stderr.String())
 	}
 }
