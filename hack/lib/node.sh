@@ -133,6 +133,19 @@ stop_node() {
     "$kube_proxy" --cleanup >/dev/null 2>&1 || true
   fi
   iptables -t nat -D PREROUTING "${broker_rule[@]}" 2>/dev/null || true
+  # The kubelet's own chains (kube-proxy --cleanup leaves them): its
+  # firewall against connections to 127.0.0.0/8 from outside, and its canaries.
+  local ipt t c
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    for t in filter nat mangle; do
+      "$ipt" -t "$t" -D INPUT -j KUBE-FIREWALL 2>/dev/null || true
+      "$ipt" -t "$t" -D OUTPUT -j KUBE-FIREWALL 2>/dev/null || true
+      for c in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+        "$ipt" -t "$t" -F "$c" 2>/dev/null && "$ipt" -t "$t" -X "$c" 2>/dev/null || true
+      done
+    done
+  done
   local m
   for m in $(findmnt -rn -o TARGET | grep "^$node_dir/" | sort -r); do
     umount -l "$m" 2>/dev/null || true
