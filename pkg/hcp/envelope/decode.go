@@ -64,11 +64,15 @@ func lookupField(name []byte) fieldIndex {
 // (wrapped), *SyntaxError (matches ErrMalformed) or *FieldError.
 //
 // Strictness, and why:
-//   - Unknown top-level keys are rejected. The envelope is the input to the
-//     L3 gate; a key this decoder ignores might be honoured by another
-//     implementation (or a later version of this one) and so carry meaning
-//     past the gate unchecked. HCP 1.x defines exactly six fields, and
-//     anything else belongs in the payload.
+//   - Unknown top-level keys are rejected. L1 is silent on them (its table
+//     lists six fields and says nothing of others), so this is a choice:
+//     the envelope is the input to the L3 gate, and a key this decoder
+//     ignores might be honoured by another implementation (or a later
+//     version of this one) and so carry meaning past the gate unchecked.
+//     L1 gives "layer-specific content" the payload, where unknown fields
+//     are tolerated (pkg/hcp/task). The cost: a future minor version that
+//     adds an envelope field is refused by name ("unknown field") rather
+//     than half understood.
 //   - Keys match exactly. encoding/json would bind "Message_ID" to
 //     message_id.
 //   - Duplicate keys are rejected at every depth, in the payload too:

@@ -6,8 +6,10 @@ import (
 
 // Encode validates e and returns its wire form: compact JSON with the six
 // fields in spec order, session_id written as null when absent, the payload
-// copied verbatim (surrounding whitespace trimmed). Decode(Encode(e)) equals
-// e. Encode applies no size or depth limit; a receiver applies its own (see
+// copied verbatim (surrounding whitespace trimmed), the timestamp in
+// TimestampLayout (truncated to the millisecond). Decode(Encode(e)) equals
+// e when e.Timestamp is a whole number of milliseconds in UTC, as NewAt
+// makes it. Encode applies no size or depth limit; a receiver applies its own (see
 // Decoder), so a publisher that wants to fail early compares the length with
 // the peer's limit, MaxEnvelopeBytes by default.
 func Encode(e *Envelope) ([]byte, error) {

@@ -16,8 +16,9 @@ const Version = "1.0"
 // MAJOR.MINOR contract.
 const SupportedMajor = "1"
 
-// TimestampLayout is the one accepted timestamp form: ISO 8601, UTC ("Z"),
-// exactly millisecond precision.
+// TimestampLayout is the form every timestamp is written in: ISO 8601, UTC
+// ("Z"), millisecond precision, as in L1's example. It is not the only form
+// read: ParseTimestamp accepts any fractional precision.
 const TimestampLayout = "2006-01-02T15:04:05.000Z"
 
 // MessageType is the envelope's type field.
@@ -76,9 +77,11 @@ type Envelope struct {
 	HCPVersion string
 	// MessageID is a UUID v4 (either letter case).
 	MessageID string
-	// Timestamp is when the message was created. It must be a whole
-	// number of milliseconds and lie in years 0000–9999; it is always
-	// written in UTC. Decode returns it in UTC.
+	// Timestamp is when the message was created, within
+	// 1970-01-01T00:00:00Z..9999-12-31T23:59:59.999999999Z (the AMQP
+	// timestamp property it maps to is unsigned POSIX time). Decode returns
+	// it in UTC with the precision it was written with; Encode writes it in
+	// UTC truncated to the millisecond.
 	Timestamp time.Time
 	// SessionID is nil (JSON null) exactly when Type is task_submit, and a
 	// UUID v4 otherwise. The JSON key itself is always present.

@@ -44,6 +44,13 @@ func checkVersion(v string) *FieldError {
 // IsUUIDv4 reports whether s is a UUID in canonical 8-4-4-4-12 hex form
 // (either letter case) with version 4 and the RFC 4122 variant. Other UUID
 // spellings (braces, "urn:uuid:", no dashes) are rejected.
+//
+// Letter case is a choice where L1 is silent (it says "UUID v4" only): both
+// cases are accepted because RFC 9562 (section 4) has UUIDs output in
+// lowercase but "case insensitive on input", so a peer that writes
+// uppercase is still writing a UUID. Whatever keys on an id compares it
+// case-insensitively (FromDelivery, topology.SessionID); this project
+// writes lowercase (NewMessageID).
 func IsUUIDv4(s string) bool {
 	if len(s) != 36 {
 		return false
@@ -89,49 +96,34 @@ func checkMessageID(id string) *FieldError {
 	return nil
 }
 
-// parseTimestamp accepts exactly YYYY-MM-DDTHH:MM:SS.mmmZ with a real
-// calendar date and time (no leap second: Go's time package has none).
+// parseTimestamp applies the one timestamp rule (ParseTimestamp) to the
+// envelope field; checkTime then applies the envelope's range.
 func parseTimestamp(s string) (time.Time, *FieldError) {
-	const shape = "dddd-dd-ddTdd:dd:dd.dddZ"
-	bad := func() (time.Time, *FieldError) {
-		return time.Time{}, &FieldError{Field: FieldTimestamp, Reason: "must be UTC ISO 8601 with milliseconds (YYYY-MM-DDTHH:MM:SS.mmmZ), got " + quoteShort(s)}
-	}
-	if len(s) != len(shape) {
-		return bad()
-	}
-	for i := 0; i < len(shape); i++ {
-		if shape[i] == 'd' {
-			if s[i] < '0' || s[i] > '9' {
-				return bad()
-			}
-		} else if s[i] != shape[i] {
-			return bad()
-		}
-	}
-	t, err := time.Parse(TimestampLayout, s)
+	t, err := ParseTimestamp(s)
 	if err != nil {
-		return time.Time{}, &FieldError{Field: FieldTimestamp, Reason: "not a valid date and time: " + quoteShort(s), Err: err}
+		return time.Time{}, &FieldError{Field: FieldTimestamp, Reason: err.Error(), Err: err}
 	}
 	return t, nil
 }
 
 var (
 	minTime = time.Unix(0, 0).UTC()
-	maxTime = time.Date(9999, 12, 31, 23, 59, 59, 999_000_000, time.UTC)
+	maxTime = time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC)
 )
 
+// checkTime accepts any precision: L1 does not fix one, and a received
+// envelope must validate as it was written. Encode writes milliseconds, so
+// finer precision is truncated on the way out (what this project emits is
+// unchanged).
 func checkTime(t time.Time) *FieldError {
 	if t.IsZero() {
 		return &FieldError{Field: FieldTimestamp, Reason: reasonRequired}
-	}
-	if t.Nanosecond()%int(time.Millisecond) != 0 {
-		return &FieldError{Field: FieldTimestamp, Reason: "must be a whole number of milliseconds"}
 	}
 	// The AMQP timestamp property the envelope timestamp maps to is an
 	// unsigned POSIX time, so nothing before the epoch can be carried; the
 	// four-digit year bounds the other end.
 	if t.Before(minTime) || t.After(maxTime) {
-		return &FieldError{Field: FieldTimestamp, Reason: "must be within 1970-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z"}
+		return &FieldError{Field: FieldTimestamp, Reason: "must be within 1970-01-01T00:00:00Z and 9999-12-31T23:59:59.999999999Z"}
 	}
 	return nil
 }

@@ -2,37 +2,32 @@ package task
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 )
 
 // TimestampLayout is how HCP timestamps are written: ISO 8601 / RFC 3339 in
 // UTC with millisecond precision, as in the specification's examples
-// ("2025-01-15T08:30:00.000Z") and JavaScript's Date.toISOString.
-const TimestampLayout = "2006-01-02T15:04:05.000Z"
+// ("2025-01-15T08:30:00.000Z") and JavaScript's Date.toISOString. It is the
+// envelope's layout: one form for everything this project writes.
+const TimestampLayout = envelope.TimestampLayout
 
 // ErrInvalidTimestamp is matched (errors.Is) by every error ParseTimestamp
-// returns.
-var ErrInvalidTimestamp = errors.New("invalid timestamp")
+// returns. It is envelope.ErrInvalidTimestamp: payload and envelope
+// timestamps follow one rule and fail with one error.
+var ErrInvalidTimestamp = envelope.ErrInvalidTimestamp
 
-// ParseTimestamp parses an RFC 3339 timestamp in UTC ("Z" or "+00:00"), with
-// any number of fraction digits, and returns it in time.UTC. Other offsets
-// are rejected: L1 requires UTC.
-func ParseTimestamp(s string) (time.Time, error) {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%w %q: want RFC 3339 UTC such as 2025-01-15T08:30:00.000Z", ErrInvalidTimestamp, truncate(s, 40))
-	}
-	if _, off := t.Zone(); off != 0 {
-		return time.Time{}, fmt.Errorf("%w %q: must be UTC (suffix Z)", ErrInvalidTimestamp, s)
-	}
-	return t.UTC(), nil
-}
+// ParseTimestamp is envelope.ParseTimestamp, the one timestamp rule of HCP:
+// ISO 8601 in UTC ("Z" or "+00:00"), any number of fraction digits, returned
+// in time.UTC. Payloads must not read timestamps any other way, or the
+// envelope and its payload would disagree about what a timestamp is.
+func ParseTimestamp(s string) (time.Time, error) { return envelope.ParseTimestamp(s) }
 
 // FormatTimestamp formats t in UTC with TimestampLayout. Sub-millisecond
 // precision is truncated.
-func FormatTimestamp(t time.Time) string { return t.UTC().Format(TimestampLayout) }
+func FormatTimestamp(t time.Time) string { return envelope.FormatTimestamp(t) }
 
 // Timestamp is a time.Time that travels as an HCP timestamp (see
 // ParseTimestamp and FormatTimestamp). Note the wire keeps milliseconds only,
