@@ -164,7 +164,7 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
 	@go test -list '^Fuzz' ./pkg/... ./internal/sidecar/... | \
 		awk '/^Fuzz/{f[n++]=$$1} /^ok/{for (i = 0; i < n; i++) print $$2, f[i]; n = 0}' | \
 		while read -r pkg fz; do \
-			echo "== $$pkg $$fz"; go test $$pkg -run='^$$' -fuzz="^$$fz$$" -fuzztime=$${FUZZTIME:-60s} || exit 1; \
+			echo "== $$pkg $$fz"; go test $$pkg -run='^$$' -fuzz="^$$fz$$" -fuzztime=$${FUZZTIME:-60s} -fuzzminimizetime=10s || exit 1; \
 		done
 
 ##@ Build
