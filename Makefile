@@ -65,12 +65,13 @@ lint: golangci-lint ## Run golangci-lint on the module and on hack/imagebuild (a
 	$(IMAGEBUILD_GO) && $(GOLANGCI_LINT) run ./...
 
 .PHONY: verify
-verify: generate manifests fmt ## Regenerate everything (deepcopy, CRDs, RBAC, chart, API docs) and fail if anything changed; no non-test Go file in internal/ over 450 lines.
+verify: generate manifests fmt ## Regenerate everything (deepcopy, CRDs, RBAC, chart, API docs) and fail if anything changed; no non-test Go file in internal/ over 450 lines; every doc path named in docs/, README and the chart exists.
 	go mod tidy
 	$(IMAGEBUILD_GO) && go fmt ./... && go mod tidy
 	hack/gen-api-docs.sh
 	hack/conformance-check.sh
 	hack/check-file-size.sh
+	hack/check-doc-paths.sh
 	@if [ -n "$$(git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum '*.go')" ]; then \
 		echo "make verify: generated files or formatting are out of date:"; \
 		git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum '*.go'; \
