@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # the variables are local-stack.sh's
 # Sourced by hack/local-stack.sh: the local stack's node. A real kubelet
 # (built from k8s.io/kubernetes like the control plane), containerd and runc
 # (Debian's packages), the CNI bridge, host-local, portmap and loopback
@@ -183,14 +184,17 @@ container_pid() {
 container_oom() {
   local ref=${1:-} container=${2:-}
   [ -n "$ref" ] && [ -n "$container" ] || die "usage: $0 oom NAMESPACE/POD CONTAINER"
-  local pid cg hog
+  local pid cg hog limit
   pid=$(container_pid "$ref" "$container")
-  cg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' "/proc/$pid/cgroup")
-  [ -n "$cg" ] && [ -f "/sys/fs/cgroup/memory$cg/cgroup.procs" ] || die "no memory cgroup for pid $pid ($cg)"
-  log "filling the memory cgroup of $ref container $container (pid $pid, limit $(($(cat "/sys/fs/cgroup/memory$cg/memory.limit_in_bytes") >> 20)) MiB)"
+  # cgroup v1's memory controller, else cgroup v2's unified hierarchy.
+  cg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print "/sys/fs/cgroup/memory" $3}' "/proc/$pid/cgroup")
+  [ -n "$cg" ] || cg=$(awk -F: '$1 == "0" && $2 == "" {print "/sys/fs/cgroup" $3}' "/proc/$pid/cgroup")
+  [ -n "$cg" ] && [ -f "$cg/cgroup.procs" ] || die "no memory cgroup for pid $pid ($cg)"
+  limit=$(cat "$cg/memory.limit_in_bytes" 2>/dev/null || cat "$cg/memory.max")
+  log "filling the memory cgroup of $ref container $container (pid $pid, limit $limit bytes)"
   # shellcheck disable=SC2016 # the scripts are perl's and sh's, not ours
   hog='my $pid = shift; my @held; while (kill(0, $pid)) { push @held, "x" x (1 << 20); select(undef, undef, undef, 0.002) }'
-  HCP_HOG=$hog sh -c 'echo $$ >"$1/cgroup.procs" && exec perl -e "$HCP_HOG" "$2"' sh "/sys/fs/cgroup/memory$cg" "$pid" || true
+  HCP_HOG=$hog sh -c 'echo $$ >"$1/cgroup.procs" && exec perl -e "$HCP_HOG" "$2"' sh "$cg" "$pid" || true
   if kill -0 "$pid" 2>/dev/null; then
     die "container $container of $ref (pid $pid) survived its memory cgroup filling up"
   fi

@@ -86,14 +86,14 @@ func (r *samplesRun) node(t *testing.T) {
 	}
 	limit := sidecar.Resources.Limits.Memory().Value()
 	cg := memoryCgroup(t, pid)
-	got, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.limit_in_bytes"))
+	got, err := os.ReadFile(cg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.TrimSpace(string(got)) != fmt.Sprint(limit) {
-		t.Errorf("sidecar memory cgroup %s: limit %s, want the pod spec's %d", cg, got, limit)
+		t.Errorf("sidecar memory cgroup (%s): limit %s, want the pod spec's %d", cg, got, limit)
 	}
-	t.Logf("node %s (%s): sidecar pid %s uid 65532, no capabilities, no_new_privs, read-only root, memory limit %d in cgroup %s",
+	t.Logf("node %s (%s): sidecar pid %s uid 65532, no capabilities, no_new_privs, read-only root, memory limit %d in %s",
 		n.Name, n.Status.NodeInfo.ContainerRuntimeVersion, pid, limit, cg)
 }
 
@@ -131,18 +131,30 @@ func rootMountOptions(t *testing.T, pid string) string {
 	return ""
 }
 
-// memoryCgroup: the process's cgroup v1 memory controller path.
+// memoryCgroup: the file holding the process's memory limit: cgroup v1's
+// memory controller (memory.limit_in_bytes) or cgroup v2's unified
+// hierarchy (memory.max).
 func memoryCgroup(t *testing.T, pid string) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/" + pid + "/cgroup")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var unified string
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.SplitN(line, ":", 3); len(f) == 3 && strings.Contains(","+f[1]+",", ",memory,") {
-			return f[2]
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if strings.Contains(","+f[1]+",", ",memory,") {
+			return filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.limit_in_bytes")
+		}
+		if f[0] == "0" && f[1] == "" {
+			unified = filepath.Join("/sys/fs/cgroup", f[2], "memory.max")
 		}
 	}
-	t.Fatalf("pid %s: no memory cgroup (cgroup v2 hosts are not read here)", pid)
-	return ""
+	if unified == "" {
+		t.Fatalf("pid %s: no memory cgroup in /proc/%s/cgroup", pid, pid)
+	}
+	return unified
 }
