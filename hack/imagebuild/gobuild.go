@@ -19,7 +19,7 @@ const defaultGoBuildFlags = `-trimpath -ldflags=-s\ -w`
 // static (CGO_ENABLED=0), with flags, and -buildvcs=false so that a build
 // from a git checkout and one from an exported tree give the same binary.
 // A module other than the repository root is built with GOWORK=off, as the
-// Makefile builds hack/podrunner: it must not depend on a workspace.
+// Makefile builds hack/imagebuild: it must not depend on a workspace.
 func goBuild(repo, module, pkg, arch, out string, flags []string) error {
 	args := append([]string{"build"}, flags...)
 	args = append(args, "-buildvcs=false", "-o", out, pkg)

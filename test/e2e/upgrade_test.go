@@ -31,12 +31,12 @@ import (
 //
 // Version N's manager and hcp-sidecar are built from `git archive` of the
 // ref into bin/upgrade-from/<commit> (kept: a second run reuses them) and
-// mapped to an image repository of their own in the pod runner's image
-// table, so the upgrade changes the manager's and the sidecars' binaries
-// as a new image would.
+// packed into an image of a repository of their own, imported into the
+// node, so the upgrade changes the manager's and the sidecars' image as a
+// release would.
 func TestUpgrade(t *testing.T) {
 	if cfg.existing {
-		t.Skip("TestUpgrade needs the local stack: version N's binaries become an image through the pod runner's image table")
+		t.Skip("TestUpgrade needs the local stack: version N's binaries become an image imported into its node")
 	}
 	ref := envOr("HCP_UPGRADE_FROM", upgradeFrom)
 	prev := buildVersion(t, ref)
@@ -61,8 +61,8 @@ const (
 	// 2026-11-25, the last chart that shipped its CRDs in crds/.
 	upgradeFrom = "ca9e768f1e845e1a5ed186e7dfa31bd3174ff134"
 	// upgradeFromRepository is the image repository of version N's binaries
-	// in the pod runner's image table; imageRepository the chart's default,
-	// the working tree's binaries.
+	// on the node; imageRepository the chart's default, the working tree's
+	// build.
 	upgradeFromRepository = "ghcr.io/hcp-io/hcp-operator-upgrade-from"
 	imageRepository       = "ghcr.io/hcp-io/hcp-operator"
 )
