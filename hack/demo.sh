@@ -144,8 +144,7 @@ up() {
   "$root/hack/local-stack.sh" up
   stack_env
 
-  step "The images: make images (OCI archives built offline), imported into the node's containerd"
-  "$root/hack/local-stack.sh" images
+  step "The images: built offline (make images) and imported into the node's containerd by the stack's start"
   "$root/hack/local-stack.sh" ctr images list | awk 'NR == 1 || $1 ~ /hcp-io/ {print "    " $1, $3, $4, $5}'
   replace_stale_pods
 

@@ -127,7 +127,7 @@ stop_node() {
   stop kube-proxy 10
   stop kubelet 20
   if running containerd && [ -x "${crictl:-}" ]; then
-    crictl_node rmp --all --force >/dev/null 2>&1 || log "crictl rmp --all failed; removing what is left by hand"
+    crictl_node rmp --all --force >/dev/null 2>&1 || log "crictl rmp --all failed; the bridge's removal takes the pods' veths with it"
   fi
   stop containerd 20
   if [ -x "${kube_proxy:-}" ]; then
@@ -150,12 +150,6 @@ stop_node() {
   local m
   for m in $(findmnt -rn -o TARGET | grep "^$node_dir/" | sort -r); do
     umount -l "$m" 2>/dev/null || true
-  done
-  for m in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
-    # A pod network namespace the CNI teardown missed (its veth is on our bridge).
-    if ip -n "$m" link show eth0 >/dev/null 2>&1 && ip link show master "$bridge" >/dev/null 2>&1; then
-      ip netns del "$m" 2>/dev/null || true
-    fi
   done
 }
 

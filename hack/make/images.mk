@@ -23,7 +23,7 @@ ACTIONLINT ?= $(LOCALBIN)/actionlint-$(ACTIONLINT_VERSION)
 .PHONY: imagebuild
 imagebuild: ## Build the image builder (hack/imagebuild, its own module) into bin/imagebuild.
 	@mkdir -p $(LOCALBIN)
-	cd hack/imagebuild && export GOWORK=off && go build -o $(IMAGEBUILD) .
+	$(IMAGEBUILD_GO) && go build -o $(IMAGEBUILD) .
 
 .PHONY: images
 images: imagebuild ## Build every image for IMAGE_PLATFORMS into bin/images/ (OCI archives, images.json with the digests): hcp-operator, the two samples, and the local test node's pause image.

@@ -120,17 +120,12 @@ func setup() error {
 	if cfg.helm, err = helmBinary(); err != nil {
 		return err
 	}
-	if !cfg.existing {
-		if err := buildImages(); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
-// localStack reuses the local stack when it runs and brings it up
-// otherwise, then loads its environment (KUBECONFIG, PATH with kubectl,
-// HCP_STACK_*) into this process.
+// localStack reuses the local stack when it runs (with this tree's images)
+// and brings it up otherwise, then loads its environment (KUBECONFIG, PATH
+// with kubectl, HCP_STACK_*) into this process.
 func localStack() error {
 	script := filepath.Join(cfg.root, "hack", "local-stack.sh")
 	ctx := context.Background()
@@ -142,7 +137,12 @@ func localStack() error {
 		// kubectl through hack/testbed-k8s.sh, which is instant once built.)
 		if _, err := output(ctx, script, "status"); err == nil {
 			fmt.Fprintln(os.Stderr, "e2e: reusing the running local stack")
-			return loadStackEnv(script)
+			if err := loadStackEnv(script); err != nil {
+				return err
+			}
+			// `up` builds and imports the images; a running stack may hold
+			// an older build.
+			return buildImages()
 		}
 	} else if addr := "127.0.0.1:" + envOr("HCP_APISERVER_PORT", "16443"); listening(addr) {
 		// No stack in our state directory, but its API server port is taken.

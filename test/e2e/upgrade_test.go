@@ -173,12 +173,12 @@ func importImage(t *testing.T, ref, bin string) {
 	t.Helper()
 	ctx := t.Context()
 	archive := filepath.Join(bin, "image.tar")
-	build := exec.CommandContext(ctx, "go", "run", ".", "image", "--name", ref, "--entrypoint", "/manager",
-		"--file", "/manager="+filepath.Join(bin, "manager"), "--file", "/hcp-sidecar="+filepath.Join(bin, "hcp-sidecar"), "--out", archive)
-	build.Dir = filepath.Join(cfg.root, "hack", "imagebuild")
-	build.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("hack/imagebuild image %s: %v\n%s", ref, err, out)
+	if out, err := output(ctx, "make", "-s", "--no-print-directory", "imagebuild"); err != nil {
+		t.Fatalf("make imagebuild: %v\n%s", err, out)
+	}
+	if out, err := output(ctx, filepath.Join(cfg.root, "bin", "imagebuild"), "image", "--name", ref, "--entrypoint", "/manager",
+		"--file", "/manager="+filepath.Join(bin, "manager"), "--file", "/hcp-sidecar="+filepath.Join(bin, "hcp-sidecar"), "--out", archive); err != nil {
+		t.Fatalf("bin/imagebuild image %s: %v\n%s", ref, err, out)
 	}
 	stack := filepath.Join(cfg.root, "hack", "local-stack.sh")
 	if out, err := output(ctx, stack, "images", archive); err != nil {
