@@ -171,7 +171,12 @@ func TestConformanceKit(t *testing.T) {
 	// The interactive checks fail against the same callee when the kit is
 	// told wrong things: another callee user (MSG-8), a capability the
 	// callee offers as the "unknown" one (REJ-1), a "long" task that ends
-	// at once (ABT-*, CON-*). Exit status 1.
+	// at once (ABT-*). Exit status 1. CON-1 is not required to fail here:
+	// with a task that ends at once, whether its last messages arrive
+	// before or after the kit's disconnect is a race (it passed in one
+	// .ci/run of four on 2026-11-28: "after the reconnect 1 new messages
+	// arrived"); the unit test "nothing new after the reconnect" in
+	// pkg/conformance shows the check failing on exactly that input.
 	t.Run("CommandDetectsFaults", func(t *testing.T) {
 		args := []string{"--amqp-url", amqpURL, "--callee", calleeID, "--caller", kitCallerID,
 			"--capability", synthesis, "--inputs", string(cfg.Inputs), "--abort-inputs", `{"steps":1,"step_ms":10}`,
@@ -186,7 +191,7 @@ func TestConformanceKit(t *testing.T) {
 		if code := cmd.ProcessState.ExitCode(); code != 1 {
 			t.Errorf("exit status %d (%v), want 1", code, err)
 		}
-		for _, id := range []string{conformance.MsgUserID, conformance.RejUnknown, conformance.AbtAborting, conformance.ConRetained} {
+		for _, id := range []string{conformance.MsgUserID, conformance.RejUnknown, conformance.AbtAborting} {
 			if !strings.Contains(stdout.String(), "| "+id+" |") || !strings.Contains(rowOf(stdout.String(), id), "**FAIL**") {
 				t.Errorf("check %s did not fail", id)
 			}
