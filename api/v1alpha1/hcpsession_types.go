@@ -210,6 +210,15 @@ type HCPSessionStatus struct {
 	// podName is the callee pod running the session.
 	// +optional
 	PodName string `json:"podName,omitempty"`
+	// ownerEpoch counts the claims of this session: 1 when a replica
+	// decides it, incremented by every takeover and hand-over, always with
+	// a resourceVersion precondition, so exactly one replica holds each
+	// epoch. Every message the owner publishes carries it (AMQP header
+	// hcp-owner-epoch), and every write the owner makes to shared state is
+	// conditional on it: a replica that sees a higher epoch than its own
+	// has lost the session and stops.
+	// +optional
+	OwnerEpoch int64 `json:"ownerEpoch,omitempty"`
 	// callerAckedSequence is the last sequence the caller's sidecar has
 	// delivered to its app and acknowledged.
 	// +optional

@@ -143,6 +143,18 @@ func Identity(d amqp.Delivery) string { return d.UserId }
 // as L2 says: wait for a while, then log and continue.
 const HeaderConfirmedThrough = "hcp-confirmed-through"
 
+// HeaderOwnerEpoch (an extension of L1, outside the envelope, like
+// HeaderConfirmedThrough) carries, as an int64, the owner epoch of the
+// callee replica that published a message for a session: the session's
+// HCPSession status.ownerEpoch when that replica claimed it. Every claim of
+// a session (the decision, a takeover, a drain's hand-over) increments the
+// epoch with an optimistic-lock write, so a higher epoch is a later owner.
+// A caller keeps the highest epoch seen per session and refuses messages
+// from a lower one: a zombie owner (partitioned, paused past its Lease)
+// cannot interleave its messages with its successor's. A message without
+// it counts as epoch 0 (a sender that does not fence).
+const HeaderOwnerEpoch = "hcp-owner-epoch"
+
 // W3C Trace Context as AMQP headers (an extension of L1, outside the
 // envelope, like HeaderConfirmedThrough): the traceparent and tracestate of
 // the work a message belongs to, with the values and rules of the HTTP
