@@ -33,6 +33,9 @@ func contradictions(pub []Message) []Violation {
 	first := map[key]Message{}
 	var out []Violation
 	for _, m := range pub {
+		if m.Seq == 0 {
+			continue // unsequenced (task_accepted, the terminal message): judged by terminals
+		}
 		k := key{m.Session, m.Seq}
 		f, seen := first[k]
 		if !seen {
@@ -61,14 +64,20 @@ func appStreams(pub, got []Message) []Violation {
 		started  bool
 		epoch    int64
 		finished bool
+		seen     map[string]bool // digests of unsequenced messages delivered
 	}
 	streams := map[string]*state{}
 	var out []Violation
 	for _, m := range got {
 		st := streams[m.Session]
 		if st == nil {
-			st = &state{}
+			st = &state{seen: map[string]bool{}}
 			streams[m.Session] = st
+		}
+		if m.Seq == 0 {
+			out = append(out, unsequenced(st.seen, published[key{m.Session, 0}], m, st.finished)...)
+			st.finished = st.finished || m.Closes
+			continue
 		}
 		switch {
 		case st.started && m.Seq == st.last:
@@ -78,7 +87,7 @@ func appStreams(pub, got []Message) []Violation {
 			out = append(out, Violation{"reorder", m.Session, fmt.Sprintf("sequence %d delivered after %d (at %s)", m.Seq, st.last, stamp(m.At))})
 			continue
 		case st.finished:
-			out = append(out, Violation{"terminal", m.Session, fmt.Sprintf("sequence %d (%s) delivered after the terminal message", m.Seq, m.Type)})
+			out = append(out, Violation{"terminal", m.Session, fmt.Sprintf("sequence %d (%s) delivered after the session closed", m.Seq, m.Type)})
 		}
 		expected := int64(1)
 		if st.started {
@@ -97,10 +106,26 @@ func appStreams(pub, got []Message) []Violation {
 			st.epoch = max(st.epoch, match.Epoch)
 		}
 		st.started, st.last = true, m.Seq
-		if m.Final != "" {
+		if m.Closes {
 			st.finished = true
 		}
 	}
+	return out
+}
+
+// unsequenced judges a message without a sequence (task_accepted, the
+// terminal message): published, delivered once, nothing after the end.
+func unsequenced(seen map[string]bool, published []Message, m Message, finished bool) []Violation {
+	var out []Violation
+	if _, ok := matching(published, m.Digest); !ok {
+		out = append(out, Violation{"phantom", m.Session, fmt.Sprintf("%s delivered with body %s, which nobody published", m.Type, m.Digest)})
+	}
+	if seen[m.Digest] {
+		out = append(out, Violation{"duplicate", m.Session, fmt.Sprintf("%s delivered twice (at %s)", m.Type, stamp(m.At))})
+	} else if finished {
+		out = append(out, Violation{"terminal", m.Session, fmt.Sprintf("%s delivered after the session closed", m.Type)})
+	}
+	seen[m.Digest] = true
 	return out
 }
 

@@ -14,6 +14,9 @@ func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Seco
 
 func msg(seq int64, epoch int64, typ string) Message {
 	m := Message{Session: "s1", Seq: seq, Epoch: epoch, Type: typ, Digest: fmt.Sprintf("b%d", seq), Publisher: "pod-a", At: at(float64(seq))}
+	if seq == 0 {
+		m.Digest, m.At = typ, at(14)
+	}
 	if typ == "task_completed" {
 		m.Final = "COMPLETED"
 	}
@@ -28,8 +31,12 @@ func clean() History {
 	pub := []Message{msg(1, 1, "event"), msg(2, 1, "event"), msg(3, 1, "checkpoint_created"), msg(4, 1, "event")}
 	rec := msg(11, 2, "state_changed")
 	rec.Reason, rec.Publisher = RecoveryReason, "pod-b"
-	pub = append(pub, rec, msg(12, 2, "event"), msg(13, 2, "task_completed"))
-	pub[len(pub)-1].Publisher = "pod-b"
+	closed := msg(13, 2, "session_closed")
+	closed.Final, closed.Closes = "COMPLETED", true
+	pub = append(pub, rec, msg(12, 2, "event"), msg(0, 2, "task_completed"), closed)
+	for i := 4; i < len(pub); i++ {
+		pub[i].Publisher = "pod-b"
+	}
 	return History{
 		Published: pub,
 		Delivered: pub,
@@ -103,8 +110,13 @@ func TestEachViolationIsFound(t *testing.T) {
 		"the HCPSession disagrees with the wire": {"terminal", func(h *History) {
 			h.Terminal["hcpsession"]["s1"] = "RUNNING"
 		}, nil},
+		"the app gets the terminal message twice": {"duplicate", func(h *History) {
+			d := append([]Message{}, h.Delivered[:7]...)
+			h.Delivered = append(append(d, h.Delivered[6]), h.Delivered[7:]...)
+		}, nil},
 		"two terminal states are published": {"terminal", func(h *History) {
-			f := msg(14, 1, "task_failed")
+			f := msg(0, 1, "task_failed")
+			f.Digest = "failed"
 			f.Final = "FAILED"
 			h.Published = append(h.Published, f)
 		}, nil},

@@ -40,6 +40,9 @@ type Message struct {
 	// Final is the terminal state the message announces (COMPLETED,
 	// FAILED, ABORTED, REJECTED; L2), "" for any other message.
 	Final string
+	// Closes marks the last message of a session's stream (session_closed,
+	// or the task_rejected of a task that never ran): nothing may follow.
+	Closes bool
 	// Publisher names who published it (the broker's user-id, or the pod).
 	Publisher string
 	At        time.Time
