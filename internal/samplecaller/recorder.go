@@ -69,6 +69,9 @@ type Received struct {
 	Data json.RawMessage `json:"data,omitempty"`
 	// Lost is the announced gap before this event.
 	Lost *Lost `json:"lost,omitempty"`
+	// Payload is the message's whole payload as the app received it: what
+	// an independent checker compares with the wire (test/checker).
+	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
 // SessionLog is what the app saw of one session.
@@ -99,6 +102,8 @@ type SessionLog struct {
 	// Problems are violations of the stream guarantees, in words.
 	Problems []string   `json:"problems,omitempty"`
 	Messages []Received `json:"messages"`
+	// Repeated are the messages counted in Duplicates, as received.
+	Repeated []Received `json:"repeated,omitempty"`
 	// FinalState is session_closed's final_state.
 	FinalState string `json:"final_state,omitempty"`
 }
@@ -295,11 +300,12 @@ func (r *Recorder) Record(m Message) {
 		}
 		s.Duplicates++
 		r.dups++
+		s.Repeated = append(s.Repeated, received(m))
 		problem("duplicate %s message_id=%s sequence=%d without redelivered=true", m.Type, m.MessageID, m.Sequence)
 		return
 	}
 	r.seen[m.MessageID] = true
-	s.Messages = append(s.Messages, Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: time.Now(), Data: m.Data, Lost: m.Lost})
+	s.Messages = append(s.Messages, received(m))
 	switch m.Type {
 	case "task_accepted", "task_rejected":
 		if s.Answer != "" {
@@ -391,4 +397,8 @@ func (snap Snapshot) SessionIDs() []string {
 	}
 	sort.Strings(ids)
 	return ids
+}
+
+func received(m Message) Received {
+	return Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: time.Now(), Data: m.Data, Lost: m.Lost, Payload: m.Payload}
 }

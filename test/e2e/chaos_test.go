@@ -132,8 +132,10 @@ var faults = []fault{
 type chaosResult struct {
 	fault                                          string
 	lost, renumbered, dups, deduped, twice, failed int
-	recovery                                       time.Duration
-	notes                                          []string
+	// violations are the independent checker's (test/checker).
+	violations int
+	recovery   time.Duration
+	notes      []string
 }
 
 func (r *samplesRun) chaos(t *testing.T) {
@@ -146,6 +148,7 @@ func (r *samplesRun) chaos(t *testing.T) {
 		only = regexp.MustCompile(o)
 	}
 	var results []chaosResult
+	tp := r.startTap(t)
 	for _, f := range faults {
 		if (mode != "full" && !f.smoke) || (only != nil && !only.MatchString(f.name)) {
 			continue
@@ -155,7 +158,7 @@ func (r *samplesRun) chaos(t *testing.T) {
 			continue
 		}
 		t.Run(f.name, func(t *testing.T) {
-			res := r.runFault(t, f)
+			res := r.runFault(t, f, tp)
 			results = append(results, res)
 			t.Logf("%s: lost %d, renumbered %d, duplicates %d (deduplicated %d), executed twice %d, failed %d, recovery %s %s",
 				f.name, res.lost, res.renumbered, res.dups, res.deduped, res.twice, res.failed, res.recovery.Round(100*time.Millisecond), strings.Join(res.notes, "; "))
@@ -175,11 +178,11 @@ func (r *samplesRun) chaos(t *testing.T) {
 
 func chaosTable(results []chaosResult) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| fault | sessions | lost | renumbered | duplicates (deduplicated) | executed twice | failed | recovery |\n")
-	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&b, "| fault | sessions | checker violations | lost | renumbered | duplicates (deduplicated) | executed twice | failed | recovery |\n")
+	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, x := range results {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d (%d) | %d | %d | %.1f s |\n",
-			x.fault, chaosSessions, x.lost, x.renumbered, x.dups, x.deduped, x.twice, x.failed, x.recovery.Seconds())
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d (%d) | %d | %d | %.1f s |\n",
+			x.fault, chaosSessions, x.violations, x.lost, x.renumbered, x.dups, x.deduped, x.twice, x.failed, x.recovery.Seconds())
 	}
 	return b.String()
 }
@@ -187,7 +190,7 @@ func chaosTable(results []chaosResult) string {
 // runFault runs sessions, injects the fault, waits for the sessions and
 // measures them. The fault must cost nothing: no loss, no duplicate, no
 // second execution, no failure.
-func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
+func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	r.setCalleeReplicas(t, f.replicas)
 	// The fault hits the pod running the first session.
 	ids := r.streamingSessions(t, "chaos: "+f.name, chaosSteps)
@@ -216,6 +219,7 @@ func (r *samplesRun) runFault(t *testing.T, f fault) chaosResult {
 	}
 	snap := r.finishedWithin(t, ids, chaosTimeout, before)
 	res := r.judgeSessions(t, f.name, ids, snap, at)
+	res.violations = r.judge(t, tp, ids, snap)
 	if f.minRecovery > 0 && res.recovery < f.minRecovery {
 		t.Errorf("%s: sessions went on after %s; a lost owner fences itself only %s after its last renewal, so no replica may resume its sessions sooner",
 			f.name, res.recovery.Round(100*time.Millisecond), f.minRecovery)
