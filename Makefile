@@ -158,7 +158,8 @@ conformance-kit: ## Run the conformance kit (cmd/hcp-conformance; docs/conforman
 
 .PHONY: chaos
 chaos: ## Run the end-to-end suite with every chaos fault (sidecar kills and an OOM kill by the kernel, app and pod kills, rollouts, an operator upgrade, caller faults, a broker restart, the API server down 30 s); the table goes to CHAOS_REPORT.
-	HCP_CHAOS=full HCP_CHAOS_REPORT=$(CHAOS_REPORT) go test -tags e2e -count=1 -timeout 60m -run '^TestHCP$$' -v ./test/e2e/...
+	HCP_ETCD_FSYNC=1 hack/local-stack.sh up
+	HCP_ETCD_FSYNC=1 HCP_CHAOS=full HCP_CHAOS_REPORT=$(CHAOS_REPORT) go test -tags e2e -count=1 -timeout 60m -run '^TestHCP$$' -v ./test/e2e/...
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.
