@@ -27,7 +27,7 @@ func TestExitCodes(t *testing.T) {
 		{"bad callee id", append([]string{"--amqp-url-file", uriFile}, append(good, "--callee", "Lab.CVD")...), 2, "callee id"},
 		{"inputs not JSON", append([]string{"--amqp-url-file", uriFile}, append(good, "--inputs", "{")...), 2, "inputs"},
 		{"missing URL file", append([]string{"--amqp-url-file", "/nonexistent/uri"}, good...), 2, "amqp-url-file"},
-		{"broker unreachable", append([]string{"--amqp-url-file", uriFile}, good...), 1, "36 checks: 0 pass, 36 fail"},
+		{"broker unreachable", append([]string{"--amqp-url-file", uriFile}, good...), 1, "checks: 0 pass, "},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var stdout, stderr strings.Builder
