@@ -154,6 +154,15 @@ func Test(t *testing.T, cfg Config) Report {
 	return rep
 }
 
+// TestCaller runs the caller kit against the caller cfg names and reports
+// each check as a subtest of t, as Test does.
+func TestCaller(t *testing.T, cfg CallerConfig) Report {
+	t.Helper()
+	rep := RunCaller(t.Context(), cfg)
+	subtests(t, fmt.Sprintf("caller %q as callee %q", cfg.CallerID, cfg.CalleeID), rep)
+	return rep
+}
+
 // subtests logs a report and runs one subtest per row.
 func subtests(t *testing.T, what string, rep Report) {
 	t.Helper()
