@@ -93,9 +93,12 @@ func judgeOrdered(r *recorder, sid, taskID, dupID string, n int64, ps []Processe
 	for _, p := range mine {
 		completed = completed || p.Type == string(envelope.TypeTaskCompleted)
 	}
+	i3, i4 := slices.Index(seqs, 3), slices.Index(seqs, 4)
 	switch {
 	case len(missing) > 0:
 		r.fail(OrdReordered, "session %s: events %v never processed (processed %v; %v)", sid, missing, seqs, werr)
+	case i3 > i4:
+		r.fail(OrdReordered, "session %s: sequence 3, published after 4, was processed after it (processed %v): not reordered", sid, seqs)
 	case !completed:
 		r.fail(OrdReordered, "session %s: all %d events processed but not task_completed", sid, n)
 	default:
