@@ -89,6 +89,9 @@ func (s *crun) topology(context.Context) {
 		k.mu.Lock()
 		conn := k.conn
 		k.mu.Unlock()
+		if conn == nil {
+			return fmt.Errorf("not connected")
+		}
 		ch, err := conn.Channel()
 		if err != nil {
 			return err
