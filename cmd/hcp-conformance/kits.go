@@ -79,6 +79,7 @@ func runCaller(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&listen, "app-listen", "127.0.0.1:8080", "address the kit serves the caller's app API on (POST /hcp/v1/events): the caller's app URL must point here")
 	fs.StringVar(&cfg.Capability, "capability", conformance.DefaultKitCapability, "capability named in the kit's tasks")
 	fs.StringVar(&cfg.DataClassification, "data-class", "", "constraints.data_classification of the tasks (T1..T4); default none")
+	fs.DurationVar(&cfg.RetryWait, "retry-wait", 0, "how long the kit leaves one task_submit unanswered, waiting for the caller to republish it (longer than the caller's answer timeout; this project's sidecar: 30s); 0 skips SUB-2")
 	fs.Usage = func() {
 		_, _ = fmt.Fprintf(stderr, "Usage: hcp-conformance caller --amqp-url URI --callee ID --caller ID --caller-api URL [flags]\n\n"+
 			"Plays a callee against an HCP caller and prints one row per spec statement.\n"+

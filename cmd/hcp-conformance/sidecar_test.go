@@ -139,6 +139,9 @@ func (b *kitBed) startCallerSidecar(t *testing.T, appURL string) string {
 			Prefetch: 10, StateDir: t.TempDir(), Heartbeat: 5 * time.Second,
 		},
 		Publisher: pub, Consumer: conn, Log: log,
+		// An unanswered task_submit is republished after 1 s (the
+		// default 30 s would make SUB-2 wait that long).
+		SubmitRetry: caller.RetryPolicy{Timeout: time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +195,7 @@ func TestCallerKitAgainstCallerSidecar(t *testing.T) {
 	jsonPath, junitPath := filepath.Join(dir, "report.json"), filepath.Join(dir, "report.xml")
 	args := []string{"caller", "--amqp-url", b.kitURL, "--callee", bedKit, "--caller", bedCaller,
 		"--caller-api", api, "--app-listen", app, "--management-url", b.mgmtURL, "--profile", conformance.ProfileHCPOperator,
-		"--data-class", "T1", "--timeout", "30s", "--report-json", jsonPath, "--report-junit", junitPath}
+		"--data-class", "T1", "--timeout", "30s", "--retry-wait", "10s", "--report-json", jsonPath, "--report-junit", junitPath}
 	var stdout, stderr strings.Builder
 	start := time.Now()
 	code := run(args, &stdout, &stderr)

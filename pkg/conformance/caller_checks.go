@@ -25,6 +25,7 @@ const (
 	CmdPayloadSchema   = "CMD-13"
 
 	SubPublished = "SUB-1"
+	SubRetried   = "SUB-2"
 	AccFirst     = "ACC-1"
 	RjcProcessed = "RJC-1"
 
@@ -65,6 +66,7 @@ var callerChecks = []Check{
 	{CmdPayloadSchema, "D§4", "every command payload is valid by this project's schemas (task_submit naming the caller itself as caller_id, abort)", choice, operator, ""},
 
 	{SubPublished, "L1:62", "asked to submit a task, the caller publishes a task_submit for it to the callee", prose, spec, "task_submit Submit a new task No (session created by callee)"},
+	{SubRetried, "L1:148", "a task_submit left unanswered is republished with the same message_id (and body), and the caller takes the late answer", should, spec, "it SHOULD republish the task_submit with the same message_id"},
 	{AccFirst, "A:63", "the caller processes task_accepted as the task's answer, before any event of its session", prose, spec, "③ TaskAccepted (with SessionToken + risk level)"},
 	{RjcProcessed, "L1:69", "the caller processes task_rejected as the task's answer (with its reason, A:64) and sends nothing more for the task", prose, spec, "task_rejected Task failed safety check"},
 

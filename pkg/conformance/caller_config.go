@@ -87,6 +87,10 @@ type CallerConfig struct {
 	ManagementURL string
 	// Timeout bounds each wait (default 60 s).
 	Timeout time.Duration
+	// RetryWait is how long the kit leaves a task_submit unanswered,
+	// waiting for the caller to republish it (L1:148's "configurable
+	// timeout"; this project's sidecar waits 30 s). 0 skips SUB-2.
+	RetryWait time.Duration
 	// MaxMessageSize is BRK-1's limit (default DocumentedMaxMessageSize).
 	MaxMessageSize int64
 	// Profile is ProfileSpec ("") or ProfileHCPOperator.
@@ -151,7 +155,7 @@ func (c CallerConfig) resolve() (*callerResolved, error) {
 			errs = append(errs, fmt.Errorf("management URL %q: want http(s)://[user:pass@]host:port", redactURL(c.ManagementURL)))
 		}
 	}
-	if c.Timeout < 0 || c.MaxMessageSize < 0 {
+	if c.Timeout < 0 || c.MaxMessageSize < 0 || c.RetryWait < 0 {
 		errs = append(errs, errors.New("timeouts and sizes must not be negative"))
 	}
 	if r.Timeout == 0 {

@@ -62,6 +62,7 @@ func (s *crun) run(ctx context.Context, cfg CallerConfig) Report {
 		{"the caller's consumer", s.consumer},
 		{"a task accepted, events reordered and duplicated", s.ordered},
 		{"a task rejected", s.rejected},
+		{"a task left unanswered", s.unanswered},
 		{"abort", s.abort},
 		{"the caller's connection closed mid-stream", s.reconnect},
 		{"the caller's queue drained", s.drained},

@@ -126,3 +126,57 @@ func (s *crun) rejected(ctx context.Context) {
 	}
 	s.r.pass(RjcProcessed, "task %s: task_rejected not_authorized processed; no command followed for it", id)
 }
+
+// unanswered: a task_submit the kit leaves unanswered for RetryWait; the
+// caller should republish it with the same message_id (L1:148). The kit
+// then rejects it, and the caller must take that late answer.
+func (s *crun) unanswered(ctx context.Context) {
+	cfg := s.k.cfg
+	if cfg.RetryWait <= 0 {
+		s.r.skip(SubRetried, "no --retry-wait: give one longer than the caller's answer timeout (this project's sidecar: 30 s)")
+		return
+	}
+	c, err := s.submit(ctx, "unanswered")
+	if err != nil {
+		s.r.fail(SubRetried, "not run: %v", err)
+		return
+	}
+	id := c.Env.MessageID
+	first := time.Now()
+	waitCtx, cancel := context.WithTimeout(ctx, cfg.RetryWait)
+	again, err := s.k.waitCommand(waitCtx, "a republished task_submit", func(cmds []*Command) *Command {
+		for _, x := range cmds {
+			if x != c && x.Env != nil && strings.EqualFold(x.Env.MessageID, id) {
+				return x
+			}
+		}
+		return nil
+	})
+	cancel()
+	switch {
+	case err != nil:
+		s.r.fail(SubRetried, "task_submit %s left unanswered for %s: not republished", id, cfg.RetryWait)
+	case string(again.D.Body) != string(c.D.Body):
+		s.r.fail(SubRetried, "task_submit %s republished with another body: a republish repeats the message", id)
+	default:
+		took := time.Since(first).Round(100 * time.Millisecond)
+		if err := s.k.send(ctx, s.sessionID(c), envelope.TypeTaskRejected, task.TaskRejected{TaskMessageID: id,
+			ReasonCode: task.ReasonNotAuthorized, Message: "hcp-conformance answers late, on purpose"}); err != nil {
+			s.r.fail(SubRetried, "publish the late task_rejected: %v", err)
+			return
+		}
+		werr := s.waitProcessed(ctx, "the late task_rejected of "+id, func(ps []Processed) bool {
+			for _, p := range ps {
+				if p.Type == string(envelope.TypeTaskRejected) && strings.EqualFold(p.TaskMessageID, id) {
+					return true
+				}
+			}
+			return false
+		})
+		if werr != nil {
+			s.r.fail(SubRetried, "task_submit %s republished %s after the first publish, byte for byte; the late answer: %v", id, took, werr)
+			return
+		}
+		s.r.pass(SubRetried, "task_submit %s republished %s after the first publish, byte for byte; the late task_rejected processed", id, took)
+	}
+}
