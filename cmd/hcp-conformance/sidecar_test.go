@@ -165,7 +165,32 @@ func (b *kitBed) startCallerSidecar(t *testing.T, appURL string) string {
 		defer ccancel()
 		_ = conn.Close(cctx)
 	})
+	b.waitConsumer(t)
 	return api.URL
+}
+
+// waitConsumer waits until the caller's event queue has a consumer: the
+// sidecar subscribes after it starts (TOP-6 checks that it does).
+func (b *kitBed) waitConsumer(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := amqp.Dial(b.broker.URL(b.vhost))
+		if err == nil {
+			var q amqp.Queue
+			if ch, err := conn.Channel(); err == nil {
+				q, _ = ch.QueueDeclarePassive(topology.EventQueue(bedCaller), true, false, false, false, nil)
+			}
+			_ = conn.Close()
+			if q.Consumers > 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no consumer on %s 30s after the caller sidecar started", topology.EventQueue(bedCaller))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // freeAddr returns a loopback address no one listens on (for the kit's
