@@ -110,7 +110,8 @@ func (n *naiveCaller) Processed() []conformance.Processed {
 
 // TestCallerKitFailsBrokenCaller: the caller kit against a caller that
 // acknowledges automatically, sets no prefetch, neither reorders nor
-// deduplicates, never republishes and does not reconnect fails the checks of what it breaks, each failure citing the spec line
+// deduplicates, never republishes, keeps amqp091-go's 10 s heartbeat and
+// does not reconnect fails the checks of what it breaks, each failure citing the spec line
 // (file, line, section and text), and passes the rest it does right.
 func TestCallerKitFailsBrokenCaller(t *testing.T) {
 	b := newKitBed(t)
@@ -127,6 +128,7 @@ func TestCallerKitFailsBrokenCaller(t *testing.T) {
 		conformance.OrdInOrder:    `L2-session-lifecycle.md:113 (Event Ordering): "Consumers MUST process events in sequence order."`,
 		conformance.DdpOnce:       `L2-session-lifecycle.md:124 (Integration with L1 Stream Continuity)`,
 		conformance.CnsPrefetch:   `L1-transport-encoding.md:200 (Caller Consumer Configuration)`,
+		conformance.CnsHeartbeat:  `L1-transport-encoding.md:298 (Network Partition (Temporary Disconnection)): "HCP implementations SHOULD configure heartbeats"`,
 		conformance.OrdReordered:  `L2-session-lifecycle.md:114 (Event Ordering): "the consumer SHOULD buffer and reorder"`,
 		conformance.RcnReconnects: `L1-transport-encoding.md:336 (Broker Failure)`,
 		conformance.RcnResumes:    `L1-transport-encoding.md:169 (Stream Continuity)`,

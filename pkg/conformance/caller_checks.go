@@ -9,6 +9,7 @@ const (
 	CnsManualAck = "CNS-1"
 	CnsPrefetch  = "CNS-2"
 	CnsExclusive = "CNS-3"
+	CnsHeartbeat = "CNS-4"
 
 	CmdEnvelope        = "CMD-1"
 	CmdSessionID       = "CMD-2"
@@ -50,6 +51,8 @@ var callerChecks = []Check{
 	{CnsManualAck, "L1:199", "the caller's consumer on hcp.evt.{caller_id} acknowledges manually (no_ack false; management API)", must, spec, "no_ack false Manual ACK mode."},
 	{CnsPrefetch, "L1:200", "the caller's consumer has a prefetch_count from 1 to 100 (management API)", must, spec, "prefetch_count 1–100 (recommended: 10)"},
 	{CnsExclusive, "L1:201", "the caller's consumer is not exclusive (management API)", must, spec, "exclusive false Allows the consumer to reconnect to the same queue after restart."},
+
+	{CnsHeartbeat, "L1:298", "the caller's connections negotiate an AMQP heartbeat of 30–60 s (L1:301; management API)", should, spec, "HCP implementations SHOULD configure heartbeats"},
 
 	{CmdEnvelope, "L1:21", "every command body is an L1 envelope (hcp_version MAJOR.MINOR, UUID v4 message_id, ISO 8601 UTC timestamp, known type, object payload; L1:34–40)", prose, spec, "Every HCP message is wrapped in a standard envelope, carried as the AMQP message body"},
 	{CmdSessionID, "L1:38", "session_id is null in task_submit and a valid session id in abort", must, spec, "All subsequent messages MUST include a valid session ID"},

@@ -12,7 +12,7 @@ import (
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 )
 
-var consumerChecks = []string{CnsManualAck, CnsPrefetch, CnsExclusive}
+var consumerChecks = []string{CnsManualAck, CnsPrefetch, CnsExclusive, CnsHeartbeat}
 
 // consumerInfo is what the management API says of a consumer.
 type consumerInfo struct {
@@ -79,6 +79,7 @@ func (s *crun) consumer(ctx context.Context) {
 		}
 		return
 	}
+	heartbeatCheck(r, api, cfg)
 	for _, c := range q.Consumers {
 		if c.PrefetchCount == 0 && c.Channel.Name != "" {
 			// basic.qos global: the channel's limit applies.
@@ -109,6 +110,49 @@ func judgeConsumer(r *recorder, queue string, c consumerInfo) {
 		r.fail(CnsExclusive, "the consumer of %s is exclusive", queue)
 	} else {
 		r.pass(CnsExclusive, "the consumer of %s is not exclusive", queue)
+	}
+}
+
+// heartbeatCheck is CNS-4: the heartbeat (timeout, in seconds) each
+// connection of the caller's user in the vhost negotiated.
+func heartbeatCheck(r *recorder, api *rabbithole.Client, cfg *callerResolved) {
+	if cfg.CallerUser == "" {
+		r.skip(CnsHeartbeat, "the caller's broker user is unknown (--caller-user)")
+		return
+	}
+	// The per-user listing has no details: each connection is read by name.
+	var conns []struct {
+		Name    string `json:"name"`
+		Vhost   string `json:"vhost"`
+		Timeout int    `json:"timeout"`
+	}
+	if err := mgmtGet(api, "/api/connections/username/"+url.PathEscape(cfg.CallerUser), &conns); err != nil {
+		r.fail(CnsHeartbeat, "list the connections of %s: %v", cfg.CallerUser, err)
+		return
+	}
+	for i := range conns {
+		if err := mgmtGet(api, "/api/connections/"+url.PathEscape(conns[i].Name), &conns[i]); err != nil {
+			r.fail(CnsHeartbeat, "connection %s: %v", conns[i].Name, err)
+			return
+		}
+	}
+	var seen, bad []string
+	for _, c := range conns {
+		if c.Vhost != cfg.Vhost {
+			continue
+		}
+		seen = append(seen, fmt.Sprintf("%ds", c.Timeout))
+		if c.Timeout < 30 || c.Timeout > 60 {
+			bad = append(bad, fmt.Sprintf("%s: heartbeat %ds", c.Name, c.Timeout))
+		}
+	}
+	switch {
+	case len(seen) == 0:
+		r.fail(CnsHeartbeat, "the management API lists no connection of %s in vhost %q", cfg.CallerUser, cfg.Vhost)
+	case len(bad) > 0:
+		r.fail(CnsHeartbeat, "%s (0 is none; L1:301 recommends 30–60 s)", strings.Join(bad, "; "))
+	default:
+		r.pass(CnsHeartbeat, "%d connection(s) of %s, heartbeat %s", len(seen), cfg.CallerUser, strings.Join(seen, ", "))
 	}
 }
 
