@@ -1,8 +1,13 @@
-// Command hcp-conformance checks an HCP callee against the specification:
-// it connects to the broker as a caller, drives the callee through every
-// path the spec describes (tasks, a duplicate, rejections, malformed
-// commands, an abort, a caller reconnect) and prints a pass/fail table
-// with one row per spec sentence. See docs/conformance-kit.md.
+// Command hcp-conformance checks an HCP peer against the specification
+// and prints one pass/fail row per spec statement, each citing its file
+// and line. See docs/conformance-kit.md.
+//
+//	hcp-conformance callee [flags]   play a caller against the callee under test
+//	hcp-conformance caller [flags]   play a callee against the caller under test
+//	hcp-conformance checks [flags]   list the checks of a kit and profile
+//
+// Without a subcommand, the flags are the callee kit's (as before the
+// caller kit existed).
 //
 // Exit status: 0 all checks passed (or were skipped), 1 a check failed,
 // 2 usage error.
@@ -10,8 +15,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,78 +32,138 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hcp-conformance", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		cfg                          conformance.Config
-		urlFile, inputs, abortInputs string
-		quiet                        bool
-	)
-	fs.StringVar(&cfg.AMQPURL, "amqp-url", "", "AMQP URI of a caller user (amqp[s]://user:pass@host:port/vhost); default $HCP_CONFORMANCE_AMQP_URL")
-	fs.StringVar(&urlFile, "amqp-url-file", "", "read the AMQP URI from this file (e.g. the key uri of a Caller's credentials Secret)")
-	fs.StringVar(&cfg.CalleeID, "callee", "", "id of the callee under test (its command queue is hcp.cmd.ID)")
-	fs.StringVar(&cfg.CallerID, "caller", "", "caller id of the user in the URL (its event queue is hcp.evt.ID)")
-	fs.StringVar(&cfg.Vhost, "vhost", "", "vhost; overrides the URL's")
-	fs.StringVar(&cfg.CalleeUser, "callee-user", "", "the callee's broker username its messages must carry as user_id (default: derived from the operator's naming scheme when the caller's username follows it)")
-	fs.StringVar(&cfg.Capability, "capability", "", "a capability whose task the callee accepts and completes")
-	fs.StringVar(&inputs, "inputs", "{}", "JSON object: inputs of that task")
-	fs.StringVar(&cfg.AbortCapability, "abort-capability", "", "a capability whose task runs long enough to abort (several seconds, with events); default --capability")
-	fs.StringVar(&abortInputs, "abort-inputs", "", "JSON object: inputs of the long task; default --inputs")
-	fs.StringVar(&cfg.DataClassification, "data-class", "", "constraints.data_classification of the tasks (T1..T4); default none")
-	fs.StringVar(&cfg.UnknownCapability, "unknown-capability", conformance.DefaultUnknownCapability, "a capability the callee does not offer")
-	fs.StringVar(&cfg.ManagementURL, "management-url", "", "RabbitMQ management API, http(s)://user:pass@host:15672; without it the MGMT checks are skipped")
-	fs.DurationVar(&cfg.Timeout, "timeout", conformance.DefaultTimeout, "bound of each wait for an answer or an event")
-	fs.DurationVar(&cfg.Disconnect, "disconnect", conformance.DefaultDisconnect, "how long the kit stays disconnected in the continuity check")
-	fs.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
-	fs.Usage = func() {
-		_, _ = fmt.Fprintf(stderr, "Usage: hcp-conformance --amqp-url URI --callee ID --caller ID --capability NAME [flags]\n\n"+
-			"Checks an HCP callee against the specification and prints one row per spec sentence.\n"+
-			"Exit status: 0 pass, 1 a check failed, 2 usage error.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	if len(args) > 0 {
+		switch args[0] {
+		case "callee":
+			return runCallee(args[1:], stdout, stderr)
+		case "caller":
+			return runCaller(args[1:], stdout, stderr)
+		case "checks":
+			return runChecks(args[1:], stdout, stderr)
+		case "help", "-h", "--help", "-help":
+			usage(stderr)
 			return 0
 		}
-		return 2
+	}
+	return runCallee(args, stdout, stderr)
+}
+
+func usage(w io.Writer) {
+	_, _ = fmt.Fprint(w, `Usage:
+  hcp-conformance callee --amqp-url URI --callee ID --caller ID --capability NAME [flags]
+  hcp-conformance caller --amqp-url URI --callee ID --caller ID --caller-api URL [flags]
+  hcp-conformance checks [--kit callee|caller] [--profile spec|hcp-operator]
+
+callee: the kit plays a caller and checks the callee under test (also without a subcommand).
+caller: the kit plays a callee and checks the caller under test.
+Each prints one row per spec statement; 'hcp-conformance KIT --help' lists the flags.
+Exit status: 0 pass, 1 a check failed, 2 usage error.
+`)
+}
+
+// common are the flags both kits take.
+type common struct {
+	urlFile, profile, jsonPath, junitPath string
+	quiet                                 bool
+}
+
+func (c *common) bind(fs *flag.FlagSet, amqpURL, vhost, mgmt *string, timeout *time.Duration) {
+	fs.StringVar(amqpURL, "amqp-url", "", "AMQP URI of the kit's broker user (amqp[s]://user:pass@host:port/vhost); default $HCP_CONFORMANCE_AMQP_URL")
+	fs.StringVar(&c.urlFile, "amqp-url-file", "", "read the AMQP URI from this file (e.g. the key uri of a credentials Secret)")
+	fs.StringVar(vhost, "vhost", "", "vhost; overrides the URL's")
+	fs.StringVar(mgmt, "management-url", "", "RabbitMQ management API, http(s)://user:pass@host:15672; without it the checks that need it are skipped")
+	fs.DurationVar(timeout, "timeout", conformance.DefaultTimeout, "bound of each wait")
+	fs.StringVar(&c.profile, "profile", conformance.ProfileSpec, "checks to run: spec (what the specification says) or hcp-operator (adds this project's stricter choices)")
+	fs.StringVar(&c.jsonPath, "report-json", "", "also write the report as JSON to this file")
+	fs.StringVar(&c.junitPath, "report-junit", "", "also write the report as JUnit XML to this file")
+	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
+}
+
+// url fills the AMQP URL from the file or the environment.
+func (c *common) url(u *string, stderr io.Writer) bool {
+	if *u == "" && c.urlFile != "" {
+		b, err := os.ReadFile(c.urlFile)
+		if err != nil {
+			_, _ = fmt.Fprintf(stderr, "hcp-conformance: --amqp-url-file: %v\n", err)
+			return false
+		}
+		*u = strings.TrimSpace(string(b))
+	}
+	if *u == "" {
+		*u = os.Getenv("HCP_CONFORMANCE_AMQP_URL")
+	}
+	return true
+}
+
+// parse parses flags: ok false with the exit code on help or an error.
+func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0, false
+		}
+		return 2, false
 	}
 	if fs.NArg() > 0 {
 		_, _ = fmt.Fprintf(stderr, "hcp-conformance: unexpected arguments %q\n", fs.Args())
-		return 2
+		return 2, false
 	}
-	if cfg.AMQPURL == "" && urlFile != "" {
-		b, err := os.ReadFile(urlFile)
-		if err != nil {
-			_, _ = fmt.Fprintf(stderr, "hcp-conformance: --amqp-url-file: %v\n", err)
-			return 2
-		}
-		cfg.AMQPURL = strings.TrimSpace(string(b))
+	return 0, true
+}
+
+// finish prints the report, writes its files and returns the exit code.
+func finish(rep conformance.Report, header string, c *common, stdout, stderr io.Writer) int {
+	_, _ = fmt.Fprintf(stdout, "%s, profile %s, %s, %s\n\n", header, rep.Profile,
+		rep.Started.Format(time.RFC3339), rep.Duration.Round(100*time.Millisecond))
+	if rep.Broker.MaxMessageSize > 0 {
+		_, _ = fmt.Fprintf(stdout, "Broker max_message_size: %d bytes\n\n", rep.Broker.MaxMessageSize)
 	}
-	if cfg.AMQPURL == "" {
-		cfg.AMQPURL = os.Getenv("HCP_CONFORMANCE_AMQP_URL")
-	}
-	cfg.Inputs = json.RawMessage(inputs)
-	cfg.AbortInputs = json.RawMessage(abortInputs)
-	if !quiet {
-		cfg.Log = stderr
-	}
-	if err := cfg.Validate(); err != nil {
-		_, _ = fmt.Fprintf(stderr, "hcp-conformance: %v\n\n", err)
-		fs.Usage()
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	start := time.Now()
-	rep := conformance.Run(ctx, cfg)
-	_, _ = fmt.Fprintf(stdout, "HCP conformance: callee %q, caller %q, %s, %s\n\n", cfg.CalleeID, cfg.CallerID,
-		start.UTC().Format(time.RFC3339), time.Since(start).Round(100*time.Millisecond))
 	if err := rep.Print(stdout); err != nil {
 		_, _ = fmt.Fprintf(stderr, "hcp-conformance: %v\n", err)
 		return 1
 	}
+	if err := rep.WriteFiles(c.jsonPath, c.junitPath); err != nil {
+		_, _ = fmt.Fprintf(stderr, "hcp-conformance: writing the report: %v\n", err)
+		return 1
+	}
 	if rep.Failed() {
 		return 1
+	}
+	return 0
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// runChecks lists a kit's catalog.
+func runChecks(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("hcp-conformance checks", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kit := fs.String("kit", "callee", "callee or caller")
+	profile := fs.String("profile", conformance.ProfileHCPOperator, "spec or hcp-operator (every check)")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	var cat []conformance.Check
+	switch *kit {
+	case "callee":
+		cat = conformance.Checks()
+	case "caller":
+		cat = conformance.CallerChecks()
+	default:
+		_, _ = fmt.Fprintf(stderr, "hcp-conformance checks: --kit %q: want callee or caller\n", *kit)
+		return 2
+	}
+	_, _ = fmt.Fprintf(stdout, "| ID | Profile | Level | Cites | Statement |\n| --- | --- | --- | --- | --- |\n")
+	for _, c := range cat {
+		if c.Profile == conformance.ProfileHCPOperator && *profile != conformance.ProfileHCPOperator {
+			continue
+		}
+		level := c.Level
+		if level == "" {
+			level = "normative"
+		}
+		_, _ = fmt.Fprintf(stdout, "| %s | %s | %s | %s | %s |\n", c.ID, c.Profile, level, strings.ReplaceAll(c.Cite().String(), "|", `\|`), c.Statement)
 	}
 	return 0
 }

@@ -27,7 +27,20 @@ func TestExitCodes(t *testing.T) {
 		{"bad callee id", append([]string{"--amqp-url-file", uriFile}, append(good, "--callee", "Lab.CVD")...), 2, "callee id"},
 		{"inputs not JSON", append([]string{"--amqp-url-file", uriFile}, append(good, "--inputs", "{")...), 2, "inputs"},
 		{"missing URL file", append([]string{"--amqp-url-file", "/nonexistent/uri"}, good...), 2, "amqp-url-file"},
-		{"broker unreachable", append([]string{"--amqp-url-file", uriFile}, good...), 1, "36 checks: 0 pass, 36 fail"},
+		{"broker unreachable", append([]string{"--amqp-url-file", uriFile}, good...), 1, "checks: 0 pass, "},
+		{"callee subcommand, broker unreachable", append([]string{"callee", "--amqp-url-file", uriFile}, good...), 1, "checks: 0 pass, "},
+		{"unknown profile", append([]string{"--amqp-url-file", uriFile, "--profile", "strict"}, good...), 2, "profile"},
+		{"uppercase id: spec profile", append([]string{"--amqp-url-file", uriFile}, append(good, "--callee", "Lab_CVD")...), 1, "checks: 0 pass, "},
+		{"uppercase id: hcp-operator profile", append([]string{"--amqp-url-file", uriFile, "--profile", "hcp-operator"}, append(good, "--callee", "Lab_CVD")...), 2, "callee id"},
+		{"report to an unwritable path", append([]string{"--amqp-url-file", uriFile, "--report-json", "/nonexistent/dir/r.json"}, good...), 1, "writing the report"},
+		{"caller: no driver", []string{"caller", "--amqp-url-file", uriFile, "--callee", "kit", "--caller", "alpha"}, 2, "no driver"},
+		{"caller: help", []string{"caller", "--help"}, 0, "--caller-api"},
+		{"caller: broker unreachable", []string{"caller", "--amqp-url-file", uriFile, "--callee", "kit", "--caller", "alpha",
+			"--caller-api", "http://127.0.0.1:1", "--app-listen", "127.0.0.1:0", "--timeout", "2s", "--quiet"}, 1, "checks: 0 pass, "},
+		{"checks: caller catalog", []string{"checks", "--kit", "caller"}, 0, "| ORD-1 | spec | MUST | L2-session-lifecycle.md:113 (Event Ordering)"},
+		{"checks: spec only", []string{"checks", "--profile", "spec"}, 0, "| MSG-1 | spec |"},
+		{"checks: unknown kit", []string{"checks", "--kit", "broker"}, 2, "want callee or caller"},
+		{"help", []string{"help"}, 0, "hcp-conformance caller"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var stdout, stderr strings.Builder

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -63,6 +64,15 @@ type Config struct {
 	// Disconnect is how long the kit stays disconnected in the continuity
 	// check (default 2 s).
 	Disconnect time.Duration
+	// MaxMessageSize is the broker limit BRK-1 holds the broker to; 0
+	// means DocumentedMaxMessageSize.
+	MaxMessageSize int64
+
+	// Profile selects the checks: ProfileSpec ("" too) checks what the
+	// specification says; ProfileHCPOperator adds this project's own
+	// stricter choices (see Check.Profile).
+	Profile string
+
 	// Log receives progress lines; nil for none.
 	Log io.Writer
 }
@@ -85,6 +95,7 @@ func (c Config) Validate() error {
 
 func (c Config) resolve() (*resolved, error) {
 	var errs []error
+	var err error
 	r := &resolved{Config: c}
 	if c.AMQPURL == "" {
 		errs = append(errs, errors.New("no AMQP URL"))
@@ -97,10 +108,13 @@ func (c Config) resolve() (*resolved, error) {
 		r.uri, r.username = u, u.Username
 		r.Vhost = u.Vhost
 	}
-	if err := topology.ValidateID(c.CalleeID); err != nil {
+	if r.Profile, err = resolveProfile(c.Profile); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateID(c.CalleeID, r.Profile); err != nil {
 		errs = append(errs, fmt.Errorf("callee id: %w", err))
 	}
-	if err := topology.ValidateID(c.CallerID); err != nil {
+	if err := validateID(c.CallerID, r.Profile); err != nil {
 		errs = append(errs, fmt.Errorf("caller id: %w", err))
 	}
 	if !task.ValidCapability(c.Capability) {
@@ -116,7 +130,6 @@ func (c Config) resolve() (*resolved, error) {
 	} else if !task.ValidCapability(r.UnknownCapability) {
 		errs = append(errs, fmt.Errorf("unknown capability %q is not a valid capability name", r.UnknownCapability))
 	}
-	var err error
 	if r.Inputs, err = jsonObject("inputs", c.Inputs); err != nil {
 		errs = append(errs, err)
 	}
@@ -136,8 +149,11 @@ func (c Config) resolve() (*resolved, error) {
 			errs = append(errs, fmt.Errorf("management URL %q: want http(s)://[user:pass@]host:port", redactURL(c.ManagementURL)))
 		}
 	}
-	if c.Timeout < 0 || c.Disconnect < 0 {
+	if c.Timeout < 0 || c.Disconnect < 0 || c.MaxMessageSize < 0 {
 		errs = append(errs, errors.New("timeouts must not be negative"))
+	}
+	if r.MaxMessageSize == 0 {
+		r.MaxMessageSize = DocumentedMaxMessageSize
 	}
 	if r.Timeout == 0 {
 		r.Timeout = DefaultTimeout
@@ -179,4 +195,36 @@ func redactURL(s string) string {
 		return "(unparsable URL)"
 	}
 	return u.Redacted()
+}
+
+// resolveProfile checks a profile name; "" is ProfileSpec.
+func resolveProfile(p string) (string, error) {
+	switch p {
+	case "", ProfileSpec:
+		return ProfileSpec, nil
+	case ProfileHCPOperator:
+		return p, nil
+	}
+	return "", fmt.Errorf("profile %q: want %s or %s", p, ProfileSpec, ProfileHCPOperator)
+}
+
+// validateID checks a callee or caller id. The specification gives ids no
+// syntax; they are words of routing keys and parts of queue names (L1:107,
+// L1:120), so the spec profile asks only that: not empty, no '.', '*' or
+// '#', no space or control character, a queue name within AMQP's 255
+// bytes. ProfileHCPOperator applies this project's rule (lowercase
+// letters, digits, '-' and '_'; topology.ValidateID).
+func validateID(id, profile string) error {
+	if profile == ProfileHCPOperator {
+		return topology.ValidateID(id)
+	}
+	switch {
+	case id == "":
+		return errors.New("must not be empty")
+	case len(topology.EventQueuePrefix+id) > 255:
+		return fmt.Errorf("%q is too long for a queue name (255 bytes)", id)
+	case strings.ContainsAny(id, ".*#") || strings.IndexFunc(id, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0:
+		return fmt.Errorf("%q: a routing-key word cannot hold '.', '*', '#', spaces or control characters", id)
+	}
+	return nil
 }

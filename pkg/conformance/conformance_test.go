@@ -98,9 +98,15 @@ func TestCheckMessageViolations(t *testing.T) {
 		{"session_id null on an event", func(d *amqp.Delivery) {
 			d.Body = []byte(strings.Replace(string(d.Body), `"session_id":"`+sid+`"`, `"session_id":null`, 1))
 		}, MsgSessionID},
-		{"event without sequence", func(d *amqp.Delivery) {
+		{"event sequence 0 (an integer for L2, below this project's 1)", func(d *amqp.Delivery) {
 			d.Body = []byte(strings.Replace(string(d.Body), `"sequence":1`, `"sequence":0`, 1))
+		}, MsgPayloadSchema},
+		{"event sequence not an integer", func(d *amqp.Delivery) {
+			d.Body = []byte(strings.Replace(string(d.Body), `"sequence":1`, `"sequence":"1"`, 1))
 		}, MsgPayload},
+		{"unknown envelope key (spec-silent: this project refuses it)", func(d *amqp.Delivery) {
+			d.Body = []byte(strings.Replace(string(d.Body), `{"hcp_version"`, `{"x_extra":1,"hcp_version"`, 1))
+		}, MsgStrictEnvelope},
 		{"command type on the event channel", func(d *amqp.Delivery) {
 			env, _ := envelope.New(envelope.TypeAbort, sid, task.Abort{SessionToken: "a.b.c"})
 			body, _ := envelope.Encode(env)
@@ -284,7 +290,7 @@ func TestManagementJudgements(t *testing.T) {
 func TestReportPrint(t *testing.T) {
 	rep := Report{Rows: []Row{
 		{ID: "MSG-3", Ref: "L1:356", Statement: "content_type", Result: Pass, Detail: "all 3"},
-		{ID: "MSG-4", Ref: "L1:357", Statement: "a | b", Result: Fail, Detail: "got\n\"x|y\"" + strings.Repeat("z", 300)},
+		{ID: "MSG-4", Ref: "L1:357", Statement: "a | b", Result: Fail, Detail: "got\n\"x|y\"" + strings.Repeat("z", 300), Level: "MUST", Cite: cite("L1:357", "q")},
 		{ID: "MGMT-1", Ref: "L1:100", Statement: "types", Result: Skip, Detail: "no URL"},
 	}}
 	var b strings.Builder
@@ -293,7 +299,7 @@ func TestReportPrint(t *testing.T) {
 	}
 	out := b.String()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 7 { // header, rule, 3 rows, blank, summary
+	if len(lines) != 11 { // header, rule, 3 rows, blank, summary, blank, heading, blank, one failure
 		t.Fatalf("%d lines:\n%s", len(lines), out)
 	}
 	for _, want := range []string{
@@ -301,6 +307,7 @@ func TestReportPrint(t *testing.T) {
 		`| MSG-4 | L1:357 | a \| b | **FAIL** | got "x\|y"zzz`,
 		"| MGMT-1 | L1:100 | types | skip | no URL |",
 		"3 checks: 1 pass, 1 fail, 1 skip",
+		`- MSG-4 [MUST] L1-transport-encoding.md:357 (Encoding): "q": got "x\|y"zzz`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -364,11 +371,11 @@ func TestConfigValidate(t *testing.T) {
 // Bad input never panics: Run fails every check with the reason.
 func TestRunWithoutPeer(t *testing.T) {
 	rep := Run(context.Background(), Config{})
-	if rep.Count(Fail) != len(checks) || !strings.Contains(rep.Rows[0].Detail, "invalid configuration") {
+	if rep.Count(Fail) != len(rep.Rows) || !strings.Contains(rep.Rows[0].Detail, "invalid configuration") {
 		t.Errorf("empty config: %+v", rep.Rows[0])
 	}
 	rep = Run(context.Background(), Config{AMQPURL: "amqp://u:p@127.0.0.1:1/", CalleeID: testCallee, CallerID: testCaller, Capability: "c", Timeout: time.Second})
-	if rep.Count(Fail) != len(checks) || !strings.Contains(rep.Rows[0].Detail, "not run") {
+	if rep.Count(Fail) != len(rep.Rows) || !strings.Contains(rep.Rows[0].Detail, "not run") {
 		t.Errorf("no broker: %+v", rep.Rows[0])
 	}
 }
@@ -504,7 +511,7 @@ func TestJudgeContinuity(t *testing.T) {
 		{"conforming", append(gen1[:4:4], m(3, 2, true, true), m(4, 2, true, false)), 1, []Result{Pass, Pass, Pass}},
 		{"held message not flagged redelivered", append(gen1[:4:4], m(3, 2, true, false), m(4, 2, true, false)), 1, []Result{Pass, Fail, Pass}},
 		{"acknowledged message delivered again", append(gen1[:4:4], m(1, 2, true, true), m(3, 2, true, true), m(4, 2, true, false)), 1, []Result{Pass, Fail, Pass}},
-		{"held message lost", append(gen1[:4:4], m(4, 2, true, false)), 1, []Result{Pass, Fail, Fail}},
+		{"held message lost", append(gen1[:4:4], m(4, 2, true, false)), 1, []Result{Pass, Fail, Fail}}, // 1,2,3,5: a gap (L2:126)
 		{"nothing new after the reconnect", append(gen1[:4:4], m(3, 2, true, true)), 0, []Result{Fail, Pass, Fail}},
 		{"nothing held", append(gen1[:3:3], m(3, 1, true, false), m(4, 2, true, false)), 1, []Result{Fail, Fail, Pass}},
 	} {

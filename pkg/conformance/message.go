@@ -11,7 +11,6 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // Expect is what every message on the caller's event queue must show
@@ -37,9 +36,10 @@ func (v Violations) add(id, format string, args ...any) {
 
 // CheckMessage checks one delivery from the caller's event queue against
 // the per-message rules (the MSG-* checks except MSG-10, which needs all
-// messages) and returns the decoded envelope (nil when the body is not a
-// valid envelope) with the violations. It never panics, whatever the
-// delivery holds.
+// messages) and returns the envelope as SpecDecode reads it (nil when the
+// body is no L1 envelope) with the violations of every profile (a report
+// keeps those of its profile). It never panics, whatever the delivery
+// holds.
 func CheckMessage(d amqp.Delivery, exp Expect) (*envelope.Envelope, Violations) {
 	v := Violations{}
 	if d.ContentType != envelope.ContentType {
@@ -60,24 +60,29 @@ func CheckMessage(d amqp.Delivery, exp Expect) (*envelope.Envelope, Violations) 
 		v.add(MsgMessageID, "no message_id property")
 	}
 
-	env, err := envelope.Decode(d.Body)
+	env, err := SpecDecode(d.Body)
 	if err != nil {
-		var fe *envelope.FieldError
-		if errors.As(err, &fe) && fe.Field == envelope.FieldSessionID {
+		var se *SpecError
+		if errors.As(err, &se) && se.Field == "session_id" {
 			v.add(MsgSessionID, "%v", err)
 		} else {
 			v.add(MsgEnvelope, "%v", err)
 		}
 	} else if !env.Type.IsEvent() {
-		v.add(MsgEnvelope, "type %q is not an event-channel type", env.Type)
+		v.add(MsgEnvelope, "type %q is not an event-channel type (L1:65–72)", env.Type)
+	}
+	// This project's decoder: what the spec leaves open, answered strictly.
+	if _, serr := envelope.Decode(d.Body); serr != nil && err == nil {
+		v.add(MsgStrictEnvelope, "%v", serr)
 	}
 
-	callerID, sid, typ, rkErr := topology.ParseEventRoutingKey(d.RoutingKey)
+	words := strings.Split(d.RoutingKey, ".")
+	rkOK := len(words) == 3
 	switch {
-	case rkErr != nil:
-		v.add(MsgRoutingKey, "%v", rkErr)
-	case exp.CallerID != "" && callerID != exp.CallerID:
-		v.add(MsgRoutingKey, "routing key %q names caller %q, want %q", d.RoutingKey, callerID, exp.CallerID)
+	case !rkOK:
+		v.add(MsgRoutingKey, "routing key %q: want {caller_id}.{session_id}.{message_type}, got %d words", short(d.RoutingKey), len(words))
+	case exp.CallerID != "" && words[0] != exp.CallerID:
+		v.add(MsgRoutingKey, "routing key %q names caller %q, want %q", d.RoutingKey, words[0], exp.CallerID)
 	}
 	if err != nil {
 		return nil, v
@@ -92,11 +97,16 @@ func CheckMessage(d amqp.Delivery, exp Expect) (*envelope.Envelope, Violations) 
 	if d.Type != string(env.Type) {
 		v.add(MsgMirrored, "type property %q, envelope type %q", d.Type, env.Type)
 	}
-	if rkErr == nil && (!strings.EqualFold(sid, env.Session()) || typ != env.Type) {
+	if rkOK && (!strings.EqualFold(words[1], env.Session()) || words[2] != string(env.Type)) {
 		v.add(MsgRoutingKey, "routing key %q does not match session %q type %q", d.RoutingKey, env.Session(), env.Type)
 	}
+	if env.Type == envelope.TypeEvent {
+		if perr := specEventPayload(env.Payload); perr != nil {
+			v.add(MsgPayload, "event %s: %v", env.MessageID, perr)
+		}
+	}
 	if perr := CheckPayload(env); perr != nil {
-		v.add(MsgPayload, "%s %s: %v", env.Type, env.MessageID, perr)
+		v.add(MsgPayloadSchema, "%s %s: %v", env.Type, env.MessageID, perr)
 	}
 	return env, v
 }

@@ -30,10 +30,42 @@ func EventOf(env *envelope.Envelope) (Event, error) {
 	return Event{MessageID: env.MessageID, Sequence: p.Sequence, Type: p.EventType, Data: p.Data}, nil
 }
 
-// CheckSequence checks one session's events in arrival order: sequence
-// numbers 1, 2, 3, ... with no gap, no repeat and no step back (L2:112,
-// L2:126). A repeat under another message_id is an event delivered twice
-// that deduplication by message_id would not catch.
+// CheckIncreasing checks one session's events in arrival order by L2:112
+// alone: every sequence number above the one before it (no repeat, no
+// step back; a gap is allowed, L2:174).
+func CheckIncreasing(events []Event) error {
+	for i := 1; i < len(events); i++ {
+		prev, ev := events[i-1], events[i]
+		switch {
+		case ev.Sequence == prev.Sequence:
+			return fmt.Errorf("sequence %d twice (message ids %s and %s)", ev.Sequence, prev.MessageID, ev.MessageID)
+		case ev.Sequence < prev.Sequence:
+			return fmt.Errorf("sequence %d after %d: not increasing", ev.Sequence, prev.Sequence)
+		}
+	}
+	return nil
+}
+
+// CheckConsecutive checks a stream that must have no gap (L1:169 "no
+// lost events, no gaps") by L2:126's definition of one: sequence N+2
+// without N+1. Each sequence is the one before it plus one; where the
+// stream starts is not checked.
+func CheckConsecutive(events []Event) error {
+	if err := CheckIncreasing(events); err != nil {
+		return err
+	}
+	for i := 1; i < len(events); i++ {
+		if prev, ev := events[i-1], events[i]; ev.Sequence != prev.Sequence+1 {
+			return fmt.Errorf("gap: sequence %d after %d (%d..%d missing)", ev.Sequence, prev.Sequence, prev.Sequence+1, ev.Sequence-1)
+		}
+	}
+	return nil
+}
+
+// CheckSequence checks one session's events in arrival order by this
+// project's stricter guarantee: sequence numbers 1, 2, 3, ... with no gap,
+// no repeat and no step back. A repeat under another message_id is an
+// event delivered twice that deduplication by message_id would not catch.
 func CheckSequence(events []Event) error {
 	var want int64 = 1
 	seen := map[int64]string{}

@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -23,8 +25,10 @@ import (
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 	"github.com/hcp-io/hcp-operator/pkg/conformance"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
+	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 )
 
 // kitCallerID is the conformance kit's own caller identity: an external
@@ -124,6 +128,7 @@ func TestConformanceKit(t *testing.T) {
 		DataClassification: "T2",
 		ManagementURL:      mgmt.String(),
 		Timeout:            time.Minute,
+		Profile:            conformance.ProfileHCPOperator,
 		Log:                testWriter{t},
 	}
 	start := time.Now()
@@ -148,7 +153,8 @@ func TestConformanceKit(t *testing.T) {
 		}
 		args := []string{"--amqp-url-file", uriFile, "--callee", calleeID, "--caller", kitCallerID,
 			"--capability", synthesis, "--inputs", string(cfg.Inputs), "--abort-inputs", string(cfg.AbortInputs),
-			"--data-class", cfg.DataClassification, "--management-url", mgmt.String(), "--quiet"}
+			"--data-class", cfg.DataClassification, "--management-url", mgmt.String(), "--profile", conformance.ProfileHCPOperator,
+			"--report-json", filepath.Join(dir, "report.json"), "--report-junit", filepath.Join(dir, "report.xml"), "--quiet"}
 		var stdout, stderr strings.Builder
 		cmd := exec.CommandContext(t.Context(), bin, args...)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -157,6 +163,14 @@ func TestConformanceKit(t *testing.T) {
 		t.Logf("hcp-conformance %s\n%s%s", shown, stdout.String(), stderr.String())
 		if err != nil {
 			t.Errorf("hcp-conformance: %v (want exit status 0)", err)
+		}
+		var rep conformance.Report
+		if js, err := os.ReadFile(filepath.Join(dir, "report.json")); err != nil || json.Unmarshal(js, &rep) != nil ||
+			rep.Kit != "callee" || len(rep.Rows) != len(conformance.Checks()) || rep.Failed() {
+			t.Errorf("the JSON report: %v; kit %q, %d rows (want %d), failed %t", err, rep.Kit, len(rep.Rows), len(conformance.Checks()), rep.Failed())
+		}
+		if _, err := os.Stat(filepath.Join(dir, "report.xml")); err != nil {
+			t.Errorf("the JUnit report: %v", err)
 		}
 		if path := os.Getenv("HCP_CONFORMANCE_REPORT"); path != "" {
 			host, _ := os.Hostname()
@@ -169,7 +183,8 @@ func TestConformanceKit(t *testing.T) {
 	})
 
 	// The interactive checks fail against the same callee when the kit is
-	// told wrong things: another callee user (MSG-8), a capability the
+	// told wrong things: another callee user (MSG-8, profile hcp-operator),
+	// a capability the
 	// callee offers as the "unknown" one (REJ-1), a "long" task that ends
 	// at once (ABT-*). Exit status 1. CON-1 is not required to fail here:
 	// with a task that ends at once, whether its last messages arrive
@@ -181,7 +196,7 @@ func TestConformanceKit(t *testing.T) {
 		args := []string{"--amqp-url", amqpURL, "--callee", calleeID, "--caller", kitCallerID,
 			"--capability", synthesis, "--inputs", string(cfg.Inputs), "--abort-inputs", `{"steps":1,"step_ms":10}`,
 			"--data-class", "T1", "--unknown-capability", "cvd.read-telemetry", "--callee-user", "callee.someone-else@/elsewhere",
-			"--timeout", "20s", "--quiet"}
+			"--profile", conformance.ProfileHCPOperator, "--timeout", "20s", "--quiet"}
 		var stdout, stderr strings.Builder
 		cmd := exec.CommandContext(t.Context(), "go", append([]string{"run", "./cmd/hcp-conformance"}, args...)...)
 		cmd.Dir = s.cfg.root
@@ -195,6 +210,9 @@ func TestConformanceKit(t *testing.T) {
 			if !strings.Contains(stdout.String(), "| "+id+" |") || !strings.Contains(rowOf(stdout.String(), id), "**FAIL**") {
 				t.Errorf("check %s did not fail", id)
 			}
+		}
+		if want := "- " + conformance.RejUnknown + ` [normative] L1-transport-encoding.md:69 (Message Types): "task_rejected Task failed safety check": `; !strings.Contains(stdout.String(), want) {
+			t.Errorf("the REJ-1 failure does not cite the spec line: no %q", want)
 		}
 		for _, id := range []string{conformance.MsgContentType, conformance.SesAccepted, conformance.DupAnswer, conformance.RejIdentity} {
 			if strings.Contains(rowOf(stdout.String(), id), "**FAIL**") {
@@ -242,4 +260,191 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// kitCalleeID is the caller kit's own callee identity on the stack: a
+// broker user and a command queue the test makes (no Callee object, whose
+// sidecar would consume the queue).
+const kitCalleeID = "hcp-conformance"
+
+// TestConformanceKitCaller runs the caller kit (conformance.RunCaller,
+// profile hcp-operator) against the sample Caller alpha on the local
+// stack: its pod's caller sidecar is the caller under test, the sample
+// app beside it (sample-caller serve) its application. The kit drives it
+// the way a foreign implementer would, through a CallerDriver of the
+// test's own: submits and aborts through the sidecar's API, what was
+// processed from the app's GET /received, both reached through kubectl
+// port-forward. The kit plays the callee hcp-conformance: a broker user
+// named by the operator's scheme, with the callee permissions, and its
+// command queue, made through the management API. Every check must pass,
+// and the app must have seen no duplicate and no problem.
+func TestConformanceKitCaller(t *testing.T) {
+	s := newSuite(t)
+	t.Logf("run %s: namespace %s, vhost %s, broker %s", s.id, s.ns, s.vhost, s.cfg.managementURL)
+	s.install(t)
+	s.dumpOnFailure(t)
+	ctx := t.Context()
+
+	caller := &hcpv1alpha1.Caller{}
+	loadSample(t, "hcp_v1alpha1_caller.yaml", caller)
+	caller.Namespace = s.ns
+	caller.Spec.Broker = hcpv1alpha1.BrokerSpec{Vhost: s.vhost, CreateVhost: true, VhostDeletionPolicy: "delete"}
+	if img := s.cfg.callerImage; img != "" && caller.Spec.Harness != nil {
+		caller.Spec.Harness.Template.Spec.Containers[0].Image = img
+	}
+	if err := s.c.Create(ctx, caller); err != nil {
+		t.Fatalf("create Caller %s: %v", caller.Name, err)
+	}
+	eventually(t, readyTimeout, "Caller "+caller.Name+" Ready", func(ctx context.Context) error {
+		if err := s.c.Get(ctx, client.ObjectKeyFromObject(caller), caller); err != nil {
+			return err
+		}
+		if !meta.IsStatusConditionTrue(caller.Status.Conditions, hcpv1alpha1.ConditionReady) {
+			return fmt.Errorf("%s; pods: %s", conditions(caller.Status.Conditions), s.podsSummary(ctx, s.ns))
+		}
+		return nil
+	})
+	pod := (&samplesRun{suite: s, parent: t}).readyPod(t, "hcp.io/caller="+callerID)
+
+	// The kit's callee identity, as the operator would make it.
+	user := topology.Username(topology.RoleCallee, s.vhost, kitCalleeID)
+	password := s.id + "-kit"
+	perm := topology.CalleePermissions(kitCalleeID)
+	queue := topology.CommandQueue(kitCalleeID)
+	eventually(t, time.Minute, "the kit's user and command queue", func(context.Context) error {
+		for what, f := range map[string]func() error{
+			"user": func() error {
+				_, err := s.broker.API.PutUser(user, rabbithole.UserSettings{Password: password, Tags: rabbithole.UserTags{}})
+				return err
+			},
+			"permissions": func() error {
+				_, err := s.broker.API.UpdatePermissionsIn(s.vhost, user, rabbithole.Permissions{Configure: perm.Configure, Write: perm.Write, Read: perm.Read})
+				return err
+			},
+			"queue": func() error {
+				_, err := s.broker.API.DeclareQueue(s.vhost, queue, rabbithole.QueueSettings{Type: "quorum", Durable: true})
+				return err
+			},
+			"binding": func() error {
+				_, err := s.broker.API.DeclareBinding(s.vhost, rabbithole.BindingInfo{Source: topology.CommandsExchange,
+					Destination: queue, DestinationType: "queue", RoutingKey: topology.CommandRoutingKey(kitCalleeID)})
+				return err
+			},
+		} {
+			if err := f(); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+		}
+		return nil
+	})
+	t.Cleanup(func() { _ = s.broker.DeleteUsers(user) })
+	mgmt, err := url.Parse(s.cfg.managementURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgmt.User = url.UserPassword(s.cfg.username, s.cfg.password)
+
+	d := &sampleCallerDriver{hc: s.podHTTP(t, pod, 9090, 8080)}
+	start := time.Now()
+	rep := conformance.TestCaller(t, conformance.CallerConfig{
+		AMQPURL: s.broker.AMQPURI(user, password, s.vhost), CalleeID: kitCalleeID, CallerID: callerID, Driver: d,
+		DataClassification: "T1", ManagementURL: mgmt.String(), Timeout: time.Minute,
+		RetryWait: 45 * time.Second, // the sidecar republishes an unanswered task_submit after 30 s
+		Profile:   conformance.ProfileHCPOperator, Log: testWriter{t},
+	})
+	t.Logf("the caller kit ran in %s", time.Since(start).Round(100*time.Millisecond))
+	if n := rep.Count(conformance.Pass); n != len(rep.Rows) || len(rep.Rows) != len(conformance.CallerChecks()) {
+		t.Errorf("%d of %d checks passed (%d failed, %d skipped); want all %d", n, len(rep.Rows), rep.Count(conformance.Fail), rep.Count(conformance.Skip), len(conformance.CallerChecks()))
+	}
+	if path := os.Getenv("HCP_CONFORMANCE_CALLER_REPORT"); path != "" {
+		var b strings.Builder
+		_ = rep.Print(&b)
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	snap, err := d.snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, l := range snap.Sessions {
+		if l.CalleeID == kitCalleeID && (l.Duplicates > 0 || len(l.Problems) > 0) {
+			t.Errorf("the sample app saw session %s with %d duplicates and problems %v", id, l.Duplicates, l.Problems)
+		}
+	}
+}
+
+// sampleCallerDriver drives the sample Caller's pod: its sidecar's API
+// (127.0.0.1:9090) submits and aborts, its app's GET /received
+// (127.0.0.1:8080) says what was processed. hc reaches the pod's loopback.
+type sampleCallerDriver struct {
+	hc *http.Client
+}
+
+func (d *sampleCallerDriver) post(ctx context.Context, path string, body any) error {
+	js, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1:9090"+path, strings.NewReader(string(js)))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode/100 != 2 {
+		out, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+		return fmt.Errorf("POST %s: HTTP %d: %s", path, resp.StatusCode, out)
+	}
+	return nil
+}
+
+func (d *sampleCallerDriver) Submit(ctx context.Context, task conformance.DriverTask) error {
+	body := map[string]any{"callee_id": task.CalleeID, "capability": task.Capability, "intent": task.Intent, "inputs": task.Inputs}
+	if task.DataClassification != "" {
+		body["constraints"] = map[string]string{"data_classification": task.DataClassification}
+	}
+	return d.post(ctx, "/hcp/v1/tasks", body)
+}
+
+func (d *sampleCallerDriver) Abort(ctx context.Context, sessionID string) error {
+	return d.post(ctx, "/hcp/v1/sessions/"+sessionID+"/abort", map[string]string{})
+}
+
+func (d *sampleCallerDriver) snapshot(ctx context.Context) (samplecaller.Snapshot, error) {
+	var snap samplecaller.Snapshot
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:8080/received", nil)
+	if err != nil {
+		return snap, err
+	}
+	resp, err := d.hc.Do(req)
+	if err != nil {
+		return snap, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	return snap, json.NewDecoder(resp.Body).Decode(&snap)
+}
+
+// Processed lists what the app received, session by session. The app
+// keeps a duplicate out of its list (it counts it instead): the test
+// checks those counts after the run.
+func (d *sampleCallerDriver) Processed() []conformance.Processed {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	snap, err := d.snapshot(ctx)
+	if err != nil {
+		return nil
+	}
+	var out []conformance.Processed
+	for id, l := range snap.Sessions {
+		for _, m := range l.Messages {
+			p := conformance.Processed{SessionID: id, MessageID: m.MessageID, Type: m.Type, Sequence: m.Sequence, EventType: m.EventType, Data: m.Data}
+			if m.Type == "task_accepted" || m.Type == "task_rejected" {
+				p.TaskMessageID = l.TaskMessageID
+			}
+			out = append(out, p)
+		}
+	}
+	return out
 }
