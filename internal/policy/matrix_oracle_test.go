@@ -54,43 +54,43 @@ var matrixPolicySets = map[string]matrixSet{
 	// match, another callee, another namespace, and broken policies that
 	// must fail closed.
 	"deny": {policies: []hcpv1alpha1.CapabilityPolicy{
-		mxPolicy("other-callers", map[string]string{"site": "lab"},
-			mxRule("gamma-only", []string{"gamma"}, nil, []string{"*"}, "R5")),
-		mxPolicy("other-capabilities", nil,
-			mxRule("chem-bio", nil, mxSelector("team", "chem"), []string{"bio.*"}, "R5"),
+		pol("other-callers", map[string]string{"site": "lab"},
+			rule("gamma-only", []string{"gamma"}, []string{"*"}, "R5")),
+		pol("other-capabilities", nil,
+			rule("chem-bio", nil, []string{"bio.*"}, "R5", callerSel(mxSelector("team", "chem"))),
 			// Exact names, no wildcard: "cvd.read" is not cvd.read-telemetry.
-			mxRule("near-misses", []string{"*"}, nil, []string{"cvd.read", "calibrate", "cvd.run-synthesis.v2"}, "R5")),
-		mxPolicy("elsewhere", map[string]string{"site": "elsewhere"},
-			mxRule("everyone", []string{"*"}, nil, []string{"*"}, "R5")),
+			rule("near-misses", []string{"*"}, []string{"cvd.read", "calibrate", "cvd.run-synthesis.v2"}, "R5")),
+		pol("elsewhere", map[string]string{"site": "elsewhere"},
+			rule("everyone", []string{"*"}, []string{"*"}, "R5")),
 		mxPolicyIn("other", "other-namespace", nil,
-			mxRule("everyone", []string{"*"}, nil, []string{"*"}, "R5")),
+			rule("everyone", []string{"*"}, []string{"*"}, "R5")),
 		// A calleeSelector the API server accepts but labels cannot parse:
 		// the policy selects nothing.
 		mxBrokenSelectorPolicy("broken-selector",
-			mxRule("everyone", []string{"*"}, nil, []string{"*"}, "R5")),
-		mxPolicy("broken-rules", nil,
+			rule("everyone", []string{"*"}, []string{"*"}, "R5")),
+		pol("broken-rules", nil,
 			// An invalid callers.selector disables the rule, ids included.
-			mxRule("bad-caller-selector", []string{"*"}, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "Bogus"}}}, []string{"*"}, "R5"),
+			rule("bad-caller-selector", []string{"*"}, []string{"*"}, "R5", callerSel(&metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "Bogus"}}})),
 			// A zero maxDuration admits no task.
-			mxRule("zero-duration", []string{"*"}, nil, []string{"*"}, "R5", mxMaxDuration("PT0S"))),
+			rule("zero-duration", []string{"*"}, []string{"*"}, "R5", maxDur("PT0S"))),
 	}},
 
 	// Grants: alpha by label, ext by id for telemetry, beta by id for
 	// synthesis, and every Caller object (an empty selector) for
 	// calibration, which never reaches ext, which has none.
 	"allow": {policies: []hcpv1alpha1.CapabilityPolicy{
-		mxPolicy("lab", map[string]string{"site": "lab"},
-			mxRule("chem", nil, mxSelector("team", "chem"), []string{"cvd.*"}, "R4"),
-			mxRule("ext-telemetry", []string{"ext"}, nil, []string{"*.read-*"}, "R2", mxClasses("T1")),
-			mxRule("beta-synthesis", []string{"beta"}, nil, []string{"cvd.run-synthesis"}, "R3", mxClasses("T2"), mxMaxDuration("PT4H")),
-			mxRule("known-calibrate", nil, &metav1.LabelSelector{}, []string{"cvd.calibrate"}, "R2", mxClasses("T4"))),
+		pol("lab", map[string]string{"site": "lab"},
+			rule("chem", nil, []string{"cvd.*"}, "R4", callerSel(mxSelector("team", "chem"))),
+			rule("ext-telemetry", []string{"ext"}, []string{"*.read-*"}, "R2", classes("T1")),
+			rule("beta-synthesis", []string{"beta"}, []string{"cvd.run-synthesis"}, "R3", classes("T2"), maxDur("PT4H")),
+			rule("known-calibrate", nil, []string{"cvd.calibrate"}, "R2", callerSel(&metav1.LabelSelector{}), classes("T4"))),
 	}},
 
 	// Limits on duration and concurrency, and a Callee-wide cap of 3.
 	"limits": {calleeMaxConcurrent: 3, policies: []hcpv1alpha1.CapabilityPolicy{
-		mxPolicy("limits", nil,
-			mxRule("alpha-limited", []string{"alpha"}, nil, []string{"cvd.*"}, "R5", mxMaxDuration("PT2H"), mxMaxConcurrent(2)),
-			mxRule("beta-limited", []string{"beta"}, nil, []string{"cvd.run-synthesis"}, "R3", mxMaxDuration("PT90M"), mxMaxConcurrent(1))),
+		pol("limits", nil,
+			rule("alpha-limited", []string{"alpha"}, []string{"cvd.*"}, "R5", maxDur("PT2H"), maxConc(2)),
+			rule("beta-limited", []string{"beta"}, []string{"cvd.run-synthesis"}, "R3", maxDur("PT90M"), maxConc(1))),
 	}},
 
 	// Several policies overlapping on the same tasks (docs/policy.md,
@@ -98,14 +98,14 @@ var matrixPolicySets = map[string]matrixSet{
 	// those that admit apply, and a refusal reports the rule that came
 	// closest (ties: the first by policy name).
 	"overlap": {policies: []hcpv1alpha1.CapabilityPolicy{
-		mxPolicy("a-everyone", nil,
-			mxRule("everyone", []string{"*"}, nil, []string{"cvd.*"}, "R3", mxClasses("T1"), mxMaxDuration("PT24H"))),
-		mxPolicy("b-alpha", map[string]string{"site": "lab"},
-			mxRule("alpha-synthesis", []string{"alpha"}, nil, []string{"cvd.run-synthesis"}, "R3", mxMaxDuration("PT48H"), mxMaxConcurrent(1))),
-		mxPolicy("c-chem", map[string]string{"tier": "wet"},
-			mxRule("chem-high", nil, mxSelector("team", "chem"), []string{"cvd.calibrate", "cvd.run-*"}, "R5", mxClasses("T3", "T4"), mxMaxDuration("PT30M"))),
-		mxPolicy("d-elsewhere", map[string]string{"site": "elsewhere"},
-			mxRule("everything", []string{"*"}, nil, []string{"*"}, "R5")),
+		pol("a-everyone", nil,
+			rule("everyone", []string{"*"}, []string{"cvd.*"}, "R3", classes("T1"), maxDur("PT24H"))),
+		pol("b-alpha", map[string]string{"site": "lab"},
+			rule("alpha-synthesis", []string{"alpha"}, []string{"cvd.run-synthesis"}, "R3", maxDur("PT48H"), maxConc(1))),
+		pol("c-chem", map[string]string{"tier": "wet"},
+			rule("chem-high", nil, []string{"cvd.calibrate", "cvd.run-*"}, "R5", callerSel(mxSelector("team", "chem")), classes("T3", "T4"), maxDur("PT30M"))),
+		pol("d-elsewhere", map[string]string{"site": "elsewhere"},
+			rule("everything", []string{"*"}, []string{"*"}, "R5")),
 	}},
 }
 

@@ -338,45 +338,21 @@ func matrixLines(grid string) [][]string {
 	return out
 }
 
-// Fixture builders for the oracle's policy sets.
-
-func mxPolicy(name string, callees map[string]string, rules ...hcpv1alpha1.PolicyRule) hcpv1alpha1.CapabilityPolicy {
-	return mxPolicyIn("lab", name, callees, rules...)
-}
+// Fixture builders for the oracle's policy sets, beside decide_test.go's
+// pol, rule, callerSel, classes, maxDur and maxConc.
 
 func mxPolicyIn(namespace, name string, callees map[string]string, rules ...hcpv1alpha1.PolicyRule) hcpv1alpha1.CapabilityPolicy {
-	return hcpv1alpha1.CapabilityPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec:       hcpv1alpha1.CapabilityPolicySpec{CalleeSelector: metav1.LabelSelector{MatchLabels: callees}, Rules: rules},
-	}
+	p := pol(name, callees, rules...)
+	p.Namespace = namespace
+	return p
 }
 
 func mxBrokenSelectorPolicy(name string, rules ...hcpv1alpha1.PolicyRule) hcpv1alpha1.CapabilityPolicy {
-	p := mxPolicy(name, nil, rules...)
+	p := pol(name, nil, rules...)
 	p.Spec.CalleeSelector.MatchExpressions = []metav1.LabelSelectorRequirement{{Key: "site", Operator: "Bogus", Values: []string{"lab"}}}
 	return p
 }
 
-func mxRule(name string, ids []string, sel *metav1.LabelSelector, caps []string, risk hcpv1alpha1.RiskLevel, opts ...func(*hcpv1alpha1.PolicyRule)) hcpv1alpha1.PolicyRule {
-	r := hcpv1alpha1.PolicyRule{Name: name, Callers: hcpv1alpha1.CallerMatch{IDs: ids, Selector: sel}, Capabilities: caps, MaxRiskLevel: risk}
-	for _, o := range opts {
-		o(&r)
-	}
-	return r
-}
-
 func mxSelector(k, v string) *metav1.LabelSelector {
 	return &metav1.LabelSelector{MatchLabels: map[string]string{k: v}}
-}
-
-func mxClasses(cs ...hcpv1alpha1.DataClass) func(*hcpv1alpha1.PolicyRule) {
-	return func(r *hcpv1alpha1.PolicyRule) { r.DataClassifications = cs }
-}
-
-func mxMaxDuration(d hcpv1alpha1.ISO8601Duration) func(*hcpv1alpha1.PolicyRule) {
-	return func(r *hcpv1alpha1.PolicyRule) { r.MaxDuration = d }
-}
-
-func mxMaxConcurrent(n int32) func(*hcpv1alpha1.PolicyRule) {
-	return func(r *hcpv1alpha1.PolicyRule) { r.MaxConcurrentSessions = ptr.To(n) }
 }
