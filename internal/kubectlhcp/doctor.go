@@ -37,10 +37,11 @@ func newDoctorCommand(env *Env) *cobra.Command {
 		Long: `Check what HCP needs and print each check with ✓ (fine), ! (worth knowing)
 or ✗ (broken) and how to fix it: the four hcp.io CRDs and the topology
 operator's rabbitmq.com CRDs, the hcp-operator Deployment, the topology
-operator, each broker the harnesses use (its connection Secret and
+operator, each broker the harnesses use (its connection Secret, its
 management API, and its max_message_size: at most 8 MiB, probed with one
-unroutable message just above it), the credentials Secrets of the Callees and Callers, a
-CapabilityPolicy for each Callee, and the admission policies and webhooks.
+unroutable message just above it), the credentials Secrets of the Callees
+and Callers, a CapabilityPolicy for each Callee, and the admission
+policies and webhooks.
 Harnesses are those of the namespace (-n), or of all namespaces with -A.
 Exit code 1 when a check fails.`,
 		Args: cobra.NoArgs,
