@@ -16,6 +16,7 @@ import (
 //	doctor_install.go    the CRDs, the hcp-operator and the topology operator
 //	doctor_harnesses.go  the Callees' and Callers' brokers, credentials Secrets and policies
 //	doctor_broker.go     one broker: its connection Secret, management API and AMQP
+//	doctor_msgsize.go    one broker's max_message_size, probed over AMQP
 //	doctor_admission.go  the admission policies and webhooks
 //	doctor_report.go     Check, and the report printed from the checks
 
@@ -36,9 +37,11 @@ func newDoctorCommand(env *Env) *cobra.Command {
 		Long: `Check what HCP needs and print each check with ✓ (fine), ! (worth knowing)
 or ✗ (broken) and how to fix it: the four hcp.io CRDs and the topology
 operator's rabbitmq.com CRDs, the hcp-operator Deployment, the topology
-operator, each broker the harnesses use (its connection Secret and
-management API), the credentials Secrets of the Callees and Callers, a
-CapabilityPolicy for each Callee, and the admission policies and webhooks.
+operator, each broker the harnesses use (its connection Secret, its
+management API, and its max_message_size: at most 8 MiB, probed with one
+unroutable message just above it), the credentials Secrets of the Callees
+and Callers, a CapabilityPolicy for each Callee, and the admission
+policies and webhooks.
 Harnesses are those of the namespace (-n), or of all namespaces with -A.
 Exit code 1 when a check fails.`,
 		Args: cobra.NoArgs,

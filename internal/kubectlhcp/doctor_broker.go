@@ -2,6 +2,7 @@ package kubectlhcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -12,15 +13,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // broker checks one broker reference: its Secret (labelled for the
-// topology operator), its management API, and AMQP from this machine.
-func (d *doctor) broker(ctx context.Context, ref topologyv1beta1.RabbitmqClusterReference, ns string) []Check {
+// topology operator), its management API, AMQP from this machine, and its
+// max_message_size (probed in vhost, one the harnesses use).
+func (d *doctor) broker(ctx context.Context, ref topologyv1beta1.RabbitmqClusterReference, ns, vhost string) []Check {
 	a := resolveBroker(ctx, d.c, ref, ns, d.mgmtURL)
 	name := "broker " + a.Ref
 	var out []Check
+	amqpURL := ""
 	if ref.ConnectionSecret != nil {
 		sns := ns
 		if ref.Namespace != "" {
@@ -35,8 +40,12 @@ func (d *doctor) broker(ctx context.Context, ref topologyv1beta1.RabbitmqCluster
 			if amqp := strings.TrimSpace(string(s.Data[resource.ConnectionSecretAMQPURLKey])); amqp != "" {
 				out = append(out, amqpCheck(name, amqp))
 			}
+			if b, err := resource.BrokerFromConnectionSecret(ref, hcpv1alpha1.BrokerSpec{Vhost: vhost}, s); err == nil {
+				amqpURL = b.AMQPURL
+			}
 		}
 	}
+	out = append(out, d.messageSize(ctx, a, probeTarget(amqpURL, d.mgmtURL), vhost))
 	rh, err := a.managementClient()
 	if err == nil {
 		o, oerr := rh.Overview()
@@ -48,6 +57,18 @@ func (d *doctor) broker(ctx context.Context, ref topologyv1beta1.RabbitmqCluster
 	}
 	return append([]Check{{Name: name, Status: CheckFail, Detail: "management API: " + oneLine(err.Error(), 200),
 		Fix: "the topology operator declares through it: check the Secret's uri, username and password; from outside the cluster pass --management-url"}}, out...)
+}
+
+// messageSize probes the broker's max_message_size (doctor_msgsize.go).
+func (d *doctor) messageSize(ctx context.Context, a brokerAccess, target, vhost string) Check {
+	if target == "" {
+		return messageSizeCheck(a.Ref, sizeProbe{}, errors.New("no AMQP address for this broker from this machine (a RabbitmqCluster's Service is in-cluster: pass --management-url with a host that also serves AMQP on 5672, e.g. after kubectl port-forward svc/NAME 15672 5672)"))
+	}
+	if vhost == "" {
+		vhost = topology.DefaultVhost
+	}
+	p, err := probeMaxMessageSize(ctx, target, a.Username, a.Password, vhost, DocumentedMaxMessageSize+1)
+	return messageSizeCheck(a.Ref, p, err)
 }
 
 // amqpCheck dials the amqpURL the sidecars use. It is the pods' view of the

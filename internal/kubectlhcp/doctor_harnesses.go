@@ -50,7 +50,7 @@ func (d *doctor) harnesses(ctx context.Context) []Check {
 				continue
 			}
 			seen[k] = true
-			out = append(out, d.broker(ctx, ref, q.Namespace)...)
+			out = append(out, d.broker(ctx, ref, q.Namespace, q.Spec.Vhost)...)
 		}
 		if len(seen) == 0 {
 			out = append(out, Check{Name: "broker", Status: CheckFail, Detail: "the Callees and Callers " + where + " have no Queue objects: the operator declared no topology",

@@ -388,66 +388,6 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-// The limits of an admitted task always hold for the task itself: whatever
-// the rules, Decide never admits a task outside the limits it returns.
-func TestDecideAdmittedTaskWithinLimits(t *testing.T) {
-	risks := []hcpv1alpha1.RiskLevel{"R1", "R2", "R3", "R4", "R5"}
-	dataClasses := []hcpv1alpha1.DataClass{"T1", "T2", "T3", "T4"}
-	durations := []time.Duration{0, time.Hour, 30 * time.Hour, 100 * time.Hour}
-	policies := []hcpv1alpha1.CapabilityPolicy{
-		pol("a", nil, rule("", ids("*"), ids("cvd.*"), hcpv1alpha1.RiskR2, classes(hcpv1alpha1.DataT1), maxDur("PT24H"), maxConc(3))),
-		pol("b", nil, rule("", ids("alpha"), ids("cvd.run-*"), hcpv1alpha1.RiskR4, classes(hcpv1alpha1.DataT2, hcpv1alpha1.DataT3), maxDur("PT48H"))),
-		pol("c", nil, rule("", ids("alpha"), ids("*"), hcpv1alpha1.RiskR3, maxConc(1))),
-	}
-	callee := labCVD()
-	admitted := 0
-	for _, c := range callee.Spec.Capabilities {
-		for _, r := range risks {
-			for _, dc := range dataClasses {
-				for _, d := range durations {
-					for active := range 4 {
-						tk := Task{Capability: c.Name, Risk: r, DataClass: dc, Duration: d}
-						got := Decide(callee, alpha, policies, tk, Active{CallerOnCallee: active, Callee: active})
-						if !got.Admitted {
-							if !got.Reason.Valid() || got.Message == "" {
-								t.Fatalf("%+v: denied without a valid reason and message: %+v", tk, got)
-							}
-							continue
-						}
-						admitted++
-						l := got.Limits
-						if task.RiskLevel(l.MaxRiskLevel).Less(task.RiskLevel(got.Risk)) {
-							t.Errorf("%+v: risk %s above the limit %s", tk, got.Risk, l.MaxRiskLevel)
-						}
-						if !containsClass(l.DataClassifications, dc) {
-							t.Errorf("%+v: class %s not within %v", tk, dc, l.DataClassifications)
-						}
-						if l.MaxDuration > 0 && d > l.MaxDuration {
-							t.Errorf("%+v: duration %s above %s", tk, d, l.MaxDuration)
-						}
-						if l.MaxConcurrentSessions > 0 && int32(active) >= l.MaxConcurrentSessions {
-							t.Errorf("%+v: %d active, limit %d", tk, active, l.MaxConcurrentSessions)
-						}
-					}
-				}
-			}
-		}
-	}
-	if admitted == 0 {
-		t.Fatal("no task admitted: the test checks nothing")
-	}
-	t.Logf("%d tasks admitted, all within their limits", admitted)
-}
-
-func containsClass(cs []hcpv1alpha1.DataClass, c hcpv1alpha1.DataClass) bool {
-	for _, x := range cs {
-		if x == c {
-			return true
-		}
-	}
-	return false
-}
-
 func TestGlob(t *testing.T) {
 	tests := []struct {
 		pattern, name string

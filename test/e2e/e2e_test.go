@@ -53,8 +53,9 @@ const (
 
 // TestHCP is the whole product on a cluster, in order: install from the
 // chart, the samples Ready, their topology on the broker, concurrent
-// sessions, rejections, an abort, a timeout, and the broker cleaned up as
-// the Callee and then the Caller go. Each step needs the previous ones.
+// sessions, rejections, task_submits stamped at other precisions, an
+// abort, a timeout, and the broker cleaned up as the Callee and then the
+// Caller go. Each step needs the previous ones.
 func TestHCP(t *testing.T) {
 	s := newSuite(t)
 	t.Logf("run %s: samples in namespace %s, manager (release %s) in %s, vhost %s; broker %s (pods: %s)",
@@ -72,6 +73,7 @@ func TestHCP(t *testing.T) {
 		{"BrokerTopology", r.brokerTopology},
 		{"ConcurrentSessions", r.concurrentSessions},
 		{"Rejections", r.rejections},
+		{"Timestamps", r.timestamps},
 		{"Abort", r.abort},
 		{"Timeout", r.timeout},
 		{"Chaos", r.chaos},
