@@ -118,4 +118,3 @@ func readyOf(conds []topologyv1beta1.Condition, generation, observed int64) stri
 	}
 	return "not reconciled (no Ready condition: is the topology operator running?)"
 }
-
