@@ -84,6 +84,9 @@ type Env struct {
 	Namespace string
 	// RESTConfig, when set, is used instead of Flags' (port-forward).
 	RESTConfig *rest.Config
+	// Logs, when set, serves pods' logs instead of the API server (tests:
+	// envtest has no kubelet).
+	Logs LogSource
 }
 
 func (e *Env) now() time.Time {
@@ -193,6 +196,7 @@ Exit codes of watch and submit --watch: 0 COMPLETED, 2 FAILED, 3 ABORTED,
 		newSubmitCommand(env),
 		newTopologyCommand(env),
 		newDoctorCommand(env),
+		newLogsCommand(env),
 	)
 	return root
 }
