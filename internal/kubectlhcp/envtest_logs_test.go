@@ -190,7 +190,9 @@ func TestLogsCommand(t *testing.T) {
 		t.Errorf("logs -c hcp-sidecar --prefix: exit %d, %q", code, out.String())
 	}
 	// No pod owns it: refused without -f.
-	setStatus(t, e, hs, func(s *hcpv1alpha1.HCPSessionStatus) { s.State, s.Reason, s.PodName = hcpv1alpha1.SessionPaused, "harness_moved", "" })
+	setStatus(t, e, hs, func(s *hcpv1alpha1.HCPSessionStatus) {
+		s.State, s.Reason, s.PodName = hcpv1alpha1.SessionPaused, "harness_moved", ""
+	})
 	_, errOut, wait := startWithLogs(t, e, logs, "logs", "-n", ns, hs.Name)
 	if code := wait(); code != 1 || !strings.Contains(errOut.String(), "is PAUSED (harness_moved) and no pod owns it now (kubectl hcp logs -f waits for one)") {
 		t.Errorf("no owner: exit %d, %q", code, errOut.String())
