@@ -113,6 +113,9 @@ func RunLogs(ctx context.Context, env *Env, o LogsOptions) error {
 	if err != nil {
 		return err
 	}
+	if o.HandoverGrace <= 0 {
+		o.HandoverGrace = time.Minute
+	}
 	f := &logFollower{env: env, c: c, src: src, o: o, ns: hs.Namespace, name: hs.Name}
 	if o.Follow && !stateOf(hs).IsTerminal() {
 		return f.follow(ctx, hs)

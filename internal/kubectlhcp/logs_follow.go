@@ -64,6 +64,9 @@ func (f *logFollower) follow(ctx context.Context, hs *hcpv1alpha1.HCPSession) er
 		if st.Note != "" {
 			f.note(st.Note)
 		}
+		if st.Left {
+			latest = logTarget{} // the stream of the pod it left is not reopened
+		}
 		if st.Next != nil {
 			latest = *st.Next
 			if cur == nil {

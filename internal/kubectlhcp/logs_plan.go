@@ -77,7 +77,9 @@ func firstTarget(hs *hcpv1alpha1.HCPSession) logTarget {
 
 // followPlan is what logs -f decides as it sees the session change.
 type followPlan struct {
-	cur  logTarget
+	cur logTarget
+	// left: no pod owns the session since it left cur.Pod.
+	left bool
 	done bool
 }
 
@@ -87,6 +89,10 @@ type followStep struct {
 	// (once it has written what it still writes, or after a grace) and
 	// Next's follows from Next.Since.
 	Next *logTarget
+	// Left: the session left the current pod and no pod owns it yet
+	// (released at a drain): the pod's log is shown to its end, but not
+	// reopened.
+	Left bool
 	// Done: the session ended (or was deleted); show the rest of the
 	// current pod's log and stop.
 	Done bool
@@ -111,7 +117,13 @@ func (p *followPlan) observe(hs *hcpv1alpha1.HCPSession, seenAt time.Time) follo
 		return followStep{}
 	}
 	var step followStep
-	if pod := ownerPod(hs); pod != "" && pod != p.cur.Pod {
+	pod := ownerPod(hs)
+	if pod == "" && p.cur.Pod != "" && !p.left && !stateOf(hs).IsTerminal() {
+		p.left = true
+		step.Left = true
+		step.Note = fmt.Sprintf("session %s left pod %s (%s); waiting for the pod that takes it over", hs.Name, p.cur.Pod, stateText(hs))
+	}
+	if pod != "" && (pod != p.cur.Pod || p.left) {
 		since := seenAt.Add(-arrivalSlack)
 		// The recorded takeover time is exact (the node's clock), unless
 		// it is an earlier takeover's: the condition keeps its first time
@@ -122,8 +134,9 @@ func (p *followPlan) observe(hs *hcpv1alpha1.HCPSession, seenAt time.Time) follo
 		}
 		t := logTarget{Pod: pod, Since: since}
 		step.Next = &t
+		p.left = false
 		step.Note = fmt.Sprintf("session %s is on pod %s (%s); following pod %s", hs.Name, pod, stateText(hs), pod)
-		if p.cur.Pod != "" {
+		if p.cur.Pod != "" && p.cur.Pod != pod {
 			step.Note = fmt.Sprintf("session %s moved from pod %s to pod %s (%s); following pod %s", hs.Name, p.cur.Pod, pod, stateText(hs), pod)
 		}
 		p.cur = t

@@ -79,8 +79,12 @@ func TestFollowPlanAcrossADrain(t *testing.T) {
 		t.Errorf("progress: %+v", st)
 	}
 	// Released at the drain: no pod owns it; the old pod's log goes on.
-	if st := p.observe(released(base, t0.Add(30*time.Second)), t0.Add(30*time.Second)); st.Next != nil || st.Done {
+	st = p.observe(released(base, t0.Add(30*time.Second)), t0.Add(30*time.Second))
+	if st.Next != nil || st.Done || !st.Left || !strings.Contains(st.Note, "left pod "+podA+" (PAUSED (harness_moved)); waiting") {
 		t.Errorf("released: %+v", st)
+	}
+	if st := p.observe(released(base, t0.Add(30*time.Second)), t0.Add(30*time.Second)); st.Left || st.Note != "" {
+		t.Errorf("released again: %+v", st)
 	}
 	// Taken over by B at 31 s, seen at 31.5 s: B from the takeover's time.
 	took := t0.Add(31 * time.Second)

@@ -49,7 +49,14 @@ func addOutputFlags(cmd *cobra.Command, wide string) *outputFlags {
 	return o
 }
 
-func (o *outputFlags) format() string { return strings.TrimSpace(*o.pf.OutputFormat) }
+// format is -o; nil outputFlags (a command run from Go without flags)
+// print the table.
+func (o *outputFlags) format() string {
+	if o == nil {
+		return formatTable
+	}
+	return strings.TrimSpace(*o.pf.OutputFormat)
+}
 
 // table reports whether the command renders a table itself (default or
 // wide).
@@ -62,6 +69,9 @@ func (o *outputFlags) wide() bool { return o.format() == formatWide }
 
 // templateOnly: --template without -o means go-template, as in kubectl.
 func (o *outputFlags) templateOnly() bool {
+	if o == nil {
+		return false
+	}
 	t := o.pf.TemplatePrinterFlags.TemplateArgument
 	return o.format() == formatTable && t != nil && *t != ""
 }
@@ -69,11 +79,16 @@ func (o *outputFlags) templateOnly() bool {
 // showManagedFields is --show-managed-fields; the printers drop
 // metadata.managedFields of the printed objects otherwise, and the views
 // drop those of the objects inside them.
-func (o *outputFlags) showManagedFields() bool { return o.pf.JSONYamlPrintFlags.ShowManagedFields }
+func (o *outputFlags) showManagedFields() bool {
+	return o != nil && o.pf.JSONYamlPrintFlags.ShowManagedFields
+}
 
 // printer is the cli-runtime printer of -o; an error for a format it does
 // not know, listing the formats.
 func (o *outputFlags) printer() (printers.ResourcePrinter, error) {
+	if o == nil {
+		return nil, &ExitError{Code: ExitFailure, Err: fmt.Errorf("no output format")}
+	}
 	p, err := o.pf.ToPrinter()
 	if err != nil {
 		if genericclioptions.IsNoCompatiblePrinterError(err) {
