@@ -238,12 +238,12 @@ func (f *logFollower) copyLog(ctx context.Context, s *logStream, follow bool, ta
 		return apiError(fmt.Sprintf("reading the log of %s/%s", pod.Name, container), err)
 	}
 	defer func() { _ = rc.Close() }()
-	lw := lineWriter{out: f.env.Streams.Out, timestamps: f.o.Timestamps, since: since, after: s.last}
+	lw := lineWriter{out: f.env.Streams.Out, timestamps: f.o.Timestamps, since: s.target.Since, skip: s.last, last: s.last}
 	if f.o.Prefix {
 		lw.prefix = "[pod/" + pod.Name + "/" + container + "] "
 	}
 	err = lw.copy(rc)
-	s.last = lw.after
+	s.last = lw.last
 	if err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 		return fmt.Errorf("reading the log of %s/%s: %w", pod.Name, container, err)
 	}

@@ -232,15 +232,17 @@ func (f *logFollower) consume(ctx context.Context, w watch.Interface, plan *foll
 	}
 }
 
-// lineWriter copies log lines ("TIME text") to out: those from since and
-// after `after` only, without their time unless timestamps.
+// lineWriter copies log lines ("TIME text") to out: those from since
+// only, and when reopening a stream, those after skip (what the stream
+// before showed); without their time unless timestamps.
 type lineWriter struct {
 	out        io.Writer
 	prefix     string
 	timestamps bool
 	since      time.Time
-	// after is the time of the last line written.
-	after time.Time
+	skip       time.Time
+	// last is the time of the last line written.
+	last time.Time
 }
 
 func (l *lineWriter) copy(r io.Reader) error {
@@ -263,10 +265,12 @@ func (l *lineWriter) write(line string) {
 	text := line
 	if ts, rest, ok := strings.Cut(line, " "); ok {
 		if at, err := time.Parse(time.RFC3339Nano, ts); err == nil {
-			if at.Before(l.since) || (!l.after.IsZero() && !at.After(l.after)) {
+			if at.Before(l.since) || (!l.skip.IsZero() && !at.After(l.skip)) {
 				return
 			}
-			l.after = at
+			if at.After(l.last) {
+				l.last = at
+			}
 			if !l.timestamps {
 				text = rest
 			}

@@ -161,22 +161,25 @@ func TestLineWriter(t *testing.T) {
 	in := "2026-11-25T17:00:00.5Z before the session\n" +
 		"2026-11-25T17:00:01.25Z {\"msg\":\"Running task\"}\n" +
 		"not a timestamped line\n" +
-		"2026-11-25T17:00:02Z last, without a newline"
+		"2026-11-25T17:00:02Z stdout\n" +
+		"2026-11-25T17:00:01.9Z stderr, a little earlier\n" +
+		"2026-11-25T17:00:02Z same time, without a newline"
 	var b bytes.Buffer
 	l := lineWriter{out: &b, since: t0.Add(time.Second), prefix: "[pod/a/harness] "}
 	if err := l.copy(strings.NewReader(in)); err != nil {
 		t.Fatal(err)
 	}
-	want := "[pod/a/harness] {\"msg\":\"Running task\"}\n[pod/a/harness] not a timestamped line\n[pod/a/harness] last, without a newline\n"
+	want := "[pod/a/harness] {\"msg\":\"Running task\"}\n[pod/a/harness] not a timestamped line\n[pod/a/harness] stdout\n" +
+		"[pod/a/harness] stderr, a little earlier\n[pod/a/harness] same time, without a newline\n"
 	if b.String() != want {
 		t.Errorf("got %q\nwant %q", b.String(), want)
 	}
-	if !l.after.Equal(t0.Add(2 * time.Second)) {
-		t.Errorf("after %s", l.after)
+	if !l.last.Equal(t0.Add(2 * time.Second)) {
+		t.Errorf("last %s", l.last)
 	}
 	// Reopened after the last line: nothing again; with timestamps kept.
 	b.Reset()
-	l2 := lineWriter{out: &b, timestamps: true, after: l.after}
+	l2 := lineWriter{out: &b, timestamps: true, skip: l.last}
 	_ = l2.copy(strings.NewReader(in + "\n2026-11-25T17:00:03Z new\n"))
 	if b.String() != "not a timestamped line\n2026-11-25T17:00:03Z new\n" {
 		t.Errorf("reopened: %q", b.String())
