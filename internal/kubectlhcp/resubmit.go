@@ -149,6 +149,12 @@ func RunResubmit(ctx context.Context, env *Env, o ResubmitOptions, changed func(
 	if !o.out.table() {
 		out = env.Streams.ErrOut // stdout is for the printed object
 	}
+	if changed("inputs") {
+		where = "the inputs from --inputs, the constraints from the HCPSession"
+		if orig != nil {
+			where = "the inputs from --inputs, the constraints from ConfigMap " + checkpointConfigMapPrefix + hs.Name
+		}
+	}
 	_, _ = fmt.Fprintf(out, "resubmitting session %s (%s on %s for %s, %s); %s\n", hs.Name, hs.Spec.Capability, hs.Spec.CalleeID, hs.Spec.CallerID, stateOf(hs), where)
 	env.Namespace = callerNS
 	t, err := submitTask(ctx, env, so, req, out)
