@@ -175,7 +175,7 @@ func NewCommand(env *Env) *cobra.Command {
 		Short: "Work with HCP sessions, harnesses and the operator",
 		Long: `kubectl hcp: list, watch, describe, abort, submit and resubmit HCP task
 sessions and show their harness's logs; show a harness's RabbitMQ topology;
-check an installation. sessions, describe and topology take -o
+check an installation. sessions, describe, topology and resubmit take -o
 json|yaml|name|wide (docs/kubectl-plugin.md#output).
 
 Exit codes of watch and submit --watch: 0 COMPLETED, 2 FAILED, 3 ABORTED,
