@@ -1,5 +1,6 @@
 // Command kubectl-hcp is the kubectl plugin `kubectl hcp`: HCP sessions
-// (list, watch with progress bars, describe, abort, submit), a harness's
+// (list, watch with progress bars, describe, logs, abort, submit,
+// resubmit; -o json|yaml|name|wide), a harness's
 // RabbitMQ topology, and a health check of an installation. Install it on
 // PATH (or with krew, plugins/krew/hcp.yaml) and run `kubectl hcp --help`.
 // See docs/kubectl-plugin.md.

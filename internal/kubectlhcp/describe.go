@@ -30,16 +30,23 @@ const annotationDecidingPod = "hcp.io/deciding-pod"
 const reasonAccepted = "accepted"
 
 func newDescribeCommand(env *Env) *cobra.Command {
-	return &cobra.Command{
+	var out *outputFlags
+	cmd := &cobra.Command{
 		Use:   "describe SESSION",
 		Short: "Show a session: its timeline, the L3 decision that admitted it, the owning pod, its Events",
 		Example: `  kubectl hcp describe 4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10
-  kubectl hcp describe 4b1c -n lab`,
+  kubectl hcp describe 4b1c -n lab
+  kubectl hcp describe 4b1c -o json | jq .decision`,
 		Args: exactArgs(1, "SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return RunDescribe(cmd.Context(), env, args[0])
+			if err := out.check(); err != nil {
+				return err
+			}
+			return RunDescribe(cmd.Context(), env, args[0], out)
 		},
 	}
+	out = addOutputFlags(cmd, "the same as the default")
+	return cmd
 }
 
 // exactArgs is cobra.ExactArgs with an error that says what is missing.
@@ -69,8 +76,9 @@ type Description struct {
 	Policies []string
 }
 
-// RunDescribe shows the session named name.
-func RunDescribe(ctx context.Context, env *Env, name string) error {
+// RunDescribe shows the session named name; out (nil: the description)
+// is -o.
+func RunDescribe(ctx context.Context, env *Env, name string, out *outputFlags) error {
 	c, ns, err := env.clientAndNamespace()
 	if err != nil {
 		return err
@@ -78,6 +86,13 @@ func RunDescribe(ctx context.Context, env *Env, name string) error {
 	hs, err := getSession(ctx, c, ns, name)
 	if err != nil {
 		return &ExitError{Code: ExitFailure, Err: err}
+	}
+	if out != nil && out.format() == formatName {
+		obj, err := apiObject(hs, false)
+		if err != nil {
+			return err
+		}
+		return out.print(env.Streams.Out, obj)
 	}
 	d := Description{Session: hs}
 	if pod := hs.Status.PodName; pod != "" {
@@ -111,6 +126,13 @@ func RunDescribe(ctx context.Context, env *Env, name string) error {
 				d.Events = append(d.Events, e)
 			}
 		}
+	}
+	if out != nil && !out.table() {
+		obj, err := descriptionObject(d, env.now(), out.showManagedFields())
+		if err != nil {
+			return err
+		}
+		return out.print(env.Streams.Out, obj)
 	}
 	return RenderDescription(env.Streams.Out, d, env.now())
 }

@@ -1,5 +1,6 @@
 // Package kubectlhcp is the kubectl plugin `kubectl hcp`: sessions, watch,
-// describe, abort, submit, topology and doctor (docs/kubectl-plugin.md).
+// describe, logs, abort, submit, resubmit, topology and doctor
+// (docs/kubectl-plugin.md).
 //
 // Each command gathers what it shows through the API (and, for submit,
 // the Caller sidecar's local API; for topology and doctor, the broker's
@@ -84,6 +85,9 @@ type Env struct {
 	Namespace string
 	// RESTConfig, when set, is used instead of Flags' (port-forward).
 	RESTConfig *rest.Config
+	// Logs, when set, serves pods' logs instead of the API server (tests:
+	// envtest has no kubelet).
+	Logs LogSource
 }
 
 func (e *Env) now() time.Time {
@@ -169,8 +173,10 @@ func NewCommand(env *Env) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "kubectl-hcp",
 		Short: "Work with HCP sessions, harnesses and the operator",
-		Long: `kubectl hcp: list, watch, describe, abort and submit HCP task sessions;
-show a harness's RabbitMQ topology; check an installation.
+		Long: `kubectl hcp: list, watch, describe, abort, submit and resubmit HCP task
+sessions and show their harness's logs; show a harness's RabbitMQ topology;
+check an installation. sessions, describe, topology and resubmit take -o
+json|yaml|name|wide (docs/kubectl-plugin.md#output).
 
 Exit codes of watch and submit --watch: 0 COMPLETED, 2 FAILED, 3 ABORTED,
 4 REJECTED, 5 the session was deleted, 6 --timeout passed, 1 any other error.`,
@@ -193,6 +199,8 @@ Exit codes of watch and submit --watch: 0 COMPLETED, 2 FAILED, 3 ABORTED,
 		newSubmitCommand(env),
 		newTopologyCommand(env),
 		newDoctorCommand(env),
+		newLogsCommand(env),
+		newResubmitCommand(env),
 	)
 	return root
 }

@@ -24,27 +24,27 @@ type SessionsOptions struct {
 	Caller        string
 	State         string
 	Wide          bool
+	// out prints -o json, yaml, name, …; nil or a table format: the table.
+	out *outputFlags
 }
 
 func newSessionsCommand(env *Env) *cobra.Command {
 	var o SessionsOptions
-	var output string
 	cmd := &cobra.Command{
 		Use:     "sessions",
 		Aliases: []string{"session", "hcps"},
 		Short:   "List HCP sessions with state, progress, age, duration and last event",
 		Example: `  kubectl hcp sessions
   kubectl hcp sessions -A --state RUNNING,PAUSED
-  kubectl hcp sessions --callee lab-cvd --caller alpha -o wide`,
+  kubectl hcp sessions --callee lab-cvd --caller alpha -o wide
+  kubectl hcp sessions -o json | jq -r '.items[] | [.metadata.name, .columns.durationSeconds] | @tsv'
+  kubectl hcp sessions -o name`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			switch output {
-			case "":
-			case "wide":
-				o.Wide = true
-			default:
-				return &ExitError{Code: ExitFailure, Err: fmt.Errorf("-o %q: only -o wide is supported (kubectl get hcps -o yaml|json gives the objects)", output)}
+			if err := o.out.check(); err != nil {
+				return err
 			}
+			o.Wide = o.out.wide()
 			return RunSessions(cmd.Context(), env, o)
 		},
 	}
@@ -52,7 +52,7 @@ func newSessionsCommand(env *Env) *cobra.Command {
 	cmd.Flags().StringVar(&o.Callee, "callee", "", "only sessions of this callee id")
 	cmd.Flags().StringVar(&o.Caller, "caller", "", "only sessions of this caller id")
 	cmd.Flags().StringVar(&o.State, "state", "", "only sessions in these states (comma-separated: PENDING, RUNNING, PAUSED, ABORTING, ABORTED, COMPLETED, FAILED, REJECTED)")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "wide: also risk, stage, sequence, pod and reason")
+	o.out = addOutputFlags(cmd, "also risk, stage, sequence, pod and reason")
 	return cmd
 }
 
@@ -69,6 +69,13 @@ func RunSessions(ctx context.Context, env *Env, o SessionsOptions) error {
 	sessions, err := listSessions(ctx, env, c, o.AllNamespaces, o.Callee, o.Caller, states)
 	if err != nil {
 		return err
+	}
+	if o.out != nil && !o.out.table() {
+		obj, err := sessionsObject(sessions, env.now(), o.out.showManagedFields(), o.out.format() == formatName)
+		if err != nil {
+			return err
+		}
+		return o.out.print(env.Streams.Out, obj)
 	}
 	if len(sessions) == 0 {
 		where := "in any namespace"

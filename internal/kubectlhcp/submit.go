@@ -170,13 +170,37 @@ func RunSubmit(ctx context.Context, env *Env, o SubmitOptions) error {
 	if err != nil {
 		return &ExitError{Code: ExitFailure, Err: err}
 	}
-	out := env.Streams.Out
+	t, err := submitTask(ctx, env, o, req, env.Streams.Out)
+	if err != nil {
+		return err
+	}
+	if !o.Watch {
+		_, _ = fmt.Fprintf(env.Streams.Out, "follow it with: kubectl hcp watch %s\n", t.SessionID)
+		return nil
+	}
+	return watchSubmitted(ctx, env, o, t)
+}
+
+// watchSubmitted follows the session of an accepted task, in the
+// Callee's namespace.
+func watchSubmitted(ctx context.Context, env *Env, o SubmitOptions, t TaskView) error {
+	if o.SessionNamespace != "" {
+		env.Namespace = o.SessionNamespace
+	}
+	return RunWatch(ctx, env, WatchOptions{Session: t.SessionID, Plain: o.Plain, Timeout: o.Timeout})
+}
+
+// submitTask posts req to the Caller sidecar o names (port-forward, or
+// o.SidecarURL) and waits for the callee's answer, saying what happens on
+// out. An accepted task's view; an ExitError otherwise (ExitRejected for
+// a rejection).
+func submitTask(ctx context.Context, env *Env, o SubmitOptions, req SubmitRequest, out io.Writer) (TaskView, error) {
 	base := o.SidecarURL
 	var fwd *forward
 	if base == "" {
 		f, pod, err := forwardToCaller(ctx, env, o.Caller)
 		if err != nil {
-			return &ExitError{Code: ExitFailure, Err: err}
+			return TaskView{}, &ExitError{Code: ExitFailure, Err: err}
 		}
 		defer f.Close()
 		fwd, base = f, f.URL
@@ -188,7 +212,7 @@ func RunSubmit(ctx context.Context, env *Env, o SubmitOptions) error {
 		if fwd != nil && fwd.problems() != "" {
 			err = fmt.Errorf("%w (port-forward: %s; a node without port-forward needs --sidecar-url)", err, fwd.problems())
 		}
-		return &ExitError{Code: ExitFailure, Err: fmt.Errorf("submitting the task: %w", err)}
+		return t, &ExitError{Code: ExitFailure, Err: fmt.Errorf("submitting the task: %w", err)}
 	}
 	_, _ = fmt.Fprintf(out, "task %s submitted to %s (%s); session %s\n", t.MessageID, req.CalleeID, req.Capability, t.SessionID)
 	if t.Warning != "" {
@@ -199,24 +223,17 @@ func RunSubmit(ctx context.Context, env *Env, o SubmitOptions) error {
 		fwd.Close()
 	}
 	if err != nil {
-		return &ExitError{Code: ExitFailure, Err: err}
+		return t, &ExitError{Code: ExitFailure, Err: err}
 	}
 	_, _ = fmt.Fprintln(out, decisionLine(t))
 	switch t.Status {
 	case taskAccepted:
+		return t, nil
 	case taskRejected:
-		return exitWith(ExitRejected)
+		return t, exitWith(ExitRejected)
 	default:
-		return exitWith(ExitFailure)
+		return t, exitWith(ExitFailure)
 	}
-	if !o.Watch {
-		_, _ = fmt.Fprintf(out, "follow it with: kubectl hcp watch %s\n", t.SessionID)
-		return nil
-	}
-	if o.SessionNamespace != "" {
-		env.Namespace = o.SessionNamespace
-	}
-	return RunWatch(ctx, env, WatchOptions{Session: t.SessionID, Plain: o.Plain, Timeout: o.Timeout})
 }
 
 // Task statuses of the Caller sidecar (TaskView.Status).

@@ -12,6 +12,9 @@ import (
 func (h *Harness) execute(t Task, in Inputs, rn *run, first int) {
 	id := t.SessionID
 	log := h.log.WithValues("session", id)
+	// One line per run of a session: kubectl hcp logs shows them, on each
+	// pod a session runs on (a resumed run starts past step 1).
+	log.Info("Running task", "capability", t.Capability, "fromStep", first, "steps", in.Steps)
 	start := time.Now()
 	sleep := func(ms int) bool { // false when aborted
 		select {

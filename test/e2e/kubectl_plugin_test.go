@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -12,11 +13,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/creack/pty"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -26,7 +29,9 @@ import (
 // on the cluster, as a user would after `make demo`: doctor, topology,
 // submit through the Caller's sidecar, watch under a pseudo-terminal
 // (progress bars) until it exits 0 with COMPLETED, submit --watch, sessions
-// and describe, a rejection (exit 4) and an abort (exit 3).
+// and describe, sessions -o json parsed (and piped to jq when installed),
+// logs -f following a session across a drain of its pod, a rejection
+// (exit 4) and an abort (exit 3).
 //
 // Submit reaches the Caller sidecar (its API listens on the caller pod's
 // 127.0.0.1:9090 only) through kubectl-hcp's default port-forward, served
@@ -170,6 +175,116 @@ func TestKubectlPlugin(t *testing.T) {
 		}
 	})
 
+	t.Run("SessionsJSON", func(t *testing.T) {
+		if sessionID == "" {
+			t.Skip("no session from the earlier step")
+		}
+		res := p.run(t, "sessions", "-n", r.ns, "-o", "json")
+		if res.code != 0 {
+			t.Fatalf("sessions -o json: exit %d", res.code)
+		}
+		var l struct {
+			Kind  string `json:"kind"`
+			Items []struct {
+				Kind     string `json:"kind"`
+				Metadata struct{ Name string }
+				Status   struct{ State string }
+				Columns  struct {
+					State           string `json:"state"`
+					Progress        string `json:"progress"`
+					DurationSeconds *int64 `json:"durationSeconds"`
+				} `json:"columns"`
+			} `json:"items"`
+		}
+		if err := json.Unmarshal([]byte(res.out), &l); err != nil {
+			t.Fatalf("sessions -o json is not JSON: %v", err)
+		}
+		found := false
+		for _, it := range l.Items {
+			if it.Metadata.Name != sessionID {
+				continue
+			}
+			found = true
+			if it.Kind != "HCPSession" || it.Status.State != "COMPLETED" || it.Columns.State != "COMPLETED" || it.Columns.Progress != "100%" || it.Columns.DurationSeconds == nil {
+				t.Errorf("session %s in -o json: %+v", sessionID, it)
+			}
+		}
+		if l.Kind != "List" || !found {
+			t.Errorf("-o json: kind %q, session %s listed: %v", l.Kind, sessionID, found)
+		}
+		// As a user pipes it, when jq is installed.
+		if jq, err := exec.LookPath("jq"); err == nil {
+			cmd := exec.CommandContext(t.Context(), jq, "-r", `.items[] | select(.columns.state == "COMPLETED") | .metadata.name`)
+			cmd.Stdin = strings.NewReader(res.out)
+			out, err := cmd.Output()
+			if err != nil || !strings.Contains(string(out), sessionID) {
+				t.Errorf("kubectl hcp sessions -o json | jq: %v, %q", err, out)
+			}
+		} else {
+			t.Log("no jq on PATH: the JSON was checked by encoding/json only")
+		}
+		res = p.run(t, "sessions", "-n", r.ns, "--state", "completed", "-o", "name")
+		if res.code != 0 || !strings.Contains(res.out, "hcpsession.hcp.io/"+sessionID+"\n") {
+			t.Errorf("sessions -o name: exit %d", res.code)
+		}
+	})
+
+	t.Run("LogsFollowAcrossADrain", func(t *testing.T) {
+		r.setCalleeReplicas(t, 2)
+		defer func() {
+			r.setCalleeReplicas(t, 1)
+			r.calleePod = r.readyPod(t, "hcp.io/callee="+calleeID)
+		}()
+		res := p.submit(t, "--capability", synthesis, "--intent", "kubectl hcp logs -f e2e",
+			"--inputs", `{"steps":40,"step_ms":250,"checkpoint_every":2}`, "--data-class", "T1")
+		m := regexp.MustCompile(`accepted: session ([0-9a-f-]{36})`).FindStringSubmatch(res.out)
+		if m == nil {
+			t.Fatalf("submit: exit %d, no accepted session", res.code)
+		}
+		id := m[1]
+		logs := p.start(t, "logs", "-f", "--prefix", "-n", r.ns, id)
+		owner := &corev1.Pod{}
+		eventually(t, 30*time.Second, "the pod running session "+id, func(ctx context.Context) error {
+			hs, err := r.session(ctx, id)
+			if err != nil {
+				return err
+			}
+			if hs.Status.PodName == "" {
+				return errors.New("no status.podName yet")
+			}
+			return r.c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: hs.Status.PodName}, owner)
+		})
+		// The harness logs "Running task" when it starts the session.
+		first := regexp.MustCompile(`(?m)^\[pod/` + regexp.QuoteMeta(owner.Name) + `/[^\]]+\] .*"Running task".*` + id + `.*"fromStep"=1\b`)
+		logs.waitFor(t, first, time.Minute)
+		t.Logf("draining pod %s (it runs session %s)", owner.Name, id)
+		if err := r.c.Delete(t.Context(), owner); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, code := logs.wait(t, 4*time.Minute)
+		if code != 0 {
+			t.Errorf("logs -f: exit %d, want 0 once the session ended", code)
+		}
+		resumed := regexp.MustCompile(`(?m)^\[pod/([^/]+)/[^\]]+\] .*"Running task".*` + id + `.*"fromStep"=([0-9]+)`)
+		var other string
+		for _, mm := range resumed.FindAllStringSubmatch(out, -1) {
+			if mm[1] != owner.Name && mm[2] != "1" {
+				other = mm[1]
+			}
+		}
+		if other == "" {
+			t.Errorf("no line of another pod resuming session %s past step 1 in the log", id)
+		}
+		for _, want := range []string{"==> session " + id + " moved from pod " + owner.Name + " to pod " + other, "==> session " + id + " ended COMPLETED"} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("logs -f stderr lacks %q", want)
+			}
+		}
+		if hs, err := r.session(t.Context(), id); err != nil || hs.Status.State != hcpv1alpha1.SessionCompleted {
+			t.Errorf("session %s: %v, want COMPLETED", id, err)
+		}
+	})
+
 	t.Run("Rejected", func(t *testing.T) {
 		res := p.submit(t, "--capability", bakeout, "--data-class", "T1")
 		if res.code != 4 || !strings.Contains(res.out, "rejected: not_authorized:") {
@@ -229,6 +344,86 @@ func (p *plugin) run(t *testing.T, args ...string) pluginResult {
 	}
 	t.Logf("$ kubectl-hcp %s\n%s%s(exit %d)", strings.Join(args, " "), res.out, res.err, res.code)
 	return res
+}
+
+// background is kubectl-hcp running in the background.
+type background struct {
+	cmd         *exec.Cmd
+	args        []string
+	out, errOut *lockedBuffer
+	done        chan struct{}
+}
+
+// lockedBuffer is a buffer a process writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// start starts kubectl-hcp in the background, with the suite's KUBECONFIG.
+func (p *plugin) start(t *testing.T, args ...string) *background {
+	t.Helper()
+	b := &background{args: args, out: &lockedBuffer{}, errOut: &lockedBuffer{}, done: make(chan struct{})}
+	b.cmd = exec.CommandContext(t.Context(), p.bin, args...)
+	b.cmd.Env = os.Environ()
+	b.cmd.Stdout, b.cmd.Stderr = b.out, b.errOut
+	if err := b.cmd.Start(); err != nil {
+		t.Fatalf("kubectl-hcp %s: %v", strings.Join(args, " "), err)
+	}
+	go func() {
+		_ = b.cmd.Wait()
+		close(b.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-b.done:
+		default:
+			_ = b.cmd.Process.Kill()
+			<-b.done
+		}
+	})
+	return b
+}
+
+// waitFor waits until stdout matches re.
+func (b *background) waitFor(t *testing.T, re *regexp.Regexp, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !re.MatchString(b.out.String()) {
+		select {
+		case <-b.done:
+			t.Fatalf("kubectl-hcp %s ended before its output matched %s:\n%s%s", strings.Join(b.args, " "), re, b.out, b.errOut)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl-hcp %s: no %s in its output within %s:\n%s%s", strings.Join(b.args, " "), re, timeout, b.out, b.errOut)
+		}
+	}
+}
+
+// wait waits for the process to end and returns its output and exit code.
+func (b *background) wait(t *testing.T, timeout time.Duration) (out, errOut string, code int) {
+	t.Helper()
+	select {
+	case <-b.done:
+	case <-time.After(timeout):
+		t.Fatalf("kubectl-hcp %s did not end within %s:\n%s%s", strings.Join(b.args, " "), timeout, b.out, b.errOut)
+	}
+	code = b.cmd.ProcessState.ExitCode()
+	t.Logf("$ kubectl-hcp %s\n%s%s(exit %d)", strings.Join(b.args, " "), b.out, b.errOut, code)
+	return b.out.String(), b.errOut.String(), code
 }
 
 // submit submits as the Caller alpha to lab-cvd through the plugin's
