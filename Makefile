@@ -23,6 +23,13 @@ export CGO_ENABLED ?= 0
 # enter its directory. GOWORK off: it builds alone, whatever workspace is
 # around.
 IMAGEBUILD_GO := cd hack/imagebuild && export GOWORK=off
+# test/observability (the checks of the alerts, the dashboard and the metric
+# tables, and the dashboard's picture) is a module of its own as well, so
+# that Prometheus' rule and query packages and the plotting library, and
+# the cloud SDKs they pull, stay out of the main module and the images'
+# `go mod download`. Its go.mod replaces the main module with this
+# checkout; the same targets enter its directory.
+OBSERVABILITY_GO := cd test/observability && export GOWORK=off
 
 # Test settings.
 GO_TEST_FLAGS ?= -count=1
@@ -56,25 +63,28 @@ fmt: ## Run go fmt.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## Run go vet.
+vet: ## Run go vet (the main module and test/observability).
 	go vet ./...
+	$(OBSERVABILITY_GO) && go vet ./...
 
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint on the module and on hack/imagebuild (a module of its own).
+lint: golangci-lint ## Run golangci-lint on the module and on hack/imagebuild and test/observability (modules of their own).
 	$(GOLANGCI_LINT) run ./...
 	$(IMAGEBUILD_GO) && $(GOLANGCI_LINT) run ./...
+	$(OBSERVABILITY_GO) && $(GOLANGCI_LINT) run ./...
 
 .PHONY: verify
 verify: generate manifests fmt ## Regenerate everything (deepcopy, CRDs, RBAC, chart, API docs) and fail if anything changed; no non-test Go file in internal/ over 450 lines; every doc path named in docs/, README and the chart exists.
 	go mod tidy
 	$(IMAGEBUILD_GO) && go fmt ./... && go mod tidy
+	$(OBSERVABILITY_GO) && go fmt ./... && go mod tidy
 	hack/gen-api-docs.sh
 	hack/conformance-check.sh
 	hack/check-file-size.sh
 	hack/check-doc-paths.sh
-	@if [ -n "$$(git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum '*.go')" ]; then \
+	@if [ -n "$$(git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum test/observability/go.mod test/observability/go.sum '*.go')" ]; then \
 		echo "make verify: generated files or formatting are out of date:"; \
-		git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum '*.go'; \
+		git status --porcelain -- api config charts docs go.mod go.sum hack/imagebuild/go.mod hack/imagebuild/go.sum test/observability/go.mod test/observability/go.sum '*.go'; \
 		git --no-pager diff --stat; exit 1; \
 	fi
 	@echo "make verify: everything is up to date"
@@ -93,6 +103,7 @@ testbed: ## Provide kube-apiserver/etcd/kubectl, RabbitMQ with management, and t
 test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration (real RabbitMQ and topology operator), install checks (chart, kustomize, Dockerfile), and the end-to-end suite on the local stack.
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
 	$(IMAGEBUILD_GO) && go test $(GO_TEST_FLAGS) ./...
+	$(OBSERVABILITY_GO) && go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) check-install
 	$(MAKE) test-e2e
 	$(MAKE) test-scale
@@ -136,9 +147,14 @@ bench-scale: testbed ## SCALE_N (default 1000) Callees and Callers, replicas 0, 
 test-scale: ## The smoke of bench-scale (part of make test): 50 Callees and 50 Callers, 10 s idle; asserts convergence, the baseline's objects, 0 idle writes, 0 broker orphans (timings only printed).
 	HCP_SCALE_N=50 HCP_SCALE_IDLE=10s go test -tags e2e -count=1 -run '^TestScale$$' -v -timeout 30m ./test/scale
 
+# DASHBOARD_SAMPLES receives the relay run's scrapes that
+# `make dashboard-picture` draws the dashboard from.
+DASHBOARD_SAMPLES ?= $(LOCALBIN)/dashboard-samples.jsonl
 .PHONY: dashboard-picture
-dashboard-picture: testbed ## Draw docs/images/dashboard.png: the chart's Grafana dashboard, its queries evaluated by PromQL over metrics scraped from a relay run with real traffic (no Grafana here).
-	HCP_DASHBOARD_PICTURE=$(CURDIR)/docs/images/dashboard.png KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -tags dashboardpicture -count=1 -run '^TestDashboardPicture$$' -v -timeout 15m ./test/relay
+dashboard-picture: testbed ## Draw docs/images/dashboard.png: the chart's Grafana dashboard, its queries evaluated by PromQL over metrics scraped from a relay run with real traffic (no Grafana here); the scrapes go to DASHBOARD_SAMPLES.
+	@mkdir -p $(dir $(DASHBOARD_SAMPLES))
+	HCP_DASHBOARD_SAMPLES=$(DASHBOARD_SAMPLES) KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -count=1 -run '^TestDashboardRun$$' -v -timeout 15m ./test/relay
+	$(OBSERVABILITY_GO) && HCP_DASHBOARD_SAMPLES=$(DASHBOARD_SAMPLES) HCP_DASHBOARD_PICTURE=$(CURDIR)/docs/images/dashboard.png go test -count=1 -run '^TestDashboardPicture$$' -v -timeout 15m ./dashboard
 
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end suite (test/e2e): chart install, samples, sessions on the local stack (root; brought up if not running) or, with HCP_E2E_USE_EXISTING_CLUSTER=1, the cluster in KUBECONFIG.

@@ -50,7 +50,7 @@ var FromCgroup memlimit.Provider = memlimit.FromCgroup
 // all of it. Most of the manager's live heap is its cache, which stays;
 // with Go's default of 100 the RSS is about twice the cache. A collection
 // marks the whole cache, so collecting twice as often costs CPU, but the
-// manager allocates little once the objects are Ready (docs/operations.md,
+// manager allocates little once the objects are Ready (docs/troubleshooting.md,
 // "Memory limits", has the figures).
 const ManagerGCPercent = 50
 

@@ -25,18 +25,18 @@ func githubAnchor(heading string) string {
 }
 
 // TestAlertRules: every alert has a severity, a summary, a description and
-// a runbook that exists in docs/operations.md; names are unique; durations
+// a runbook that exists in docs/monitoring.md; names are unique; durations
 // parse.
 func TestAlertRules(t *testing.T) {
 	groups := loadRules(t, readFile(t, "charts/hcp-operator/rules/hcp.rules.yaml"))
 	anchors := map[string]bool{}
-	for _, l := range strings.Split(string(readFile(t, "docs/operations.md")), "\n") {
+	for _, l := range strings.Split(string(readFile(t, "docs/monitoring.md")), "\n") {
 		if h, ok := strings.CutPrefix(strings.TrimLeft(l, "#"), " "); ok && strings.HasPrefix(l, "#") {
 			anchors[githubAnchor(h)] = true
 		}
 	}
 	seen := map[string]bool{}
-	const runbooks = "https://github.com/hcp-io/hcp-operator/blob/main/docs/operations.md#"
+	const runbooks = "https://github.com/hcp-io/hcp-operator/blob/main/docs/monitoring.md#"
 	n := 0
 	for _, g := range groups.Groups {
 		for _, r := range g.Rules {
@@ -55,7 +55,7 @@ func TestAlertRules(t *testing.T) {
 			}
 			anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], runbooks)
 			if !ok || !anchors[anchor] {
-				t.Errorf("%s: runbook_url %q is not a heading of docs/operations.md", r.Alert, r.Annotations["runbook_url"])
+				t.Errorf("%s: runbook_url %q is not a heading of docs/monitoring.md", r.Alert, r.Annotations["runbook_url"])
 			}
 			if anchor != strings.ToLower(r.Alert) {
 				t.Errorf("%s: runbook anchor %q, want the alert's own section #%s", r.Alert, anchor, strings.ToLower(r.Alert))

@@ -261,10 +261,10 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 	t.Logf("%d queries read %d metrics", len(qs), len(used))
 }
 
-// TestOperationsDocListsEveryHCPMetric: docs/operations.md's metric tables
+// TestMonitoringDocListsEveryHCPMetric: docs/monitoring.md's metric tables
 // name every hcp_* metric the binaries export, and no other hcp_* metric.
-func TestOperationsDocListsEveryHCPMetric(t *testing.T) {
-	doc := string(readFile(t, "docs/operations.md"))
+func TestMonitoringDocListsEveryHCPMetric(t *testing.T) {
+	doc := string(readFile(t, "docs/monitoring.md"))
 	var names []string
 	for n, m := range exported(t) {
 		if strings.HasPrefix(n, "hcp_") && n == m.name && !strings.HasSuffix(n, "_bucket") && !strings.HasSuffix(n, "_sum") && !strings.HasSuffix(n, "_count") {
@@ -277,13 +277,13 @@ func TestOperationsDocListsEveryHCPMetric(t *testing.T) {
 	}
 	for _, n := range names {
 		if !strings.Contains(doc, "| `"+n+"` |") {
-			t.Errorf("docs/operations.md has no table row for %s", n)
+			t.Errorf("docs/monitoring.md has no table row for %s", n)
 		}
 	}
 	have := exported(t)
 	for _, m := range regexp.MustCompile("\\| `(hcp_[a-z_]+)` \\|").FindAllStringSubmatch(doc, -1) {
 		if _, ok := have[m[1]]; !ok {
-			t.Errorf("docs/operations.md lists %s, which nothing exports", m[1])
+			t.Errorf("docs/monitoring.md lists %s, which nothing exports", m[1])
 		}
 	}
 }

@@ -1,6 +1,11 @@
-//go:build dashboardpicture
-
-package relay
+// Package dashboard draws the chart's Grafana dashboard
+// (charts/hcp-operator/dashboards/hcp.json) without Grafana, which cannot
+// run here: it loads a recorded run (internal/scrapelog's file) into
+// Prometheus' own storage, evaluates every panel's queries with Prometheus'
+// PromQL engine, and plots them in the dashboard's layout. It lives in the
+// test/observability module so that Prometheus and the plotting library
+// stay out of the main module.
+package dashboard
 
 import (
 	"context"
@@ -8,7 +13,6 @@ import (
 	"fmt"
 	"image/color"
 	"math"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,14 +20,9 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/util/teststorage"
@@ -34,81 +33,94 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/hcp-io/hcp-operator/internal/controller"
-	"github.com/hcp-io/hcp-operator/internal/samplecallee"
-	"github.com/hcp-io/hcp-operator/internal/samplecaller"
-	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/internal/scrapelog"
 )
 
-// TestDashboardPicture draws the Grafana dashboard of the chart
-// (charts/hcp-operator/dashboards/hcp.json) without Grafana, which cannot
-// run here: it runs the relay (a callee and a caller sidecar with the
-// sample harness and app) under real traffic for a while, scrapes the two
-// sidecars' registries and the manager's session collector every second
-// into Prometheus' own storage, evaluates every panel's queries with
-// Prometheus' PromQL engine, and plots them in the dashboard's layout to
-// HCP_DASHBOARD_PICTURE (a PNG). `make dashboard-picture` runs it (build
-// tag dashboardpicture: Prometheus' storage is a heavy build). The
-// operator's controller-runtime panels stay empty: this bed runs no manager.
+// TestDashboardPicture draws the dashboard over the run recorded in
+// HCP_DASHBOARD_SAMPLES (test/relay's TestDashboardRun) to
+// HCP_DASHBOARD_PICTURE, a PNG. `make dashboard-picture` runs both.
 func TestDashboardPicture(t *testing.T) {
-	out := os.Getenv("HCP_DASHBOARD_PICTURE")
-	if out == "" {
-		t.Skip("set HCP_DASHBOARD_PICTURE to the PNG to write (make dashboard-picture)")
+	in, out := os.Getenv("HCP_DASHBOARD_SAMPLES"), os.Getenv("HCP_DASHBOARD_PICTURE")
+	if in == "" || out == "" {
+		t.Skip("set HCP_DASHBOARD_SAMPLES (a run recorded by test/relay's TestDashboardRun) and HCP_DASHBOARD_PICTURE (the PNG to write); make dashboard-picture does")
 	}
-	runFor := 150 * time.Second
-	if d, err := time.ParseDuration(os.Getenv("HCP_DASHBOARD_DURATION")); err == nil {
-		runFor = d
+	f, err := os.Open(in)
+	if err != nil {
+		t.Fatal(err)
 	}
-	app := samplecaller.NewRecorder()
-	b := newBed(t, bedOptions{
-		Harness: func(url string, log logr.Logger) http.Handler { return samplecallee.New(url, log).Handler() },
-		App:     app.Handler(),
-		Quiet:   true,
-	})
-	st := teststorage.New(t)
-	manager := prometheus.NewRegistry()
-	manager.MustRegister(controller.NewSessionCollector(b.env.Client, nil))
-	// Target labels as the chart's PodMonitor and ServiceMonitor give them
-	// (the ServiceMonitor honours the manager's own namespace label).
-	targets := []scrapeTarget{
-		{reg: b.CalleeReg, labels: map[string]string{"job": "hcp-sidecars", "namespace": b.ns, "pod": "hcp-callee-lab-cvd-0", "callee": calleeID}},
-		{reg: b.CallerReg, labels: map[string]string{"job": "hcp-sidecars", "namespace": b.ns, "pod": "hcp-caller-alpha-0", "caller": callerID}},
-		{reg: manager, labels: map[string]string{"job": "hcp-operator", "namespace": "hcp-system", "pod": "hcp-operator-0"}, honor: true},
+	run, err := scrapelog.Read(f)
+	_ = f.Close()
+	if err != nil {
+		t.Fatal(err)
 	}
-
-	ctx, cancel := context.WithTimeout(t.Context(), runFor)
-	defer cancel()
-	start := time.Now()
-	var wg sync.WaitGroup
-	wg.Go(func() { traffic(ctx, t, b) })
-	wg.Go(func() {
-		// Cut the sidecars' connections once, two thirds in: the
-		// connection panels show it.
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(runFor * 2 / 3):
+	dash := picture(t, run, out)
+	empty := 0
+	for _, p := range dash.Panels {
+		if p.Type != "row" && len(p.series) == 0 {
+			empty++
+			t.Logf("no data: %q", p.Title)
 		}
-		_ = b.broker.CloseConnectionsOf(b.callee.name)
-	})
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	scrapes := 0
-	for ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case now := <-tick.C:
-			for _, tg := range targets {
-				scrape(t, st, tg, now)
+	}
+	t.Logf("wrote %s from %d samples: %d panels, %d without data", out, len(run.Samples), len(dash.Panels), empty)
+}
+
+// TestDashboardPictureOfARun draws the dashboard over a small run made up
+// here: every panel's queries evaluate, the panels of the series given
+// have data, and the picture is a PNG.
+func TestDashboardPictureOfARun(t *testing.T) {
+	start := time.Now().Add(-2 * time.Minute).Truncate(time.Second)
+	run := scrapelog.Run{Start: start, End: start.Add(90 * time.Second)}
+	target := map[string]string{"job": "hcp-sidecars", "namespace": "tenant-a", "pod": "hcp-callee-lab-cvd-0", "callee": "lab-cvd"}
+	series := func(name string, extra map[string]string, v func(s int) float64) {
+		for s := 1; s <= 90; s++ {
+			l := map[string]string{scrapelog.NameLabel: name}
+			for k, x := range target {
+				l[k] = x
 			}
-			scrapes++
+			for k, x := range extra {
+				l[k] = x
+			}
+			run.Samples = append(run.Samples, scrapelog.Sample{Labels: l, T: start.Add(time.Duration(s) * time.Second).UnixMilli(), V: v(s)})
 		}
 	}
-	wg.Wait()
-	end := time.Now()
-	t.Logf("%d scrapes over %s", scrapes, end.Sub(start).Round(time.Second))
+	series("hcp_sidecar_messages_in_total", map[string]string{"type": "task_submit"}, func(s int) float64 { return float64(2 * s) })
+	series("hcp_sidecar_messages_out_total", map[string]string{"type": "event"}, func(s int) float64 { return float64(40 * s) })
+	series("hcp_sidecar_amqp_connected", map[string]string{"connection": "publish"}, func(s int) float64 { return 1 })
+	out := filepath.Join(t.TempDir(), "dashboard.png")
+	dash := picture(t, run, out)
+	drawn := 0
+	for _, p := range dash.Panels {
+		if p.Type != "row" && len(p.series) > 0 {
+			drawn++
+		}
+	}
+	if drawn == 0 {
+		t.Error("no panel has data from hcp_sidecar_messages_in_total, hcp_sidecar_messages_out_total or hcp_sidecar_amqp_connected")
+	}
+	png, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(png), "\x89PNG\r\n\x1a\n") || len(png) < 10_000 {
+		t.Errorf("%s: %d bytes, not a PNG of the dashboard", out, len(png))
+	}
+	t.Logf("%d of %d panels drawn with data, %d bytes", drawn, len(dash.Panels), len(png))
+}
 
+// picture loads run into Prometheus' storage, evaluates every panel's
+// queries over it and draws the dashboard to out.
+func picture(t *testing.T, run scrapelog.Run, out string) *pictureDashboard {
+	t.Helper()
+	st := teststorage.New(t)
+	app := st.Appender(context.Background())
+	for _, s := range run.Samples {
+		if _, err := app.Append(0, labels.FromMap(s.Labels), s.T, s.V); err != nil {
+			t.Fatalf("append %v: %v", s.Labels, err)
+		}
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	dash := readDashboard(t)
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 50_000_000, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
 	vars := strings.NewReplacer("$__rate_interval", "20s", "$__interval", "2s", "$namespace", ".*", "$callee", ".*")
@@ -116,7 +128,7 @@ func TestDashboardPicture(t *testing.T) {
 	for i := range dash.Panels {
 		p := &dash.Panels[i]
 		for _, tg := range p.Targets {
-			q, err := engine.NewRangeQuery(t.Context(), st, nil, vars.Replace(tg.Expr), start.Add(20*time.Second), end, step)
+			q, err := engine.NewRangeQuery(t.Context(), st, nil, vars.Replace(tg.Expr), run.Start.Add(20*time.Second), run.End, step)
 			if err != nil {
 				t.Fatalf("panel %q: %v", p.Title, err)
 			}
@@ -130,116 +142,15 @@ func TestDashboardPicture(t *testing.T) {
 			}
 			for _, s := range m {
 				// Copied: Close returns the result's slices to the engine's pool.
-				p.series = append(p.series, drawnSeries{name: legend(tg.LegendFormat, s.Metric), points: slices.Clone(s.Floats), start: start})
+				p.series = append(p.series, drawnSeries{name: legend(tg.LegendFormat, s.Metric), points: slices.Clone(s.Floats), start: run.Start})
 			}
 			q.Close()
 		}
 	}
-	if err := drawDashboard(dash, out, end.Sub(start)); err != nil {
+	if err := drawDashboard(dash, out, run.End.Sub(run.Start)); err != nil {
 		t.Fatal(err)
 	}
-	empty := 0
-	for _, p := range dash.Panels {
-		if p.Type != "row" && len(p.series) == 0 {
-			empty++
-			t.Logf("no data: %q", p.Title)
-		}
-	}
-	t.Logf("wrote %s: %d panels, %d without data", out, len(dash.Panels), empty)
-}
-
-// traffic submits tasks through the caller sidecar as an app would: most
-// admitted and completing, some refused by the policy, some failing.
-func traffic(ctx context.Context, t *testing.T, b *bed) {
-	submit := func(capability, inputs string) {
-		req := caller.SubmitRequest{
-			CalleeID: calleeID, Capability: capability, Intent: "dashboard picture",
-			Inputs: json.RawMessage(inputs), Constraints: task.Constraints{DataClassification: task.T1},
-		}
-		var v caller.TaskView
-		if code := call(ctx, http.MethodPost, b.CallerAPI+"/hcp/v1/tasks", req, &v); code != http.StatusAccepted && ctx.Err() == nil {
-			t.Logf("POST /hcp/v1/tasks: HTTP %d", code)
-		}
-	}
-	for i := 0; ctx.Err() == nil; i++ {
-		submit("analyze", fmt.Sprintf(`{"steps":%d,"step_ms":250,"log_every":5,"checkpoint_every":10}`, 10+i%4*10))
-		if i%2 == 0 {
-			submit("analyze", `{"steps":60,"step_ms":100}`)
-		}
-		if i%3 == 0 {
-			submit("restricted", `{}`) // the policy does not admit it: not_authorized
-		}
-		if i%7 == 3 {
-			submit("analyze", `{"steps":20,"step_ms":100,"fail_at":12}`)
-		}
-		if i%9 == 5 {
-			submit("analyze", `{"steps":10,"step_ms":100,"pause_at":3,"pause_ms":15000}`)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(1500 * time.Millisecond):
-		}
-	}
-}
-
-type scrapeTarget struct {
-	reg    prometheus.Gatherer
-	labels map[string]string
-	// honor keeps a series' own label over the target's (honorLabels).
-	honor bool
-}
-
-// scrape appends one scrape of tg to st, as Prometheus stores it.
-func scrape(t *testing.T, st *teststorage.TestStorage, tg scrapeTarget, now time.Time) {
-	families, err := tg.reg.Gather()
-	if err != nil {
-		t.Logf("scrape: %v", err)
-	}
-	app := st.Appender(context.Background())
-	ts := now.UnixMilli()
-	add := func(name string, m *dto.Metric, extra map[string]string, v float64) {
-		b := labels.NewBuilder(labels.EmptyLabels())
-		for k, val := range tg.labels {
-			b.Set(k, val)
-		}
-		for _, lp := range m.GetLabel() {
-			if _, clash := tg.labels[lp.GetName()]; clash && !tg.honor {
-				b.Set("exported_"+lp.GetName(), lp.GetValue())
-				continue
-			}
-			b.Set(lp.GetName(), lp.GetValue())
-		}
-		for k, val := range extra {
-			b.Set(k, val)
-		}
-		b.Set(model.MetricNameLabel, name)
-		if _, err := app.Append(0, b.Labels(), ts, v); err != nil {
-			t.Fatalf("append %s: %v", name, err)
-		}
-	}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			switch f.GetType() {
-			case dto.MetricType_COUNTER:
-				add(f.GetName(), m, nil, m.GetCounter().GetValue())
-			case dto.MetricType_GAUGE:
-				add(f.GetName(), m, nil, m.GetGauge().GetValue())
-			case dto.MetricType_UNTYPED:
-				add(f.GetName(), m, nil, m.GetUntyped().GetValue())
-			case dto.MetricType_HISTOGRAM:
-				h := m.GetHistogram()
-				for _, bk := range h.GetBucket() {
-					add(f.GetName()+"_bucket", m, map[string]string{"le": fmt.Sprint(bk.GetUpperBound())}, float64(bk.GetCumulativeCount()))
-				}
-				add(f.GetName()+"_bucket", m, map[string]string{"le": "+Inf"}, float64(h.GetSampleCount()))
-				add(f.GetName()+"_sum", m, nil, h.GetSampleSum())
-				add(f.GetName()+"_count", m, nil, float64(h.GetSampleCount()))
-			}
-		}
-	}
-	if err := app.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	return dash
 }
 
 type pictureDashboard struct {
@@ -271,7 +182,7 @@ type drawnSeries struct {
 
 func readDashboard(t *testing.T) *pictureDashboard {
 	_, file, _, _ := runtime.Caller(0)
-	data, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "charts", "hcp-operator", "dashboards", "hcp.json"))
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "..", "charts", "hcp-operator", "dashboards", "hcp.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
