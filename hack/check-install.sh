@@ -83,9 +83,10 @@ declare -A value_sets=(
   [scoped]="--set watchNamespaces={team-a,team-b} --set defaultBroker.secret.create=true --set defaultBroker.secret.uri=http://rabbitmq.rabbitmq-system.svc:15672 --set defaultBroker.secret.username=hcp --set defaultBroker.secret.password=secret --set defaultBroker.secret.amqpURL=amqp://rabbitmq.rabbitmq-system.svc:5672"
   [existing-secret]="--set defaultBroker.existingSecret=rabbitmq-system/rabbitmq-default-user --set watchNamespaces={team-a} --set replicaCount=2"
   [monitoring]="--set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prometheus --set metrics.serviceMonitor.interval=30s --set sidecarPodMonitor.enabled=true --set prometheusRule.enabled=true --set prometheusRule.labels.release=prometheus --set grafanaDashboard.enabled=true --set grafanaDashboard.annotations.grafana_folder=HCP --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+  [hardened]="--set networkPolicy.enabled=true --set watchNamespaces={team-a,team-b} --set networkPolicy.metricsPodSelector.matchLabels.app\.kubernetes\.io/name=prometheus --set podDisruptionBudget.enabled=true --set replicaCount=3 --set-string podDisruptionBudget.minAvailable=50%"
   [minimal]="--set metrics.enabled=false --set leaderElection.enabled=false --set serviceAccount.create=false --set serviceAccount.name=hcp --set logEncoder=console --set priorityClassName=system-cluster-critical --set podAnnotations.a=b --set nodeSelector.kubernetes\.io/os=linux --set tolerations[0].operator=Exists --set extraEnv[0].name=GOGC --set-string extraEnv[0].value=50"
 )
-set_names=(default scoped existing-secret monitoring minimal)
+set_names=(default scoped existing-secret monitoring hardened minimal)
 for name in "${set_names[@]}"; do
   # shellcheck disable=SC2086 # the value sets are word lists
   if out=$("$HELM" lint --strict "$chart" ${value_sets[$name]} 2>&1); then
@@ -119,6 +120,8 @@ refuse "no ServiceAccount name" --set serviceAccount.create=false
 refuse "watchNamespaces as a string (values.schema.json)" --set watchNamespaces=team-a
 refuse "a misspelt value (values.schema.json)" --set watchNamespace=team-a
 refuse "an extraEnv entry without a name (values.schema.json)" --set-string extraEnv[0].value=50
+refuse "a harness NetworkPolicy without namespaces (the manager watches all)" --set networkPolicy.enabled=true
+refuse "a PodDisruptionBudget bound that is not a number or a percentage (values.schema.json)" --set podDisruptionBudget.enabled=true --set replicaCount=2 --set-string podDisruptionBudget.minAvailable=half
 
 # Expectations on the renderings. objects FILE: "kind name namespace" lines.
 objects() {
@@ -159,6 +162,17 @@ expect_line monitoring "dashboard labelled for the Grafana sidecar" '^    grafan
 expect_no_object default "no PrometheusRule by default" PrometheusRule hcp-operator
 expect_line monitoring "digest pins both images" '--sidecar-image=ghcr.io/hcp-io/hcp-operator@sha256:'
 expect_no_object minimal "no metrics Service without metrics" Service hcp-operator-metrics
+expect_no_object default "no NetworkPolicy by default" NetworkPolicy hcp-operator-controller-manager
+expect_no_object existing-secret "no PodDisruptionBudget by default, even with two replicas" PodDisruptionBudget hcp-operator-controller-manager
+expect_object hardened "the manager's NetworkPolicy" NetworkPolicy hcp-operator-controller-manager hcp-system
+expect_object hardened "the harness pods' NetworkPolicy in team-a" NetworkPolicy hcp-operator-harness team-a
+expect_object hardened "the harness pods' NetworkPolicy in team-b" NetworkPolicy hcp-operator-harness team-b
+expect_line hardened "the sidecar's metrics port is the only one open on harness pods" '^        - port: 9091$'
+expect_line hardened "scrapes only from the labelled namespace" '^              hcp.io/metrics-scraper: "true"$'
+expect_line hardened "and only from the Prometheus pods there" '^              app.kubernetes.io/name: prometheus$'
+expect_object hardened "the manager's PodDisruptionBudget" PodDisruptionBudget hcp-operator-controller-manager hcp-system
+expect_line hardened "minAvailable replaces maxUnavailable" '^  minAvailable: 50%$'
+expect_no_line hardened "no maxUnavailable beside minAvailable" '^  maxUnavailable:'
 expect_line minimal "metrics off" '--metrics-bind-address=0$'
 expect_line minimal "extra environment of the manager" '^            - name: GOGC$'
 expect_no_line default "no env without extraEnv" '^          env:$'

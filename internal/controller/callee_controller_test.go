@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -483,40 +482,6 @@ func eventReasons(ctx context.Context, ns, kind, name string) map[string]string 
 		}
 	}
 	return seen
-}
-
-// TestScaledToZeroEventIsNormal: scaling a harness to zero (by hand, or
-// an autoscaler on an empty queue) is a choice, not a fault: Ready=False
-// ScaledToZero (kstatus' Stalled, Argo CD's Suspended) is recorded as a
-// Normal Event, not a Warning that alerting on Warning Events would page
-// for. While its topology is still pending it says so (Reconciling), not
-// ScaledToZero (Stalled).
-func TestScaledToZeroEventIsNormal(t *testing.T) {
-	ns := newNamespace(t, "zero-")
-	dumpOnFailure(t, ns)
-	callee := newCallee(ns, "idle", func(c *hcpv1alpha1.Callee) { c.Spec.Harness.Replicas = new(int32(0)) })
-	create(t, callee)
-	eventually(t, "Ready=False TopologyPending", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "TopologyReady: "))
-	if c := meta.FindStatusCondition(callee.Status.Conditions, hcpv1alpha1.ConditionReconciling); c == nil || c.Reason != hcpv1alpha1.ReasonTopologyPending {
-		t.Errorf("scaled to zero, topology pending: Reconciling %+v, want TopologyPending", c)
-	}
-	base, _, _ := childNames("callee", "idle")
-	declarePrerequisites(t, ns, base)
-	for _, o := range topologyChildren(ns, base) {
-		setTopologyStatus(t, o, true, "")
-	}
-	declareShared(t, callee.Labels[hcpv1alpha1.LabelVhostKey])
-	eventually(t, "Ready=False ScaledToZero", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonScaledToZero, "scaled to zero"))
-	eventually(t, "a Normal ScaledToZero Event", func(ctx context.Context) error {
-		switch typ := eventReasons(ctx, ns, "Callee", "idle")[hcpv1alpha1.ReasonScaledToZero]; typ {
-		case corev1.EventTypeNormal:
-			return nil
-		case "":
-			return errors.New("no ScaledToZero Event yet")
-		default:
-			return fmt.Errorf("ScaledToZero Event of type %s, want Normal", typ)
-		}
-	})
 }
 
 // TestSharedExchanges: two users of one vhost in two namespaces. The

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -154,7 +155,7 @@ func TestReconcilingStalledFromReady(t *testing.T) {
 		hcpv1alpha1.ReasonBrokerNotConfigured, hcpv1alpha1.ReasonBrokerSecretNotFound, hcpv1alpha1.ReasonBrokerSecretUnlabeled,
 		hcpv1alpha1.ReasonBrokerSecretInvalid, hcpv1alpha1.ReasonIDConflict, hcpv1alpha1.ReasonInvalidID,
 		hcpv1alpha1.ReasonTLSSecretNotFound, hcpv1alpha1.ReasonTLSSecretUnlabeled, hcpv1alpha1.ReasonTLSSecretInvalid,
-		hcpv1alpha1.ReasonTopologyFailed, hcpv1alpha1.ReasonProgressDeadlineExceeded, hcpv1alpha1.ReasonScaledToZero,
+		hcpv1alpha1.ReasonTopologyFailed, hcpv1alpha1.ReasonProgressDeadlineExceeded,
 		hcpv1alpha1.ReasonInvalidSelector, hcpv1alpha1.ReasonInvalidRules,
 	}
 	reconciling := []string{
@@ -194,4 +195,71 @@ func TestReconcilingStalledFromReady(t *testing.T) {
 	if len(c.Status.Conditions) != 1 {
 		t.Errorf("Ready=True left %+v", c.Status.Conditions)
 	}
+}
+
+// TestScaledToZeroIsCurrent: scaling a harness to zero (by hand, or
+// KEDA on an empty queue) is a choice, not a fault: Ready=True with reason
+// ScaledToZero, so kstatus reads Current (Flux's --wait and kpt are done)
+// and the Normal Event does not page whoever alerts on Warning Events.
+// HarnessReady stays False ScaledToZero: nothing consumes the queue. While
+// its topology is still pending it says so (Reconciling), and scaling it
+// up again gives Ready=True Reconciled.
+func TestScaledToZeroIsCurrent(t *testing.T) {
+	ns := newNamespace(t, "zero-")
+	dumpOnFailure(t, ns)
+	callee := newCallee(ns, "idle", func(c *hcpv1alpha1.Callee) { c.Spec.Harness.Replicas = new(int32(0)) })
+	create(t, callee)
+	eventually(t, "Ready=False TopologyPending", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, "TopologyReady: "))
+	if c := meta.FindStatusCondition(callee.Status.Conditions, hcpv1alpha1.ConditionReconciling); c == nil || c.Reason != hcpv1alpha1.ReasonTopologyPending {
+		t.Errorf("scaled to zero, topology pending: Reconciling %+v, want TopologyPending", c)
+	}
+	base, _, _ := childNames("callee", "idle")
+	declarePrerequisites(t, ns, base)
+	for _, o := range topologyChildren(ns, base) {
+		setTopologyStatus(t, o, true, "")
+	}
+	declareShared(t, callee.Labels[hcpv1alpha1.LabelVhostKey])
+	eventually(t, "Ready=True ScaledToZero", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionTrue, hcpv1alpha1.ReasonScaledToZero, "scaled to zero"))
+	eventually(t, "kstatus Current", kstatusIs(callee, status.CurrentStatus, ""))
+	for _, typ := range []string{hcpv1alpha1.ConditionReconciling, hcpv1alpha1.ConditionStalled} {
+		if c := meta.FindStatusCondition(callee.Status.Conditions, typ); c != nil {
+			t.Errorf("a Callee scaled to zero has %+v", c)
+		}
+	}
+	if c := meta.FindStatusCondition(callee.Status.Conditions, hcpv1alpha1.ConditionHarnessReady); c == nil ||
+		c.Status != metav1.ConditionFalse || c.Reason != hcpv1alpha1.ReasonScaledToZero {
+		t.Errorf("HarnessReady %+v, want False ScaledToZero", c)
+	}
+	eventually(t, "a Normal ScaledToZero Event", func(ctx context.Context) error {
+		switch typ := eventReasons(ctx, ns, "Callee", "idle")[hcpv1alpha1.ReasonScaledToZero]; typ {
+		case corev1.EventTypeNormal:
+			return nil
+		case "":
+			return errors.New("no ScaledToZero Event yet")
+		default:
+			return fmt.Errorf("ScaledToZero Event of type %s, want Normal", typ)
+		}
+	})
+
+	// Scaled up again (as KEDA does through the /scale subresource): the
+	// harness becomes available and Ready's reason goes back to Reconciled.
+	eventually(t, "scaled to 1", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(callee), callee); err != nil {
+			return err
+		}
+		callee.Spec.Harness.Replicas = new(int32(1))
+		return k8sClient.Update(ctx, callee)
+	})
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	eventually(t, "the Deployment scaled to 1", func(ctx context.Context) error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+			return err
+		}
+		if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+			return fmt.Errorf("replicas %v", dep.Spec.Replicas)
+		}
+		return nil
+	})
+	setDeploymentAvailable(t, dep, 1)
+	eventually(t, "Ready=True Reconciled", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, ""))
 }

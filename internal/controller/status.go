@@ -50,7 +50,6 @@ var stalledReasons = map[string]bool{
 	hcpv1alpha1.ReasonTLSSecretInvalid:         true,
 	hcpv1alpha1.ReasonTopologyFailed:           true,
 	hcpv1alpha1.ReasonProgressDeadlineExceeded: true,
-	hcpv1alpha1.ReasonScaledToZero:             true,
 	hcpv1alpha1.ReasonInvalidSelector:          true,
 	hcpv1alpha1.ReasonInvalidRules:             true,
 }
@@ -123,8 +122,12 @@ func setBlocked(v view, reason, msg string) {
 // that is not true, preferring one that needs a fix over one that is only
 // waiting (a missing TLS Secret says more than topology still pending),
 // and one that is waiting over ScaledToZero (someone's choice, which says
-// nothing of a topology still pending: Reconciling until it is declared,
-// then ScaledToZero).
+// nothing of a topology still pending: Reconciling until it is declared).
+// A harness scaled to zero with nothing else false is Ready=True, reason
+// ScaledToZero: the object is what its spec asks for (a user's replicas:
+// 0, KEDA's scale-to-zero on an empty queue), so kstatus reads Current and
+// `flux --wait` or kpt do not wait for pods nobody wants; HarnessReady
+// stays False ScaledToZero, and Argo CD's health script says Suspended.
 func setReady(v view) {
 	var first *metav1.Condition
 	firstType := ""
@@ -140,6 +143,10 @@ func setReady(v view) {
 		if first == nil || readyWeight(c) > readyWeight(first) {
 			first, firstType = c, t
 		}
+	}
+	if first != nil && first.Reason == hcpv1alpha1.ReasonScaledToZero {
+		setCondition(v, hcpv1alpha1.ConditionReady, true, first.Reason, firstType+": "+first.Message)
+		return
 	}
 	if first != nil {
 		setCondition(v, hcpv1alpha1.ConditionReady, false, first.Reason, firstType+": "+first.Message)
@@ -249,7 +256,7 @@ func setHarnessReady(v view, d *appsv1.Deployment) {
 	switch {
 	case d.Spec.Replicas != nil && *d.Spec.Replicas == 0:
 		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonScaledToZero,
-			name+" is scaled to zero (spec.harness.replicas: 0): nothing consumes the queue")
+			name+" is scaled to zero (spec.harness.replicas: 0): nothing consumes the queue until it scales up")
 		return
 	case d.Status.ObservedGeneration < d.Generation:
 		setCondition(v, hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonDeploymentProgressing,
@@ -326,9 +333,9 @@ func (c *core) writeStatus(ctx context.Context, before, obj client.Object, befor
 		return nil
 	}
 	typ := corev1.EventTypeNormal
-	if cur.Status != metav1.ConditionTrue && !waiting(cur) && cur.Reason != hcpv1alpha1.ReasonScaledToZero {
-		// ScaledToZero is someone's choice (a user, an autoscaler on an
-		// empty queue), not a fault: Normal, so that alerting on Warning
+	if cur.Status != metav1.ConditionTrue && !waiting(cur) {
+		// ScaledToZero is Ready=True (someone's choice: a user, an
+		// autoscaler on an empty queue), so Normal: alerting on Warning
 		// Events does not page for it.
 		typ = corev1.EventTypeWarning
 	}

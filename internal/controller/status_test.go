@@ -103,7 +103,9 @@ func TestIDOrdering(t *testing.T) {
 // TestReadyNamesWhatItWaitsFor: Ready names the condition that needs a
 // fix first, then one that is waiting, and ScaledToZero only when nothing
 // else is false: a Callee scaled to zero whose topology is still pending is
-// Reconciling (TopologyPending), not Stalled.
+// Reconciling (TopologyPending); once nothing else is false it is
+// Ready=True ScaledToZero, with neither Reconciling nor Stalled (kstatus
+// Current).
 func TestReadyNamesWhatItWaitsFor(t *testing.T) {
 	cond := func(typ, reason string) metav1.Condition {
 		st := metav1.ConditionFalse
@@ -117,7 +119,7 @@ func TestReadyNamesWhatItWaitsFor(t *testing.T) {
 		want, kstatus     string
 	}{
 		{hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ConditionReconciling},
-		{hcpv1alpha1.ReasonReconciled, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ConditionStalled},
+		{hcpv1alpha1.ReasonReconciled, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ReasonScaledToZero, ""},
 		{hcpv1alpha1.ReasonTopologyFailed, hcpv1alpha1.ReasonScaledToZero, hcpv1alpha1.ReasonTopologyFailed, hcpv1alpha1.ConditionStalled},
 		{hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ReasonDeploymentUnavailable, hcpv1alpha1.ReasonDeploymentUnavailable, hcpv1alpha1.ConditionReconciling},
 		{hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ReasonDeploymentProgressing, hcpv1alpha1.ReasonTopologyPending, hcpv1alpha1.ConditionReconciling},
@@ -127,11 +129,21 @@ func TestReadyNamesWhatItWaitsFor(t *testing.T) {
 			c.Status.Conditions = []metav1.Condition{cond(hcpv1alpha1.ConditionTopologyReady, tc.topology), cond(hcpv1alpha1.ConditionHarnessReady, tc.harness)}
 			setReady(calleeView(c))
 			ready := meta.FindStatusCondition(c.Status.Conditions, hcpv1alpha1.ConditionReady)
-			if ready == nil || ready.Status != metav1.ConditionFalse || ready.Reason != tc.want {
-				t.Fatalf("Ready %+v, want False %s", ready, tc.want)
+			wantStatus := metav1.ConditionFalse
+			if tc.kstatus == "" {
+				wantStatus = metav1.ConditionTrue
 			}
-			if k := meta.FindStatusCondition(c.Status.Conditions, tc.kstatus); k == nil || k.Reason != tc.want {
-				t.Errorf("%s %+v, want reason %s", tc.kstatus, k, tc.want)
+			if ready == nil || ready.Status != wantStatus || ready.Reason != tc.want {
+				t.Fatalf("Ready %+v, want %s %s", ready, wantStatus, tc.want)
+			}
+			for _, typ := range []string{hcpv1alpha1.ConditionReconciling, hcpv1alpha1.ConditionStalled} {
+				k := meta.FindStatusCondition(c.Status.Conditions, typ)
+				if typ != tc.kstatus && k != nil {
+					t.Errorf("unexpected %+v", k)
+				}
+				if typ == tc.kstatus && (k == nil || k.Reason != tc.want) {
+					t.Errorf("%s %+v, want reason %s", typ, k, tc.want)
+				}
 			}
 		})
 	}

@@ -126,9 +126,9 @@ func agrees(t *testing.T, obj map[string]any, h health) {
 		t.Fatal(err)
 	}
 	want := map[kstatus.Status][]string{
-		kstatus.CurrentStatus:    {"Healthy"},
+		kstatus.CurrentStatus:    {"Healthy", "Suspended"},     // ScaledToZero: what the spec asks for
 		kstatus.InProgressStatus: {"Progressing", "Suspended"}, // a harness's own pause is in progress for kstatus
-		kstatus.FailedStatus:     {"Degraded", "Suspended"},    // ScaledToZero
+		kstatus.FailedStatus:     {"Degraded"},
 	}[res.Status]
 	for _, w := range want {
 		if h.Status == w {
@@ -239,9 +239,13 @@ var (
 	brokenCallee = object("Callee", "lab-cvd", 1, 1,
 		cond{"Ready", "False", "BrokerSecretNotFound", "connection Secret lab/rmq not found", 0},
 		cond{"Stalled", "True", "BrokerSecretNotFound", "connection Secret lab/rmq not found", 0})
+	// Scaled to zero (by hand, or by KEDA on an empty queue): Ready=True
+	// with reason ScaledToZero, HarnessReady False, neither Reconciling
+	// nor Stalled.
 	scaledToZeroCallee = object("Callee", "lab-cvd", 3, 3,
-		cond{"Ready", "False", "ScaledToZero", "HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero", 0},
-		cond{"Stalled", "True", "ScaledToZero", "HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero", 0})
+		cond{"TopologyReady", "True", "Reconciled", "6 topology objects ready", 3},
+		cond{"HarnessReady", "False", "ScaledToZero", "Deployment hcp-callee-lab-cvd is scaled to zero (spec.harness.replicas: 0)", 3},
+		cond{"Ready", "True", "ScaledToZero", "HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero (spec.harness.replicas: 0)", 3})
 	// A Ready Callee whose spec just changed: Ready is stale.
 	editedCallee = object("Callee", "lab-cvd", 3, 2,
 		cond{"Ready", "True", "Reconciled", "topology declared and harness available", 0})
@@ -268,7 +272,7 @@ func TestConditionsHealth(t *testing.T) {
 		{"ready Callee", readyCallee, "Healthy", "Reconciled: topology declared", true},
 		{"Callee waiting for the topology operator", pendingCallee, "Progressing", "TopologyPending: TopologyReady: Queue", true},
 		{"Callee without its broker Secret", brokenCallee, "Degraded", "BrokerSecretNotFound: connection Secret lab/rmq not found", true},
-		{"Callee scaled to zero", scaledToZeroCallee, "Suspended", "ScaledToZero", true},
+		{"Callee scaled to zero", scaledToZeroCallee, "Suspended", "ScaledToZero: HarnessReady: Deployment hcp-callee-lab-cvd is scaled to zero", true},
 		{"edited Callee", editedCallee, "Progressing", "generation 3", true},
 		{"Caller from an older operator", olderCaller, "Progressing", "TopologyPending", true},
 		{"ready Caller", readyCaller, "Healthy", "Reconciled", true},
@@ -320,5 +324,22 @@ func TestSnippetsCarryTheScripts(t *testing.T) {
 				t.Errorf("%s: %s is not the script file: regenerate it (docs/gitops.md)", file, k)
 			}
 		}
+	}
+}
+
+// TestScaledToZeroIsCurrent: a Callee scaled to zero is done as far as
+// kstatus goes (Flux's --wait, kpt, cli-utils' status poller): Current,
+// not Failed, so KEDA's scale-to-zero does not fail a Kustomization;
+// Argo CD shows it Suspended.
+func TestScaledToZeroIsCurrent(t *testing.T) {
+	res, err := kstatus.Compute(&unstructured.Unstructured{Object: scaledToZeroCallee})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != kstatus.CurrentStatus {
+		t.Errorf("kstatus %s (%s), want Current", res.Status, res.Message)
+	}
+	if h := runHealth(t, read(t, "conditions.lua"), scaledToZeroCallee); h.Status != "Suspended" {
+		t.Errorf("Argo CD says %s (%s), want Suspended", h.Status, h.Message)
 	}
 }

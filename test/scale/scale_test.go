@@ -656,7 +656,7 @@ func writeConverged(ctx context.Context, cl client.Client, obj client.Object, ob
 	}
 	set(hcpv1alpha1.ConditionTopologyReady, true, hcpv1alpha1.ReasonReconciled, "topology objects ready")
 	set(hcpv1alpha1.ConditionHarnessReady, false, hcpv1alpha1.ReasonScaledToZero, "scaled to zero")
-	set(hcpv1alpha1.ConditionReady, false, hcpv1alpha1.ReasonScaledToZero, "HarnessReady: scaled to zero")
+	set(hcpv1alpha1.ConditionReady, true, hcpv1alpha1.ReasonScaledToZero, "HarnessReady: scaled to zero")
 	return cl.Status().Patch(ctx, obj, client.MergeFrom(before))
 }
 
@@ -787,8 +787,8 @@ func converged(gen, observed int64, conds []metav1.Condition) (ready, topology b
 	topo := meta.FindStatusCondition(conds, hcpv1alpha1.ConditionTopologyReady)
 	h := meta.FindStatusCondition(conds, hcpv1alpha1.ConditionHarnessReady)
 	topology = topo != nil && topo.Status == metav1.ConditionTrue
-	// Replicas 0 is HarnessReady=False, ScaledToZero (and so Ready=False,
-	// by design: nothing consumes the queue). Everything the operator can
+	// Replicas 0 is HarnessReady=False, ScaledToZero (nothing consumes
+	// the queue; Ready=True ScaledToZero). Everything the operator can
 	// make ready is.
 	harness := h != nil && (h.Status == metav1.ConditionTrue || h.Reason == hcpv1alpha1.ReasonScaledToZero)
 	return topology && harness, topology

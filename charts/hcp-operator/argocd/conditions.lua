@@ -1,8 +1,9 @@
 -- Argo CD health of a Callee, Caller or CapabilityPolicy (hcp.io/v1alpha1),
 -- from the kstatus conditions the hcp-operator writes (docs/gitops.md):
 --   status.observedGeneration behind metadata.generation   Progressing
---   Stalled=True                Degraded (Suspended for ScaledToZero:
---                               spec.harness.replicas is 0 on purpose)
+--   Stalled=True                Degraded
+--   Ready=True, reason ScaledToZero   Suspended (spec.harness.replicas is 0
+--                               on purpose: a user, or KEDA on an empty queue)
 --   Ready=True                  Healthy
 --   Reconciling=True, or Ready=False from an operator without them,
 --   or no status yet            Progressing
@@ -42,14 +43,14 @@ end
 
 if stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"
-  if stalled.reason == "ScaledToZero" then
-    hs.status = "Suspended"
-  end
   hs.message = text(stalled)
   return hs
 end
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
+  if ready.reason == "ScaledToZero" then
+    hs.status = "Suspended"
+  end
   hs.message = text(ready)
   return hs
 end

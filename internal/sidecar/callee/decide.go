@@ -183,6 +183,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 			attribute.String("hcp.risk_level", string(v.Risk)))
 	}
 	if !v.Admitted {
+		s.m.TaskRejected(cl, c.ts.Capability) // hcp_sessions_total{outcome="REJECTED"}
 		s.rejectUnrecorded(ctx, c, v)
 		return
 	}
@@ -240,6 +241,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		s.event(corev1.EventTypeWarning, EventTaskRejected, "Rejected task %s of caller %s (capability %q): %s: %s",
 			msgID, callerID, ts.Capability, v.Reason, oneLine(v.Message, 300))
 		s.countReject(string(v.Reason))
+		s.m.TaskRejected(cl, ts.Capability)
 		pub, err := s.rejectedReply(hs)
 		if err != nil {
 			log.Error(err, "Failed to build task_rejected")
@@ -329,6 +331,8 @@ func (s *Sidecar) casReject(ctx context.Context, c *command, hs *v1alpha1.HCPSes
 	s.st.Seed(sid, hs.Status, s.clk.Now())
 	defer s.forgetWhenWritten(sid)
 	s.countReject(string(code))
+	cl, _ := s.callee(ctx) // nil if unreadable: capability ""
+	s.m.TaskRejected(cl, hs.Spec.Capability)
 	pub, err := s.rejectedReply(hs)
 	if err != nil {
 		s.settle(d, true, false)

@@ -145,6 +145,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	ss.endTrace(string(o.final), o.reason, o.final != session.StateCompleted)
 	ss.log.Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
 	ss.recordEnd(o, now)
+	ss.sc.m.SessionEnded(ss.capability, string(o.final), o.reason, now.Sub(ss.startedAt)) // hcp_sessions_total, hcp_session_duration_seconds
 	// Keep the session in memory for a while, so late harness calls get a
 	// clear 409 instead of 404; then forget it.
 	ss.sc.forgetLater(ss)

@@ -52,6 +52,14 @@ type Metrics struct {
 	// Latency observes the time from an event's envelope timestamp to its
 	// delivery to the app (caller mode), in seconds.
 	Latency prometheus.Histogram
+	// SessionsTotal counts the tasks this callee sidecar brought to an
+	// end, by capability and outcome (session.go: SessionEnded,
+	// TaskRejected): the numerator and denominator of a session SLO.
+	SessionsTotal *prometheus.CounterVec
+	// SessionDuration observes how long the sessions this callee sidecar
+	// ended ran, from their acceptance to their terminal state, by
+	// capability and outcome (rejected tasks never ran: not observed).
+	SessionDuration *prometheus.HistogramVec
 }
 
 // ConnectionLabel names the AMQP connection (publish, consume) of
@@ -79,9 +87,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		AppBatchMax:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "hcp_sidecar_app_batch_max", Help: "Events one request to the app may carry: the Caller's appMaxBatch above 1, else the app's HCP-Batch-Max offer, 1 without one (caller)."}),
 		Released:      prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_released_total", Help: "Deliveries returned to the queue because their session could not use them yet: its app was failing or it waited for a gap (caller)."}),
 		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		SessionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sessions_total",
+			Help: "Tasks a callee brought to an end, by capability and outcome (COMPLETED, FAILED, TIMED_OUT, ABORTED, REJECTED)."}, []string{capabilityLabel, outcomeLabel}),
+		SessionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hcp_session_duration_seconds",
+			Help: "Sessions a callee ended, from acceptance to terminal state, by capability and outcome.", Buckets: SessionDurationBuckets}, []string{capabilityLabel, outcomeLabel}),
 	}
 	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
-		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.AppBatchMax, m.Released, m.Latency)
+		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.AppBatchMax, m.Released, m.Latency,
+		m.SessionsTotal, m.SessionDuration)
 	return m
 }
 
