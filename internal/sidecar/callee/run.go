@@ -45,6 +45,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.recover(ctx)
 	go s.sweepLoop(ctx)
 	go s.harnessWatchdog(ctx)
+	go s.revalidateLoop(ctx)
 
 	consumeCtx, stopConsume := context.WithCancel(context.WithoutCancel(ctx))
 	s.mu.Lock()
