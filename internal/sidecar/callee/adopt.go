@@ -160,6 +160,11 @@ func (ss *sess) armTimersLocked() {
 // FAILED harness_lost. PENDING records are removed so their command is
 // decided anew.
 func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
+	end, ok := s.claiming(hs.Name)
+	if !ok {
+		return // being claimed or run here already
+	}
+	defer end()
 	st := hs.DecidedState()
 	log := s.log.WithValues("session", hs.Name, "owner", hs.Status.PodName, "state", st)
 	if undecided(hs) {

@@ -37,6 +37,17 @@ func (b *bed) claimAs(sid, pod string, epoch int64) {
 	must(b.t, b.env.Client.Status().Patch(b.t.Context(), &v1alpha1.HCPSession{ObjectMeta: metav1.ObjectMeta{Namespace: b.ns, Name: sid}}, client.RawPatch(types.MergePatchType, patch)))
 }
 
+// waitEpoch waits until the session's stored owner epoch is epoch.
+func (b *bed) waitEpoch(sid string, epoch int64) {
+	b.t.Helper()
+	testEventually(b.t, 10*time.Second, func() error {
+		if hs := b.hcpSession(sid); hs.Status.OwnerEpoch != epoch {
+			return fmt.Errorf("status.ownerEpoch %d, want %d", hs.Status.OwnerEpoch, epoch)
+		}
+		return nil
+	})
+}
+
 // Every message a replica publishes for a session carries the owner epoch
 // it claimed the session with; the decision is the first claim.
 func TestMessagesCarryTheOwnerEpoch(t *testing.T) {
@@ -60,6 +71,7 @@ func TestMessagesCarryTheOwnerEpoch(t *testing.T) {
 func TestHigherEpochStopsTheZombie(t *testing.T) {
 	b := newBed(t, bedOptions{})
 	sid := b.startSlow(`{"steps":400,"step_ms":50}`)
+	b.waitEpoch(sid, 1)
 	b.claimAs(sid, b.pod, 2)
 	testEventually(t, 10*time.Second, func() error {
 		if !slices.Contains(b.harness.Stops(sid), samplecallee.OwnershipLost) {

@@ -77,12 +77,7 @@ func TestNoCompletionLostInAnAPIOutage(t *testing.T) {
 	var down atomic.Bool
 	b := newBed(t, bedOptions{wrapClient: func(c client.Client) client.Client { return writesDown{Client: c, down: &down} }})
 	sid := b.startSlow(`{"steps":4,"step_ms":300}`)
-	testEventually(t, 10*time.Second, func() error {
-		if hs := b.hcpSession(sid); hs.Status.OwnerEpoch != 1 {
-			return errString("status.ownerEpoch not written yet")
-		}
-		return nil
-	})
+	b.waitEpoch(sid, 1)
 	down.Store(true)
 	time.Sleep(4 * time.Second) // the harness finished and keeps retrying complete
 	if n := countType(b.messages(sid), envelope.TypeTaskCompleted); n != 0 {
@@ -100,10 +95,6 @@ func TestNoCompletionLostInAnAPIOutage(t *testing.T) {
 	}
 	checkSequences(t, b.events(sid))
 }
-
-type errString string
-
-func (e errString) Error() string { return string(e) }
 
 // A session whose owner recorded its outcome and was lost before publishing
 // it (or before writing the terminal status) is finished by the next owner
