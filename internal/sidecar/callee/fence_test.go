@@ -59,7 +59,7 @@ func TestMessagesCarryTheOwnerEpoch(t *testing.T) {
 			t.Fatalf("%s carries owner epoch %d (headers %v), want 1", m.env.Type, got, m.d.Headers)
 		}
 	}
-	if hs := b.hcpSession(sid); hs.Status.OwnerEpoch != 1 {
+	if hs := b.waitState(sid, v1alpha1.SessionCompleted, 20*time.Second); hs.Status.OwnerEpoch != 1 {
 		t.Fatalf("status.ownerEpoch = %d, want 1", hs.Status.OwnerEpoch)
 	}
 }
