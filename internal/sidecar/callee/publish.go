@@ -174,9 +174,11 @@ func (ss *sess) confirmLoop() {
 		if p.err != nil {
 			failed = true
 			ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
-			if !ss.ended() && !errors.Is(p.err, errOwnershipLost) && ss.sc.life.Err() == nil {
-				// The stream has a hole it cannot fill: end the session
-				// (the terminal record is replayed if this fails too).
+			if errors.Is(p.err, transport.ErrConnectionLost) && !errors.Is(p.err, errOwnershipLost) && !ss.ended() && ss.sc.life.Err() == nil {
+				// Given up after republishLimit lost connections (an
+				// unroutable event is the harness's 502, not this): the
+				// stream has a hole it cannot fill, so end the session
+				// (its terminal record is replayed if this fails too).
 				go ss.terminate(codePublishFailed, fmt.Sprintf("event %d could not be delivered to the caller: %v", p.seq, p.err), true)
 			}
 		} else if !failed && p.seq > ss.confirmed.Load() {
