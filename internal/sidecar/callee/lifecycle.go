@@ -92,6 +92,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	if err := ss.sc.fence(ss); err != nil {
 		return nil, err
 	}
+	ss.ending.Store(true) // the harness waits for this outcome: keep it (fenceWatch)
 	rec, err := ss.buildTerminalLocked(from, o, now)
 	if err != nil {
 		return nil, err

@@ -139,6 +139,9 @@ func (s *Sidecar) revalidate(ctx context.Context) {
 				again = append(again, ss)
 			case mine:
 				ss.leaseGen.Store(gen)
+				if ss.harnessStopped.CompareAndSwap(true, false) {
+					go ss.recoverHarness("the harness was stopped while this replica could not confirm that it owned the session")
+				}
 			}
 		}
 		if todo = again; len(todo) == 0 {
@@ -150,5 +153,44 @@ func (s *Sidecar) revalidate(ctx context.Context) {
 		case <-s.clk.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// fenceWatch stops the harness's work on every session while the Lease has
+// lapsed: by the time another replica may take a session over (a full
+// Lease duration after it last saw this Lease change), this replica has
+// stopped publishing (the fence) and its harness has stopped executing
+// (abort with reason ownership_lost, which the harness answers by stopping
+// without a word). When the session is confirmed to be still this
+// replica's (revalidate), it is resumed from its checkpoint; a session
+// whose outcome is being recorded keeps its harness (it only retries
+// complete or fail).
+func (s *Sidecar) fenceWatch(ctx context.Context) {
+	if s.lease == nil {
+		return
+	}
+	t := s.clk.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		s.stopLapsed()
+	}
+}
+
+func (s *Sidecar) stopLapsed() {
+	if s.lease.Valid() {
+		return
+	}
+	for _, ss := range s.active() {
+		if ss.moved.Load() || ss.ending.Load() || !ss.delivered.Load() || !ss.harnessStopped.CompareAndSwap(false, true) {
+			continue
+		}
+		ss.delivered.Store(false) // the watchdog leaves it alone
+		ss.log.Info("The Lease lapsed: stopping the harness's work on the session until this replica's ownership is confirmed")
+		go s.harnessAbort(ss.id, codeOwnershipLost)
 	}
 }

@@ -135,3 +135,33 @@ func TestFenceReopensAfterTheReRead(t *testing.T) {
 		t.Fatalf("fence after the re-read: %v", err)
 	}
 }
+
+// A lapsed Lease stops the harness's work (ownership_lost) before anyone
+// may take the session over, not only the publishing.
+func TestLapsedLeaseStopsTheHarness(t *testing.T) {
+	f := newFenceFixture(t)
+	f.ss.delivered.Store(true)
+	f.s.stopLapsed()
+	if len(f.stopsNow()) != 0 {
+		t.Fatal("the harness was stopped while the Lease was valid")
+	}
+	f.clk.Step(51 * time.Second)
+	f.s.stopLapsed()
+	f.s.stopLapsed() // once
+	deadline := time.Now().Add(5 * time.Second)
+	for len(f.stopsNow()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := f.stopsNow(); len(got) != 1 || got[0] != "/hcp/v1/sessions/s1/abort" {
+		t.Fatalf("stop requests %v", got)
+	}
+	if f.ss.delivered.Load() || !f.ss.harnessStopped.Load() {
+		t.Fatal("the session is still counted as running on the harness")
+	}
+}
+
+func (f *fenceFixture) stopsNow() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.stops...)
+}

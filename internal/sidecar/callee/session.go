@@ -107,6 +107,9 @@ type sess struct {
 	epoch    int64
 	lost     atomic.Bool
 	leaseGen atomic.Int64
+	// harnessStopped: the harness was told to stop while the Lease had
+	// lapsed (fenceWatch); ending: an outcome is being recorded.
+	harnessStopped, ending atomic.Bool
 	// termSeq is the first of the two sequence numbers reserved for the
 	// terminal record (terminal.go); 0 until one was built.
 	termSeq int64
