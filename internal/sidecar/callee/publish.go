@@ -42,12 +42,15 @@ func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub a
 // enqueueLocked publishes a message already in the log and queues it for
 // its confirm. Called with lock.
 func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.MessageType, rk string, pub amqp.Publishing, seq int64) (*pending, error) {
-	if pub.Headers == nil {
-		// The session's trace context, shared: withEpoch copies it.
-		pub.Headers = ss.trace.headers
+	// The session's trace context (shared: withEpoch copies it), what the
+	// message carries already, and the owner epoch it is published under.
+	h := withEpoch(ss.trace.headers, ss.epoch)
+	for k, v := range pub.Headers {
+		if k != envelope.HeaderOwnerEpoch {
+			h[k] = v
+		}
 	}
-	// Every message carries the owner epoch it is published under.
-	pub.Headers = withEpoch(pub.Headers, ss.epoch)
+	pub.Headers = h
 	if seq > 0 {
 		pub.Headers[envelope.HeaderConfirmedThrough] = ss.confirmed.Load()
 	}
