@@ -168,6 +168,7 @@ func (s *Sidecar) reclaim(ctx context.Context, hs *v1alpha1.HCPSession) (epoch i
 func (s *Sidecar) setupStatusWriter(w *status.Writer) {
 	w.SetStateLabel(v1alpha1.LabelSessionState)
 	w.SetDeriveConditions(true)
+	w.SetOwnerEpochGuard(true)
 	w.SetReader(s.reader)
 	w.SetOnFenced(func(name string) {
 		if ss := s.session(name); ss != nil {

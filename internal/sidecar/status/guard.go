@@ -40,6 +40,25 @@ func (e *fencedError) Error() string {
 
 func (e *fencedError) Unwrap() error { return ErrFenced }
 
+// SetOwnerEpochGuard turns the guarded writes on (the callee sidecar's
+// writer, which owns status.ownerEpoch); the caller sidecar's writer, which
+// writes only callerAckedSequence, leaves it off.
+func (w *Writer) SetOwnerEpochGuard(on bool) {
+	w.mu.Lock()
+	w.guard = on
+	w.mu.Unlock()
+}
+
+// guarded reports the epoch a write of target is conditional on (0: none).
+func (w *Writer) guarded(target v1alpha1.HCPSessionStatus) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.guard {
+		return 0
+	}
+	return target.OwnerEpoch
+}
+
 // SetReader sets the reader a failed guarded write is checked with (the
 // API server, uncached, ideally); the default is the writer's client.
 func (w *Writer) SetReader(r client.Reader) {

@@ -34,6 +34,7 @@ func TestGuardedWritesStopAtAHigherEpoch(t *testing.T) {
 	}
 	w := New(Options{Client: e.Client, Namespace: ns, Interval: 50 * time.Millisecond, Log: testr.New(t)})
 	w.SetStateLabel(v1alpha1.LabelSessionState)
+	w.SetOwnerEpochGuard(true)
 	fenced := make(chan string, 1)
 	w.SetOnFenced(func(name string) { fenced <- name })
 	ctx, cancel := context.WithCancel(context.Background())

@@ -116,7 +116,7 @@ func (w *Writer) processNext() bool {
 	// The label follows the state just written (or already stored).
 	labelWritten := false
 	if err == nil && labelKey != "" && target.State != "" && target.State != labelled {
-		labelErr = w.writeLabel(name, labelKey, target.State, target.OwnerEpoch)
+		labelErr = w.writeLabel(name, labelKey, target.State, w.guarded(target))
 		labelWritten = labelErr == nil
 	}
 
@@ -208,8 +208,8 @@ func retryBackoff(n int) time.Duration {
 func (w *Writer) write(name string, base, target v1alpha1.HCPSessionStatus) error {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
-	if target.OwnerEpoch > 0 {
-		err := w.writeGuarded(ctx, name, base, target, target.OwnerEpoch)
+	if epoch := w.guarded(target); epoch > 0 {
+		err := w.writeGuarded(ctx, name, base, target, epoch)
 		w.count(err)
 		return err
 	}

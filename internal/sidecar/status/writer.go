@@ -85,6 +85,8 @@ type Writer struct {
 	// lost to a later owner (guard.go).
 	reader   client.Reader
 	onFenced func(name string)
+	// guard: writes of a status carrying an ownerEpoch are guarded by it.
+	guard bool
 }
 
 // entry is what the writer knows of one session's status.
