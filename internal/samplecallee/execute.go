@@ -58,14 +58,14 @@ func (h *Harness) execute(t Task, in Inputs, rn *run, first int) {
 		}
 		if in.CheckpointEvery > 0 && step%in.CheckpointEvery == 0 {
 			state, _ := json.Marshal(checkpointState{Step: step})
-			if err := h.post(id, "checkpoint", map[string]any{
+			if err := h.postUntil(id, "checkpoint", map[string]any{
 				"checkpoint_id": fmt.Sprintf("ckpt-%03d", step), "description": fmt.Sprintf("after step %d", step), "resumable": true, "state": state,
-			}); err != nil {
+			}, rn.abort); err != nil {
 				return
 			}
 		}
 		if in.FailAt == step {
-			_ = h.post(id, "fail", failure{Code: "simulated_failure", Message: fmt.Sprintf("failed at step %d as asked", step)})
+			_ = h.postUntil(id, "fail", failure{Code: "simulated_failure", Message: fmt.Sprintf("failed at step %d as asked", step)}, rn.abort)
 			return
 		}
 		if in.PauseAt == step {
@@ -85,10 +85,10 @@ func (h *Harness) execute(t Task, in Inputs, rn *run, first int) {
 	if len(result) == 0 {
 		result, _ = json.Marshal(map[string]any{"steps": in.Steps, "capability": t.Capability})
 	}
-	if err := h.post(id, "complete", map[string]any{
+	if err := h.postUntil(id, "complete", map[string]any{
 		"result":  result,
 		"summary": map[string]any{"duration": fmt.Sprintf("PT%.3fS", time.Since(start).Seconds())},
-	}); err != nil {
+	}, rn.abort); err != nil {
 		log.Info("Completion refused", "error", err.Error())
 	}
 }

@@ -30,7 +30,11 @@
 // last step reported. Every event carries an idempotency key derived from
 // its step, and calls are retried while the sidecar is unreachable or
 // answers 503 (a sidecar restart, a lapsed Lease), so a retry never
-// duplicates an event.
+// duplicates an event; complete, fail and checkpoint are retried without a
+// deadline (the sidecar records an outcome before it publishes it, and
+// answers 503 fenced while it cannot). A stop request with reason
+// ownership_lost (the session moved to another replica) ends the task at
+// once, reporting nothing.
 package samplecallee
 
 import (
@@ -93,6 +97,7 @@ type Harness struct {
 	sessions map[string]*run
 	started  int            // tasks started, for tests
 	starts   map[string]int // starts per session (resumes count)
+	stops    map[string][]string
 }
 
 type run struct {
@@ -114,6 +119,7 @@ func New(sidecarURL string, log logr.Logger) *Harness {
 		log:      log,
 		sessions: map[string]*run{},
 		starts:   map[string]int{},
+		stops:    map[string][]string{},
 	}
 }
 
@@ -239,6 +245,14 @@ func (h *Harness) handleDrain(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// Stops returns the reasons of the stop requests (POST .../abort) the
+// harness got for a session.
+func (h *Harness) Stops(id string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.stops[id]...)
+}
+
 // Starts returns how many times the harness started (or resumed) a
 // session, and whether it runs it now.
 func (h *Harness) Starts(id string) (starts int, running bool) {
@@ -255,10 +269,21 @@ func (h *Harness) Starts(id string) (starts int, running bool) {
 	return h.starts[id], running
 }
 
+// OwnershipLost is the reason of a stop request from a sidecar that lost
+// the session to another replica: stop at once and report nothing (the
+// new owner resumes the task).
+const OwnershipLost = "ownership_lost"
+
 func (h *Harness) handleAbort(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	var body reason
+	_ = json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body)
 	h.mu.Lock()
 	rn := h.sessions[id]
+	h.stops[id] = append(h.stops[id], body.Reason)
+	if rn != nil && body.Reason == OwnershipLost {
+		rn.crashed = true // not ours to report on any more
+	}
 	h.mu.Unlock()
 	if rn == nil {
 		writeError(w, http.StatusNotFound, "not_found", "no such session")

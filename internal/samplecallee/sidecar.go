@@ -16,7 +16,19 @@ import (
 // right now); events carry idempotency keys, so a retry of a call that did
 // reach the sidecar is not published twice. A 404 after such an outage
 // means the session moved to another replica.
+//
+// complete, fail and checkpoint are retried without a deadline while the
+// sidecar answers 503 (fenced: it cannot confirm it still owns the
+// session, for as long as an API server outage lasts) or cannot be
+// reached, until stop is closed (the session was aborted or moved: 409
+// ownership_lost or a stop request): a result is never given up.
 func (h *Harness) post(id, action string, body any) error {
+	return h.postUntil(id, action, body, nil)
+}
+
+// postUntil is post; with stop non-nil, retries have no deadline and end
+// when stop is closed.
+func (h *Harness) postUntil(id, action string, body any, stop <-chan struct{}) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return err
@@ -32,6 +44,15 @@ func (h *Harness) post(id, action string, body any) error {
 			}
 			return nil
 		}
+		if stop != nil {
+			select {
+			case <-stop:
+				return fmt.Errorf("%s: stopped while retrying: %w", action, errOrStatus(err, status, msg))
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
 		if time.Now().After(deadline) {
 			if err == nil {
 				err = fmt.Errorf("%s: HTTP %d: %s", action, status, msg)
@@ -41,6 +62,13 @@ func (h *Harness) post(id, action string, body any) error {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+func errOrStatus(err error, status int, msg string) error {
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("HTTP %d: %s", status, msg)
 }
 
 // RetryFor is how long calls to the sidecar are retried.

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -12,11 +13,20 @@ import (
 // a lost connection (the receiver deduplicates a copy that did arrive), with
 // exponential backoff after a nack (a full queue with reject-publish). It
 // stops on success, on ErrUnroutable (no queue is bound: retrying cannot
-// help), ErrClosed, any other error, when ctx ends, or after Max attempts.
+// help), ErrClosed, any other error, when ctx ends, after Max attempts,
+// after MaxLost republishes for lost connections, or when Check refuses.
 // The one reliable-publish loop of the sidecars.
 type Retry struct {
 	// Max bounds the publishes after the first; 0 means until ctx ends.
 	Max int
+	// MaxLost bounds the republishes after a lost connection (a message
+	// that makes the broker close the channel would otherwise be sent
+	// again forever); 0 means no bound but Max.
+	MaxLost int
+	// Check, when set, is asked before every republish; an error stops
+	// the retries with it (a publisher that may no longer publish: a
+	// fenced owner).
+	Check func() error
 	// BackoffMin and BackoffMax bound the delay after a nack (defaults
 	// 100 ms and 5 s).
 	BackoffMin, BackoffMax time.Duration
@@ -47,6 +57,7 @@ func (r Retry) Confirm(ctx context.Context, p Publisher, exchange, key string, m
 	}
 	conf := first
 	backoff := minB
+	lost := 0
 	for attempt := 0; ; attempt++ {
 		var err error
 		if conf == nil {
@@ -61,6 +72,9 @@ func (r Retry) Confirm(ctx context.Context, p Publisher, exchange, key string, m
 		}
 		switch {
 		case errors.Is(err, ErrConnectionLost):
+			if lost++; r.MaxLost > 0 && lost > r.MaxLost {
+				return fmt.Errorf("%w (republished %d times after a lost connection; giving up)", err, r.MaxLost)
+			}
 		case errors.Is(err, ErrNacked):
 			select {
 			case <-ctx.Done():
@@ -73,6 +87,11 @@ func (r Retry) Confirm(ctx context.Context, p Publisher, exchange, key string, m
 		}
 		if r.OnRetry != nil {
 			r.OnRetry(attempt+1, err)
+		}
+		if r.Check != nil {
+			if cerr := r.Check(); cerr != nil {
+				return fmt.Errorf("%w (not republished: %w)", err, cerr)
+			}
 		}
 	}
 }

@@ -79,3 +79,27 @@ func TestRetry(t *testing.T) {
 		t.Errorf("cancelled: %v", err)
 	}
 }
+
+// A republish after a lost connection passes Check first (a fenced owner
+// stops), and MaxLost bounds how often one message is sent again for lost
+// connections, while nacks (a full queue) keep being retried.
+func TestRetryCheckAndMaxLost(t *testing.T) {
+	now := func(time.Duration) <-chan time.Time { c := make(chan time.Time, 1); c <- time.Time{}; return c }
+	fenced := errors.New("fenced")
+	p := &scripted{results: []error{ErrConnectionLost, nil}}
+	err := Retry{After: now, Check: func() error { return fenced }}.Publish(context.Background(), p, "x", "k", amqp.Publishing{})
+	if !errors.Is(err, fenced) || !errors.Is(err, ErrConnectionLost) || p.calls != 1 {
+		t.Fatalf("Check refusing: %v after %d publishes, want the fence after 1", err, p.calls)
+	}
+	p = &scripted{results: []error{ErrConnectionLost}}
+	err = Retry{After: now, MaxLost: 3}.Publish(context.Background(), p, "x", "k", amqp.Publishing{})
+	if !errors.Is(err, ErrConnectionLost) || p.calls != 4 {
+		t.Fatalf("MaxLost 3: %v after %d publishes, want 4", err, p.calls)
+	}
+	p = &scripted{results: []error{ErrNacked, ErrNacked, ErrNacked, ErrNacked, ErrNacked, nil}}
+	checks := 0
+	err = Retry{After: now, MaxLost: 1, Check: func() error { checks++; return nil }}.Publish(context.Background(), p, "x", "k", amqp.Publishing{})
+	if err != nil || p.calls != 6 || checks != 5 {
+		t.Fatalf("nacks under MaxLost 1: %v after %d publishes, %d checks", err, p.calls, checks)
+	}
+}

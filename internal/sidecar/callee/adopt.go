@@ -63,10 +63,26 @@ func (s *Sidecar) readopt(ctx context.Context) {
 		case err != nil:
 			log.Error(err, "Failed to read a session to re-adopt; the sweep retries")
 			continue
-		case hs.Status.PodName != s.pod && hs.Status.PodName != "":
+		}
+		// Claim it again (a higher owner epoch): whatever the previous
+		// incarnation may still have in flight is older.
+		epoch, mine, err := s.reclaim(ctx, hs)
+		if err != nil {
+			log.Error(err, "Failed to claim a session to re-adopt; the sweep retries")
+			continue
+		}
+		if !mine {
 			log.Info("A session of the previous incarnation moved to another replica; stopping it here", "owner", hs.Status.PodName)
 			_ = s.wal.Close(id)
-			go s.harnessAbort(id, "session_moved")
+			go s.harnessAbort(id, codeOwnershipLost)
+			continue
+		}
+		if tr := terminalOf(hs); tr != nil && !hs.Status.State.IsTerminal() {
+			// Ended, maybe not published: from the record, not the log.
+			_ = s.wal.Close(id)
+			if err := s.replayTerminal(ctx, hs, tr, epoch); err != nil {
+				log.Error(err, "Failed to replay the terminal record of a re-adopted session; the sweep retries")
+			}
 			continue
 		}
 		claims, err := sessionClaims(s.id, hs)
@@ -75,6 +91,7 @@ func (s *Sidecar) readopt(ctx context.Context) {
 			continue
 		}
 		ss := s.restoreSession(hs, claims, ws.LastSeq, true)
+		ss.epoch = epoch
 		ss.task, ss.keys, ss.index = ws.Task, ws.Keys, ws.LastIndex
 		if st, err := session.ParseState(ws.State); err == nil && ws.State != "" {
 			if m, err := session.Restore(st, hs.CreationTimestamp.Time, s.clk.Now()); err == nil {
@@ -143,6 +160,11 @@ func (ss *sess) armTimersLocked() {
 // FAILED harness_lost. PENDING records are removed so their command is
 // decided anew.
 func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
+	end, ok := s.claiming(hs.Name)
+	if !ok {
+		return // being claimed or run here already
+	}
+	defer end()
 	st := hs.DecidedState()
 	log := s.log.WithValues("session", hs.Name, "owner", hs.Status.PodName, "state", st)
 	if undecided(hs) {
@@ -179,10 +201,13 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 	case prev == s.pod:
 		msg = fmt.Sprintf("the callee sidecar (pod %s) restarted without its session log", s.pod)
 	}
-	// Claim it: only the winner of this optimistic-lock write goes on.
+	// Claim it: only the winner of this optimistic-lock write goes on,
+	// with the next owner epoch.
+	epoch := storedEpoch(hs) + 1
 	if err := s.casStatus(ctx, hs, func(stored *v1alpha1.HCPSessionStatus) {
 		stored.State = st // RUNNING when admitted at creation and not written since
 		stored.PodName = s.pod
+		stored.OwnerEpoch = epoch
 		stored.Message = truncate(msg, 1024)
 		setCondition(stored, metav1.Condition{Type: v1alpha1.ConditionHandover, Status: metav1.ConditionTrue, Reason: "TakenOver",
 			Message: truncate(msg, 512), LastTransitionTime: metav1.NewTime(s.clk.Now())})
@@ -193,6 +218,14 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 		return
 	}
 	s.st.Seed(hs.Name, hs.Status, s.clk.Now())
+	if tr := terminalOf(hs); tr != nil {
+		// It ended (its outcome recorded), maybe unpublished: publish
+		// the record again; the task never runs again.
+		if err := s.replayTerminal(ctx, hs, tr, epoch); err != nil {
+			log.Error(err, "Failed to replay the terminal record of a session; the sweep retries")
+		}
+		return
+	}
 	typ := corev1.EventTypeWarning
 	if wasReleased {
 		typ = corev1.EventTypeNormal
@@ -202,6 +235,7 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 	// confirm); otherwise continue after the reserved ceiling, never
 	// reusing a number the caller may have seen.
 	ss := s.restoreSession(hs, claims, hs.Status.LastSequence, wasReleased)
+	ss.epoch = epoch
 	if rec != nil {
 		ss.task = rec.Task
 	}
@@ -333,6 +367,7 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 		confirmQ:       make(chan *pending, confirmQueueSize),
 		confirmDone:    make(chan struct{}),
 	}
+	ss.confirmedUnder() // restored right after its claim
 	ss.seq = session.ResumeSequencer(last, ceiling, DefaultSequenceBlock, ss.reserver(ceiling))
 	// Up to last, every event is in the queue or, published by a replica
 	// that is gone without confirming it, lost for good: no caller should

@@ -66,6 +66,10 @@ func (s *Sidecar) routes() http.Handler {
 func (s *Sidecar) lookup(w http.ResponseWriter, r *http.Request) *sess {
 	id := r.PathValue("id")
 	if ss := s.session(strings.ToLower(id)); ss != nil {
+		if ss.lost.Load() {
+			writeAPIError(w, ownershipLostError())
+			return nil
+		}
 		return ss
 	}
 	if s.adopting.Load() {

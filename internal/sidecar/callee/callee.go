@@ -224,6 +224,7 @@ type Sidecar struct {
 	// harnessFresh.
 	harnessAnswered atomic.Int64
 	lease           *lease.Keeper
+	leases          *lease.Observer // other replicas' Leases, on this clock
 	ckpt            *checkpoint.Store
 	drainOnce       sync.Once
 	drained         chan struct{}
@@ -347,16 +348,13 @@ func New(o Options) (*Sidecar, error) {
 		wal:         wl,
 		walSessions: walSessions,
 		lease:       o.Lease,
+		leases:      lease.NewObserver(o.Clock),
 		ckpt:        &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID},
 		drained:     make(chan struct{}),
 		rec:         o.Recorder,
 		rejections:  lru.New(rejectionsRemembered),
 	}
-	// Sessions are selectable by state (kubectl get hcps -l hcp.io/state=RUNNING):
-	// the writer keeps the label in step with the state it writes.
-	o.Status.SetStateLabel(v1alpha1.LabelSessionState)
-	// And carry the kstatus conditions derived from the state (docs/gitops.md).
-	o.Status.SetDeriveConditions(true)
+	s.setupStatusWriter(o.Status)
 	s.life, s.stopLife = context.WithCancel(context.Background())
 	s.handler = s.routes()
 	s.adopting.Store(len(walSessions) > 0)

@@ -276,6 +276,7 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 	admit := func(st *v1alpha1.HCPSessionStatus) {
 		st.State = v1alpha1.SessionRunning
 		st.PodName = s.pod
+		st.OwnerEpoch = 1 // the first claim (epoch.go)
 		st.Reason = "accepted"
 		st.Message = truncate(v.Message, 1024)
 		// For people and dashboards only: replies never read them back.

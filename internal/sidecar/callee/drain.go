@@ -152,6 +152,11 @@ func (s *Sidecar) releaseStatus(ctx context.Context, ss *sess, last, events int6
 	backoff := 200 * time.Millisecond
 	for {
 		hs, err := s.readSession(ctx, ss.id)
+		if err == nil && s.lostTo(ss, hs) {
+			// Claimed by another replica meanwhile: not ours to release.
+			ss.log.Info("Not releasing the session: another replica claimed it", "epoch", ss.epoch, "storedEpoch", hs.Status.OwnerEpoch, "owner", hs.Status.PodName)
+			return nil
+		}
 		if err == nil {
 			err = s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
 				st.State = v1alpha1.SessionPaused

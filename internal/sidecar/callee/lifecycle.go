@@ -2,6 +2,7 @@ package callee
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -76,50 +77,40 @@ type outcome struct {
 	failed    *task.TaskFailed
 }
 
-// finishLocked moves the session to its terminal state: state_changed,
-// task_completed or task_failed (if any), then session_closed; stops the timers; writes the
-// terminal status at once; closes the confirm queue. Called with lock.
+// finishLocked ends the session: the terminal record first (conditional on
+// the owner epoch; nothing changes if it cannot be written: the error is
+// returned), then state_changed, task_completed or task_failed (if any) and
+// session_closed, published from it; the timers stop, the confirm queue
+// closes, and the terminal status is written once the broker confirmed
+// them (terminal.go). Called with lock.
 func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error) {
 	from := ss.machine.State()
 	now := ss.sc.clk.Now()
+	if err := session.Transition(from, o.final); err != nil {
+		return nil, err
+	}
+	if err := ss.sc.fence(ss); err != nil {
+		return nil, err
+	}
+	ss.ending.Store(true) // the harness waits for this outcome: keep it (fenceWatch)
+	rec, err := ss.buildTerminalLocked(from, o, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := ss.recordTerminal(ctx, rec); err != nil {
+		return nil, err
+	}
 	m, err := ss.machine.Apply(o.final, o.reason, now)
 	if err != nil {
 		return nil, err
 	}
 	ss.machine = m
 	ss.gauge(from, -1)
-	var ps []*pending
-	// Every transition has its state_changed, the terminal one too, before
-	// the result and session_closed.
-	if p, err := ss.emitTyped(ctx, &session.StateChangedData{FromState: from, ToState: o.final, Reason: o.reason}); err != nil {
-		ss.log.Error(err, "Failed to publish state_changed")
-	} else {
-		ps = append(ps, p)
-	}
-	if o.completed != nil {
-		if o.completed.Summary.Duration == 0 {
-			o.completed.Summary.Duration = task.Duration(now.Sub(ss.startedAt))
-		}
-		if o.completed.Summary.EventCount == 0 {
-			o.completed.Summary.EventCount = ss.events
-		}
-		if p, err := ss.resultLocked(ctx, envelope.TypeTaskCompleted, o.completed); err != nil {
-			ss.log.Error(err, "Failed to publish task_completed")
-		} else {
-			ps = append(ps, p)
-		}
-	}
-	if o.failed != nil {
-		if p, err := ss.resultLocked(ctx, envelope.TypeTaskFailed, o.failed); err != nil {
-			ss.log.Error(err, "Failed to publish task_failed")
-		} else {
-			ps = append(ps, p)
-		}
-	}
-	if p, err := ss.emitTyped(ctx, &session.SessionClosedData{FinalState: o.final, Reason: o.reason}); err != nil {
-		ss.log.Error(err, "Failed to publish session_closed")
-	} else {
-		ps = append(ps, p)
+	ps, err := ss.publishRecordLocked(ctx, rec)
+	if err != nil {
+		// Recorded: the record is replayed (statusAfterConfirms does not
+		// write the terminal status without every confirm).
+		ss.log.Error(err, "Failed to publish the end of the session; its terminal record is replayed")
 	}
 	if ss.timeout != nil {
 		ss.timeout.Stop()
@@ -127,18 +118,9 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	if ss.abortTimer != nil {
 		ss.abortTimer.Stop()
 	}
-	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) {
-		st.State = v1alpha1.SessionState(o.final)
-		st.Reason = o.reason
-		st.Message = truncate(o.message, 1024)
-		st.CompletedAt = &metav1.Time{Time: now.UTC().Truncate(time.Second)}
-		if o.completed != nil {
-			st.Result = resultSummary(o.completed)
-		}
-		if o.failed != nil {
-			st.Error = &v1alpha1.SessionError{Code: o.failed.Code, Message: truncate(o.failed.Message, 1024), Recoverable: o.failed.Recoverable}
-		}
-	})
+	if err != nil {
+		ps = append(ps, &pending{done: closedChan, err: err})
+	}
 	ss.terminal.Store(true)
 	ss.endedAt.Store(now.UnixNano())
 	close(ss.confirmQ)
@@ -149,17 +131,12 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	// Keep the session in memory for a while, so late harness calls get a
 	// clear 409 instead of 404; then forget it.
 	ss.sc.forgetLater(ss)
-	go func() {
-		// Terminal states are written at once; afterwards the writer can
-		// forget the session.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ss.sc.life), 30*time.Second)
-		defer cancel()
-		if err := ss.sc.st.Flush(ctx, ss.id); err == nil {
-			ss.sc.st.Forget(ss.id)
-		}
-	}()
+	go ss.statusAfterConfirms(ps, rec.Status)
 	return ps, nil
 }
+
+// closedChan is a closed channel (a pending that is already done).
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // requestAbort starts an abort (RUNNING or PAUSED → ABORTING); a no-op in
 // any other state.
@@ -208,7 +185,7 @@ func (ss *sess) onAbortTimeout() {
 	}
 	msg := fmt.Sprintf("the harness did not report the end of its cleanup within the abort timeout %s", task.FormatDuration(ss.abortTimeout))
 	if _, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAbortTimeout, message: msg}); err != nil {
-		ss.log.Error(err, "Failed to end an aborting session")
+		ss.retryEnd(err, reasonAbortTimeout, msg, false)
 	}
 }
 
@@ -239,13 +216,31 @@ func (ss *sess) failLocked(code, msg string, recoverable bool) {
 	case session.StateRunning:
 		if _, err := ss.finishLocked(ctx, outcome{final: session.StateFailed, reason: code, message: msg,
 			failed: &task.TaskFailed{Code: code, Message: msg, Recoverable: recoverable}}); err != nil {
-			ss.log.Error(err, "Failed to end a session")
+			ss.retryEnd(err, code, msg, recoverable)
 		}
 	case session.StateAborting:
 		if _, err := ss.finishLocked(ctx, outcome{final: session.StateAborted, reason: code, message: msg}); err != nil {
-			ss.log.Error(err, "Failed to end a session")
+			ss.retryEnd(err, code, msg, recoverable)
 		}
 	}
+}
+
+// endRetry is the delay before an outcome of the sidecar's own (a timeout,
+// a lost harness) that could not be recorded is tried again.
+const endRetry = 5 * time.Second
+
+// retryEnd tries an outcome of the sidecar's own again later, until it is
+// recorded or the session is lost to another replica. Called with lock.
+func (ss *sess) retryEnd(err error, code, msg string, recoverable bool) {
+	if errors.Is(err, errOwnershipLost) || ss.ended() {
+		return
+	}
+	ss.log.Error(err, "Failed to end the session; retrying", "reason", code, "in", endRetry.String())
+	ss.sc.clk.AfterFunc(endRetry, func() {
+		if ss.sc.life.Err() == nil {
+			ss.terminate(code, msg, recoverable)
+		}
+	})
 }
 
 // terminate ends the session from outside (harness unreachable, shutdown).

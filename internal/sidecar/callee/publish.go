@@ -3,6 +3,8 @@ package callee
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -40,12 +42,17 @@ func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub a
 // enqueueLocked publishes a message already in the log and queues it for
 // its confirm. Called with lock.
 func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.MessageType, rk string, pub amqp.Publishing, seq int64) (*pending, error) {
-	if pub.Headers == nil {
-		// The session's trace context, shared; SetConfirmedThrough copies it.
-		pub.Headers = ss.trace.headers
+	// The session's trace context (shared: withEpoch copies it), what the
+	// message carries already, and the owner epoch it is published under.
+	h := withEpoch(ss.trace.headers, ss.epoch)
+	for k, v := range pub.Headers {
+		if k != envelope.HeaderOwnerEpoch {
+			h[k] = v
+		}
 	}
+	pub.Headers = h
 	if seq > 0 {
-		envelope.SetConfirmedThrough(&pub, ss.confirmed.Load())
+		pub.Headers[envelope.HeaderConfirmedThrough] = ss.confirmed.Load()
 	}
 	conf, err := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, rk, pub)
 	if err != nil {
@@ -170,6 +177,13 @@ func (ss *sess) confirmLoop() {
 		if p.err != nil {
 			failed = true
 			ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
+			if errors.Is(p.err, transport.ErrConnectionLost) && !errors.Is(p.err, errOwnershipLost) && !ss.ended() && ss.sc.life.Err() == nil {
+				// Given up after republishLimit lost connections (an
+				// unroutable event is the harness's 502, not this): the
+				// stream has a hole it cannot fill, so end the session
+				// (its terminal record is replayed if this fails too).
+				go ss.terminate(codePublishFailed, fmt.Sprintf("event %d could not be delivered to the caller: %v", p.seq, p.err), true)
+			}
 		} else if !failed && p.seq > ss.confirmed.Load() {
 			// In order: everything queued before p was confirmed too.
 			ss.confirmed.Store(p.seq)
@@ -199,12 +213,47 @@ func (f failedConfirmation) Wait(context.Context) error { return f.err }
 // it unconfirmed, and the next owner republishes it). Events are never given
 // up for a count of attempts: a full event queue (reject-publish) holds the
 // session back rather than losing an event.
+//
+// A republish passes the fence first (mayRepublish: it waits while the
+// Lease has lapsed, and stops for a session lost to another replica), and
+// republishes after a lost connection are bounded (republishLimit): a
+// message the broker keeps closing the channel over is given up, and the
+// session fails (publish_failed) rather than stalling forever.
 func (ss *sess) awaitConfirm(p *pending) error {
-	return transport.Retry{After: ss.sc.clk.After, OnRetry: func(attempt int, err error) {
+	return transport.Retry{After: ss.sc.clk.After, MaxLost: republishLimit, Check: ss.mayRepublish, OnRetry: func(attempt int, err error) {
 		if attempt == 1 || attempt%20 == 0 {
 			ss.log.Info("Republishing an unconfirmed event", "type", p.kind, "sequence", p.seq, "attempt", attempt, "reason", err.Error())
 		}
 	}}.Confirm(ss.sc.life, ss.sc.pub, topology.EventsExchange, p.rk, p.pub, p.conf)
+}
+
+// republishLimit bounds the republishes of one message after lost
+// connections (each waits for a new channel).
+const republishLimit = 30
+
+// codePublishFailed is the failure code of a session whose message could
+// not be delivered.
+const codePublishFailed = "publish_failed"
+
+// mayRepublish is the fence of a republish: it waits while this replica
+// cannot vouch for the session (its Lease lapsed, not re-read since), and
+// refuses once the session is lost. A session being handed over (moved)
+// still owes its last messages: they go out before the release.
+func (ss *sess) mayRepublish() error {
+	for {
+		if ss.lost.Load() {
+			return errOwnershipLost
+		}
+		l := ss.sc.lease
+		if l == nil || (l.Valid() && ss.leaseGen.Load() == l.Generation()) {
+			return nil
+		}
+		select {
+		case <-ss.sc.life.Done():
+			return ss.sc.life.Err()
+		case <-ss.sc.clk.After(time.Second):
+		}
+	}
 }
 
 // waitAll waits for the confirms of ps and returns the first error.

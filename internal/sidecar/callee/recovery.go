@@ -86,3 +86,26 @@ func (s *Sidecar) isLocal(id string) bool {
 	_, running := s.sessions[id]
 	return deciding || running
 }
+
+// claiming marks id as being taken over here (isLocal reports it, so no
+// second sweep claims it again meanwhile); false when it already is local.
+// The returned func ends the mark.
+func (s *Sidecar) claiming(id string) (func(), bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, deciding := s.deciding[id]
+	_, running := s.sessions[id]
+	if deciding || running {
+		return nil, false
+	}
+	done := make(chan struct{})
+	s.deciding[id] = done
+	return func() {
+		s.mu.Lock()
+		if s.deciding[id] == done {
+			delete(s.deciding, id)
+		}
+		s.mu.Unlock()
+		close(done)
+	}, true
+}

@@ -63,7 +63,13 @@ func (s *Sidecar) acceptedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error
 		RiskLevel:     claims.Risk,
 		ExpiresAt:     task.NewTimestamp(claims.ExpiresAt),
 	}
-	return s.replyPublishing(hs.Name, envelope.TypeTaskAccepted, claims.IssuedAt, payload)
+	pub, err := s.replyPublishing(hs.Name, envelope.TypeTaskAccepted, claims.IssuedAt, payload)
+	if err == nil {
+		// A duplicate's reply (rebuilt on any replica) carries the epoch
+		// stored with the session, as the original did.
+		pub.Headers = withEpoch(pub.Headers, storedEpoch(hs))
+	}
+	return pub, err
 }
 
 // rejectedReply rebuilds the task_rejected of a rejected session.

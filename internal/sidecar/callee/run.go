@@ -45,6 +45,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.recover(ctx)
 	go s.sweepLoop(ctx)
 	go s.harnessWatchdog(ctx)
+	go s.revalidateLoop(ctx)
+	go s.fenceWatch(ctx)
 
 	consumeCtx, stopConsume := context.WithCancel(context.WithoutCancel(ctx))
 	s.mu.Lock()

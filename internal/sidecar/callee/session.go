@@ -2,22 +2,17 @@ package callee
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/policy"
-	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
@@ -106,6 +101,18 @@ type sess struct {
 	// moved is set when the session left this replica (handed over, or
 	// taken over by another): it publishes nothing more.
 	moved atomic.Bool
+	// epoch is the owner epoch this replica claimed the session with
+	// (epoch.go); lost is set once a higher one is seen. leaseGen is the
+	// Lease generation under which the claim was last confirmed (fence).
+	epoch    int64
+	lost     atomic.Bool
+	leaseGen atomic.Int64
+	// harnessStopped: the harness was told to stop while the Lease had
+	// lapsed (fenceWatch); ending: an outcome is being recorded.
+	harnessStopped, ending atomic.Bool
+	// termSeq is the first of the two sequence numbers reserved for the
+	// terminal record (terminal.go); 0 until one was built.
+	termSeq int64
 	// recovering is set while the harness's loss of the session is being
 	// recovered.
 	recovering atomic.Bool
@@ -139,28 +146,11 @@ func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok s
 		confirmDone:  make(chan struct{}),
 		task:         body,
 	}
+	ss.epoch = 1 // the decision is the first claim
+	ss.confirmedUnder()
 	ss.seq = session.NewReservingSequencer(0, DefaultSequenceBlock, ss.reserver(DefaultSequenceBlock))
 	ss.startTrace(hs, false)
 	return ss
-}
-
-// reserver persists the sequence ceiling in an annotation, skipping what was
-// reserved already (preReserved: the block written at creation).
-func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
-	return func(ceiling int64) error {
-		if ceiling <= preReserved {
-			return nil
-		}
-		hs := &v1alpha1.HCPSession{ObjectMeta: metav1.ObjectMeta{Name: ss.id, Namespace: ss.sc.ns}}
-		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, AnnotationSequenceCeiling, strconv.FormatInt(ceiling, 10))
-		ctx, cancel := context.WithTimeout(ss.sc.life, 10*time.Second)
-		defer cancel()
-		err := ss.sc.c.Patch(ctx, hs, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(status.FieldOwner))
-		if apierrors.IsNotFound(err) {
-			return nil // the object is gone (deleted by a user); nobody can take over
-		}
-		return err
-	}
 }
 
 func (s *Sidecar) register(ss *sess) {

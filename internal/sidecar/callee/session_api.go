@@ -144,6 +144,11 @@ func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData
 	if d.CreatedAt.IsZero() {
 		d.CreatedAt = task.NewTimestamp(ss.sc.clk.Now())
 	}
+	// The store is shared state: write it only as the session's owner,
+	// confirmed just now (the fence, then the stored epoch re-read).
+	if e := ss.ownerNow(ctx); e != nil {
+		return nil, e
+	}
 	if len(state) > 0 || d.Resumable {
 		err := ss.sc.ckpt.Save(ctx, checkpoint.Owner{Name: ss.id, UID: ss.uid}, ss.task, checkpoint.Checkpoint{
 			ID: d.CheckpointID, Description: d.Description, Resumable: d.Resumable,
@@ -173,6 +178,24 @@ func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData
 	return []*pending{p}, nil
 }
 
+// ownerNow answers whether this replica may write the session's shared
+// state now: the fence is open and the HCPSession, read from the API
+// server, still shows this replica's epoch. 503 fenced (retry) when it
+// cannot tell, 409 ownership_lost when another replica claimed it.
+func (ss *sess) ownerNow(ctx context.Context) *apiError {
+	if err := ss.sc.fence(ss); err != nil {
+		return fencedError(err)
+	}
+	mine, err := ss.sc.checkOwner(ctx, ss)
+	switch {
+	case err != nil:
+		return fencedError(fmt.Errorf("%w: %w", errFenced, err))
+	case !mine:
+		return ownershipLostError()
+	}
+	return nil
+}
+
 // currentState reads the state without waiting for a busy session.
 func (ss *sess) currentState() session.State {
 	if err := ss.acquire(context.Background()); err != nil {
@@ -193,11 +216,13 @@ func (ss *sess) complete(ctx context.Context, tc *task.TaskCompleted) ([]*pendin
 	case session.StateRunning:
 		ps, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateCompleted, reason: "completed", completed: tc})
 		if err != nil {
-			return nil, unavailable(err)
+			return nil, terminalError(err)
 		}
 		return ps, nil
 	case session.StateAborting:
-		_, _ = ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: "the harness completed the task while it was being aborted; the result was discarded"})
+		if _, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: "the harness completed the task while it was being aborted; the result was discarded"}); err != nil {
+			return nil, terminalError(err)
+		}
 		return nil, conflict(session.StateAborted, "the session was being aborted: it is now ABORTED and the result was not forwarded")
 	case session.StatePaused:
 		return nil, conflict(st, "the session is PAUSED: resume it before completing it (L2 has no PAUSED -> COMPLETED)")
@@ -225,11 +250,13 @@ func (ss *sess) fail(ctx context.Context, tf *task.TaskFailed) ([]*pending, *api
 		}
 		more, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateFailed, reason: tf.Code, message: tf.Message, failed: tf})
 		if err != nil {
-			return nil, unavailable(err)
+			return ps, terminalError(err)
 		}
 		return append(ps, more...), nil
 	case session.StateAborting:
-		_, _ = ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: "the harness reported a failure while the task was being aborted: " + tf.Message})
+		if _, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: "the harness reported a failure while the task was being aborted: " + tf.Message}); err != nil {
+			return nil, terminalError(err)
+		}
 		return nil, conflict(session.StateAborted, "the session was being aborted: it is now ABORTED")
 	default:
 		return nil, conflict(st, "the session is %s", st)
@@ -250,7 +277,7 @@ func (ss *sess) aborted(ctx context.Context, reason string) ([]*pending, *apiErr
 	}
 	ps, err := ss.finishLocked(ss.sc.life, outcome{final: session.StateAborted, reason: reasonAborted, message: orDefault(reason, "the harness finished cleaning up")})
 	if err != nil {
-		return nil, unavailable(err)
+		return nil, terminalError(err)
 	}
 	return ps, nil
 }

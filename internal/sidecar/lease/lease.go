@@ -33,14 +33,6 @@ const (
 // Name is the Lease of a sidecar's pod.
 func Name(pod string) string { return "hcp-sidecar-" + pod }
 
-// Expired reports whether l no longer vouches for its holder at now.
-func Expired(l *coordinationv1.Lease, now time.Time) bool {
-	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return true
-	}
-	return now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
-}
-
 // Options configure a Keeper.
 type Options struct {
 	Client    client.Client
@@ -61,6 +53,12 @@ type Options struct {
 type Keeper struct {
 	o          Options
 	validUntil atomic.Int64 // unix nanos; 0 = never acquired
+	// gen counts the renewals that made the Keeper valid again after it
+	// had lapsed (the first acquisition included). A sidecar vouches for
+	// a session only under the generation in which it last read the
+	// session's HCPSession (see Generation).
+	gen      atomic.Int64
+	regained chan struct{}
 }
 
 // New returns a Keeper; Acquire takes the Lease, Run renews it.
@@ -77,8 +75,21 @@ func New(o Options) *Keeper {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
-	return &Keeper{o: o}
+	return &Keeper{o: o, regained: make(chan struct{}, 1)}
 }
+
+// Generation counts the times the Keeper became valid after having lapsed
+// (a partition healed, a frozen process resumed). A renewal proves only
+// that this pod is alive, not that it still owns what it owned before the
+// lapse: meanwhile another replica may have taken its sessions over. So a
+// sidecar records the generation under which it last read each session's
+// HCPSession and acts for the session only while Generation is the same;
+// after a lapse it re-reads every session first (Regained tells it when).
+func (k *Keeper) Generation() int64 { return k.gen.Load() }
+
+// Regained is signalled (it holds at most one signal) each time
+// Generation increments.
+func (k *Keeper) Regained() <-chan struct{} { return k.regained }
 
 // Duration is the Lease duration others wait for.
 func (k *Keeper) Duration() time.Duration { return k.o.Duration }
@@ -154,22 +165,21 @@ func (k *Keeper) renew(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("lease %s/%s: %w", k.o.Namespace, Name(k.o.Pod), err)
 	}
+	// Lapsed at any moment before this renewal lands: a new generation,
+	// counted before the Keeper turns valid, so no session can pass the
+	// fence under the old one in between.
+	lapsed := k.o.Clock.Now().UnixNano() >= k.validUntil.Load()
+	if lapsed {
+		k.gen.Add(1)
+	}
 	// Measured from before the request: the API server may have stored a
 	// renewal time later than start, never earlier.
 	k.validUntil.Store(start.Add(k.o.Duration - k.o.Margin).UnixNano())
-	return nil
-}
-
-// Alive reports whether the sidecar of pod still holds its Lease. known is
-// false when the pod has no Lease (a sidecar of a version before leases):
-// the caller then decides from the pod's existence.
-func Alive(ctx context.Context, r client.Reader, ns, pod string, now time.Time) (alive, known bool, err error) {
-	var l coordinationv1.Lease
-	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: Name(pod)}, &l); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, false, nil
+	if lapsed {
+		select {
+		case k.regained <- struct{}{}:
+		default:
 		}
-		return true, false, err
 	}
-	return !Expired(&l, now), true, nil
+	return nil
 }

@@ -30,6 +30,11 @@
 // the kstatus conditions Ready, Reconciling and Stalled from the state
 // (SetConditions), so they travel in the same write as the state.
 //
+// With SetOwnerEpochGuard (the callee sidecar), a status carrying an
+// ownerEpoch is written only while the stored one is still that epoch:
+// JSON patches testing /status/ownerEpoch, field by field; a write that
+// finds a later owner's epoch drops the session (ErrFenced, SetOnFenced).
+//
 // # Where things are
 //
 // One type, Writer, owns every session's status: what was written (its
@@ -42,5 +47,6 @@
 //	update.go      what sidecars call: Seed, Update, UpdateAfter, Flush, Forget, Status; the waiters of a Flush
 //	write.go       the write loop: when an entry is due, one attempt (status patch, state label), its outcome, retries
 //	budget.go      SetBudget and writeBudget: the token bucket all writes share
+//	guard.go       owner-epoch guarded writes (SetOwnerEpochGuard)
 //	conditions.go  SetConditions: the kstatus conditions derived from the state
 package status

@@ -24,7 +24,7 @@ func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.
 	e.desired = *st.DeepCopy()
 	e.version++
 	e.written = e.version
-	e.gone = false
+	e.gone, e.fenced = false, false
 	if !writtenAt.IsZero() {
 		e.lastWrite = writtenAt
 	}
@@ -104,6 +104,9 @@ func (w *Writer) Flush(ctx context.Context, name string) error {
 	}
 	if e.gone {
 		w.mu.Unlock()
+		if e.fenced {
+			return ErrFenced
+		}
 		return ErrNotFound
 	}
 	ch := make(chan error, 1)

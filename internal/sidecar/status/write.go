@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -115,7 +116,7 @@ func (w *Writer) processNext() bool {
 	// The label follows the state just written (or already stored).
 	labelWritten := false
 	if err == nil && labelKey != "" && target.State != "" && target.State != labelled {
-		labelErr = w.writeLabel(name, labelKey, target.State)
+		labelErr = w.writeLabel(name, labelKey, target.State, w.guarded(target))
 		labelWritten = labelErr == nil
 	}
 
@@ -165,6 +166,14 @@ func (w *Writer) settle(name string, e *entry, a attempt) {
 	switch {
 	case a.err == nil && a.labelErr == nil:
 		w.notify(e, nil)
+	case errors.Is(a.err, ErrFenced) || errors.Is(a.labelErr, ErrFenced):
+		e.gone, e.fenced = true, true
+		w.log.Info("HCPSession claimed by a later owner; dropped its status updates", "hcpsession", klog.KRef(w.ns, name), "reason", errors.Join(a.err, a.labelErr).Error())
+		w.notify(e, ErrFenced)
+		if f := w.onFenced; f != nil {
+			go f(name)
+		}
+		return
 	case apierrors.IsNotFound(a.err) || apierrors.IsNotFound(a.labelErr):
 		e.gone = true
 		w.log.Info("HCPSession is gone; dropped its status updates", "hcpsession", klog.KRef(w.ns, name))
@@ -199,6 +208,11 @@ func retryBackoff(n int) time.Duration {
 func (w *Writer) write(name string, base, target v1alpha1.HCPSessionStatus) error {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
+	if epoch := w.guarded(target); epoch > 0 {
+		err := w.writeGuarded(ctx, name, base, target, epoch)
+		w.count(err)
+		return err
+	}
 	meta := metav1.ObjectMeta{Name: name, Namespace: w.ns}
 	from := &v1alpha1.HCPSession{ObjectMeta: meta, Status: base}
 	to := &v1alpha1.HCPSession{ObjectMeta: meta, Status: target}
@@ -209,15 +223,25 @@ func (w *Writer) write(name string, base, target v1alpha1.HCPSessionStatus) erro
 
 // writeLabel sets the state label with a metadata merge patch (a status
 // write cannot change labels).
-func (w *Writer) writeLabel(name, key string, state v1alpha1.SessionState) error {
+func (w *Writer) writeLabel(name, key string, state v1alpha1.SessionState, epoch int64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
+	if epoch > 0 {
+		err := w.writeLabelGuarded(ctx, name, key, state, epoch)
+		w.countLabel(err)
+		return err
+	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{key: string(state)}}})
 	if err != nil {
 		return err
 	}
 	hs := &v1alpha1.HCPSession{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.ns}}
 	err = w.c.Patch(ctx, hs, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(w.owner))
+	w.countLabel(err)
+	return err
+}
+
+func (w *Writer) countLabel(err error) {
 	if w.m != nil {
 		result := "ok"
 		if err != nil {
@@ -225,7 +249,6 @@ func (w *Writer) writeLabel(name, key string, state v1alpha1.SessionState) error
 		}
 		w.m.LabelWrites.WithLabelValues(result).Inc()
 	}
-	return err
 }
 
 func (w *Writer) count(err error) {

@@ -81,6 +81,12 @@ type Writer struct {
 	labelKey string
 	// derive: Update derives the kstatus conditions (SetConditions).
 	derive bool
+	// reader checks failed guarded writes; onFenced is told of a session
+	// lost to a later owner (guard.go).
+	reader   client.Reader
+	onFenced func(name string)
+	// guard: writes of a status carrying an ownerEpoch are guarded by it.
+	guard bool
 }
 
 // entry is what the writer knows of one session's status.
@@ -98,8 +104,9 @@ type entry struct {
 	pendingSince time.Time
 	// force asks the next write to ignore the interval (Flush).
 	force bool
-	// gone is set when the object was not found: updates are dropped.
-	gone bool
+	// gone is set when the object was not found, or (fenced) a later
+	// owner claimed it: updates are dropped.
+	gone, fenced bool
 	// label is the state the object's state label is known to carry ("":
 	// unknown, written at the next chance); labelRetryAt delays the next
 	// attempt after a failed label write.

@@ -1,0 +1,89 @@
+package callee
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
+)
+
+// reserver persists the sequence ceiling in an annotation, skipping what was
+// reserved already (preReserved: the block written at creation). The write
+// is conditional on this replica's owner epoch (guardedMetaPatch), so a
+// replica that lost the session can never move the ceiling, and it only
+// ever raises it: the next owner continues after the stored ceiling, and
+// no two owners use the same numbers.
+func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
+	return func(ceiling int64) error {
+		if ceiling <= preReserved {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(ss.sc.life, 10*time.Second)
+		defer cancel()
+		err := ss.guardedMetaPatch(ctx, AnnotationSequenceCeiling, strconv.FormatInt(ceiling, 10), func(hs *v1alpha1.HCPSession) bool {
+			return storedCeiling(hs) >= ceiling // never lowered
+		})
+		if err != nil {
+			return fmt.Errorf("reserving sequence numbers up to %d: %w", ceiling, err)
+		}
+		return nil
+	}
+}
+
+// guardedMetaPatch sets annotation key to value on the session's
+// HCPSession, conditional on this replica's owner epoch: a JSON patch whose
+// first operation tests status.ownerEpoch. When the test fails the object
+// is read: a later owner's epoch means the session is lost
+// (errOwnershipLost, and loseSession runs); a session admitted at creation
+// whose status does not carry the epoch yet is written conditional on its
+// resourceVersion instead; done (if not nil) tells a write that is not
+// needed any more. A deleted object counts as written.
+func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done func(*v1alpha1.HCPSession) bool) error {
+	err := ss.patchAnnotation(ctx, key, value, map[string]any{"op": "test", "path": "/status/ownerEpoch", "value": ss.epoch})
+	if err == nil || apierrors.IsNotFound(err) {
+		return nil
+	}
+	hs, rerr := ss.sc.readSession(ctx, ss.id)
+	switch {
+	case apierrors.IsNotFound(rerr):
+		return nil
+	case rerr != nil:
+		return err
+	case ss.sc.lostTo(ss, hs):
+		go ss.sc.loseSession(ss, "a write found a later owner's epoch stored", "storedEpoch", hs.Status.OwnerEpoch)
+		return errOwnershipLost
+	case done != nil && done(hs):
+		return nil
+	case hs.Status.OwnerEpoch == 0 && ss.epoch == 1:
+		return ss.patchAnnotation(ctx, key, value, map[string]any{"op": "test", "path": "/metadata/resourceVersion", "value": hs.ResourceVersion})
+	}
+	return err
+}
+
+// patchAnnotation sets one annotation after the test operation.
+func (ss *sess) patchAnnotation(ctx context.Context, key, value string, test map[string]any) error {
+	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+	patch, err := json.Marshal([]map[string]any{test, {"op": "add", "path": path, "value": value}})
+	if err != nil {
+		return err
+	}
+	hs := &v1alpha1.HCPSession{ObjectMeta: metav1.ObjectMeta{Name: ss.id, Namespace: ss.sc.ns}}
+	return ss.sc.c.Patch(ctx, hs, client.RawPatch(types.JSONPatchType, patch), client.FieldOwner(status.FieldOwner))
+}
+
+// storedCeiling is the ceiling annotation of hs (0 if none).
+func storedCeiling(hs *v1alpha1.HCPSession) int64 {
+	c, _ := strconv.ParseInt(hs.Annotations[AnnotationSequenceCeiling], 10, 64)
+	return c
+}
