@@ -347,10 +347,11 @@ func New(o Options) (*Sidecar, error) {
 		wal:         wl,
 		walSessions: walSessions,
 		lease:       o.Lease,
-		ckpt:        &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID},
-		drained:     make(chan struct{}),
-		rec:         o.Recorder,
-		rejections:  lru.New(rejectionsRemembered),
+		ckpt: &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID, CalleeName: o.Config.ObjectName,
+			Signer: keys.signer, Verifiers: keys.verifiers},
+		drained:    make(chan struct{}),
+		rec:        o.Recorder,
+		rejections: lru.New(rejectionsRemembered),
 	}
 	// Sessions are selectable by state (kubectl get hcps -l hcp.io/state=RUNNING):
 	// the writer keeps the label in step with the state it writes.

@@ -84,7 +84,11 @@ type drainAnswer struct {
 // handOver moves one session off this replica.
 func (ss *sess) handOver(ctx context.Context) error {
 	s := ss.sc
-	rec, err := s.ckpt.Load(ctx, ss.id)
+	owner, err := ss.ckptOwner()
+	if err != nil {
+		return err
+	}
+	rec, err := s.ckpt.Load(ctx, owner)
 	if err != nil {
 		return err
 	}

@@ -145,10 +145,15 @@ func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData
 		d.CreatedAt = task.NewTimestamp(ss.sc.clk.Now())
 	}
 	if len(state) > 0 || d.Resumable {
-		err := ss.sc.ckpt.Save(ctx, checkpoint.Owner{Name: ss.id, UID: ss.uid}, ss.task, checkpoint.Checkpoint{
-			ID: d.CheckpointID, Description: d.Description, Resumable: d.Resumable,
-			Sequence: ss.seq.Last(), CreatedAt: d.CreatedAt.Time, State: state,
-		})
+		owner, err := ss.ckptOwner()
+		if err == nil {
+			// Owner epoch 0 until the owner epoch is tracked per session
+			// (issue 34 item 1): Save then passes the session's epoch.
+			err = ss.sc.ckpt.Save(ctx, owner, 0, ss.task, checkpoint.Checkpoint{
+				ID: d.CheckpointID, Description: d.Description, Resumable: d.Resumable,
+				Sequence: ss.seq.Last(), CreatedAt: d.CreatedAt.Time, State: state,
+			})
+		}
 		if errors.Is(err, checkpoint.ErrTooLarge) {
 			return nil, &apiError{http.StatusRequestEntityTooLarge, &server.Error{Code: server.CodeTooLarge, Message: err.Error()}}
 		}
