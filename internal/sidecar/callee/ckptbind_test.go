@@ -56,7 +56,7 @@ func TestForgedCheckpointRunsNothingOnTakeover(t *testing.T) {
 	must(t, err)
 	must(t, b.env.Client.Create(t.Context(), &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: checkpoint.Name(sid), Namespace: b.ns,
-			Labels: map[string]string{v1alpha1.LabelCalleeID: calleeID, v1alpha1.LabelCallee: calleeID, v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue},
+			Labels:          map[string]string{v1alpha1.LabelCalleeID: calleeID, v1alpha1.LabelCallee: calleeID, v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "HCPSession", Name: sid, UID: hs.UID}},
 		},
 		Data: map[string]string{"task.json": string(forged), "checkpoint-id": "ckpt-1", "sequence": "7", "resumable": "true",

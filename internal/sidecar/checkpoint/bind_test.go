@@ -32,7 +32,7 @@ func kidOf(k ed25519.PrivateKey) string { return token.KeyID(k.Public().(ed25519
 
 // newStore is the store of Callee name (id name+"-id") signing with k and
 // accepting the keys of verify (k's own when empty).
-func newStore(t *testing.T, c client.Client, name string, k ed25519.PrivateKey, verify ...ed25519.PrivateKey) *Store {
+func newStore(t testing.TB, c client.Client, name string, k ed25519.PrivateKey, verify ...ed25519.PrivateKey) *Store {
 	t.Helper()
 	if len(verify) == 0 {
 		verify = []ed25519.PrivateKey{k}

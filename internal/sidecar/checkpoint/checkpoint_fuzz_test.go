@@ -45,7 +45,7 @@ func FuzzLoad(f *testing.F) {
 	// at a time); building one per input was most of a run's cost.
 	c := fakeClient()
 	k := ed25519Key(1)
-	store := newStore(&testing.T{}, c, "lab", k)
+	store := newStore(f, c, "lab", k)
 	kid := kidOf(k)
 	f.Fuzz(func(t *testing.T, task []byte, id, desc, seq, created, resumable string, state []byte, seqN, createdN int64, sig string) {
 		cm := &corev1.ConfigMap{
