@@ -27,7 +27,7 @@ func orphanTask(t *testing.T, sid, inputs string) []byte {
 }
 
 // saveCheckpoint stores a session's record as a sidecar of the bed's
-// Callee does (signed with the bed's key).
+// Callee does (signed with the bed's key, at the session's owner epoch).
 func (b *bed) saveCheckpoint(sid string, body []byte, cp checkpoint.Checkpoint) {
 	b.t.Helper()
 	hs := b.hcpSession(sid)
@@ -37,7 +37,7 @@ func (b *bed) saveCheckpoint(sid string, body []byte, cp checkpoint.Checkpoint) 
 			s, _ := token.NewKeySet(b.key.Public().(ed25519.PublicKey))
 			return s
 		}}
-	must(b.t, store.Save(b.t.Context(), ckptOwner(hs), 1, body, cp))
+	must(b.t, store.Save(b.t.Context(), ckptOwner(hs), hs.Status.OwnerEpoch, body, cp))
 }
 
 // TestForgedCheckpointRunsNothingOnTakeover: the replica running a session
