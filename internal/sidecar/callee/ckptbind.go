@@ -8,6 +8,7 @@ import (
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 )
 
 // codeCheckpointRejected ends a session whose stored checkpoint failed
@@ -18,6 +19,12 @@ const codeCheckpointRejected = "checkpoint_rejected"
 // EventCheckpointRejected (Warning, on the HCPSession): its stored
 // checkpoint failed verification; the session failed and nothing ran.
 const EventCheckpointRejected = "CheckpointRejected"
+
+// AnnotationSignedCheckpoints marks an HCPSession created by a sidecar
+// that signs its checkpoint records: an unsigned record is never accepted
+// for it. Sessions without it were admitted by an earlier release, whose
+// unsigned records are accepted on the conditions of acceptLegacy.
+const AnnotationSignedCheckpoints = "hcp.io/signed-checkpoints"
 
 // decisionOf is the gate's decision as the HCPSession records it.
 func decisionOf(hs *v1alpha1.HCPSession) checkpoint.Decision {
@@ -63,6 +70,14 @@ func (ss *sess) ckptOwner() (checkpoint.Owner, error) {
 // and carry that same decision. An error matching
 // checkpoint.ErrUnverified means nothing in the record may be used.
 func (s *Sidecar) loadVerified(rec *checkpoint.Record, err error, hs *v1alpha1.HCPSession) (*checkpoint.Record, error) {
+	var le *checkpoint.LegacyError
+	if errors.As(err, &le) {
+		if lerr := s.acceptLegacy(le.Record, hs); lerr != nil {
+			return nil, fmt.Errorf("%w; %w", err, lerr)
+		}
+		rec, err = le.Record, nil
+		rec.Decision = decisionOf(hs)
+	}
 	if err != nil || rec == nil {
 		return rec, err
 	}
@@ -79,3 +94,33 @@ func (s *Sidecar) loadVerified(rec *checkpoint.Record, err error, hs *v1alpha1.H
 }
 
 func unverified(err error) bool { return errors.Is(err, checkpoint.ErrUnverified) }
+
+// acceptLegacy accepts an unsigned record saved by a sidecar of an earlier
+// release (a session running across the upgrade, handed over at its
+// drain) only for a session that release admitted (no
+// AnnotationSignedCheckpoints), and only if the task it holds carries the
+// session token this Callee issued for this very session, caller,
+// capability, risk and lifetime. The token does not cover the task's
+// inputs: docs/security.md states this upgrade window.
+func (s *Sidecar) acceptLegacy(rec *checkpoint.Record, hs *v1alpha1.HCPSession) error {
+	if hs.Annotations[AnnotationSignedCheckpoints] == "true" {
+		return errors.New("the session was created by a release that signs its checkpoints")
+	}
+	var t harnessTask
+	if err := json.Unmarshal(rec.Task, &t); err != nil {
+		return fmt.Errorf("the stored task cannot be read: %w", err)
+	}
+	want, err := sessionClaims(s.id, hs)
+	if err != nil {
+		return err
+	}
+	got, err := token.VerifySet(s.keys.verifiers(), t.SessionToken,
+		token.Expectations{Issuer: s.id, Audience: hs.Spec.CallerID, Subject: hs.Name}, s.clk.Now())
+	if err != nil {
+		return fmt.Errorf("the stored task's session token: %w", err)
+	}
+	if got.Capability != want.Capability || got.Risk != want.Risk || !got.IssuedAt.Equal(want.IssuedAt) || !got.ExpiresAt.Equal(want.ExpiresAt) {
+		return errors.New("the stored task's session token is not the one issued for this session")
+	}
+	return nil
+}

@@ -94,3 +94,50 @@ func TestSignedCheckpointResumesOnTakeover(t *testing.T) {
 		t.Fatalf("the harness started the session %d times, want 1", n)
 	}
 }
+
+// TestLegacyCheckpointAcrossTheUpgrade: a session admitted by a release
+// before signed records (no hcp.io/signed-checkpoints annotation) whose
+// replica, still of that release, left an unsigned record: the record is
+// accepted when its task carries the session token this Callee issued
+// for the session, and refused (nothing runs) when it does not.
+func TestLegacyCheckpointAcrossTheUpgrade(t *testing.T) {
+	b := newBed(t, bedOptions{noStart: true})
+	legacyRecord := func(sid string, body []byte) {
+		hs := b.hcpSession(sid)
+		must(t, b.env.Client.Create(t.Context(), &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: checkpoint.Name(sid), Namespace: b.ns,
+				Labels:          map[string]string{v1alpha1.LabelCalleeID: calleeID, v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "HCPSession", Name: sid, UID: hs.UID}},
+			},
+			Data:       map[string]string{"task.json": string(body), "checkpoint-id": "ckpt-002", "sequence": "7", "resumable": "true"},
+			BinaryData: map[string][]byte{"state": []byte(`{"step":2}`)},
+		}))
+	}
+	withToken := func(sid string, inputs string) []byte {
+		hs := b.hcpSession(sid)
+		claims, err := sessionClaims(calleeID, hs)
+		must(t, err)
+		tok, err := token.Issue(b.key, claims)
+		must(t, err)
+		var ht harnessTask
+		must(t, json.Unmarshal(orphanTask(t, sid, inputs), &ht))
+		ht.SessionToken = tok
+		body, err := json.Marshal(ht)
+		must(t, err)
+		return body
+	}
+	good := b.orphan("vanished-pod", v1alpha1.SessionRunning, 7)
+	legacyRecord(good, withToken(good, `{"steps":4,"step_ms":10,"checkpoint_every":1}`))
+	tokenless := b.orphan("vanished-pod", v1alpha1.SessionRunning, 7)
+	legacyRecord(tokenless, orphanTask(t, tokenless, `{"steps":4,"step_ms":10}`))
+	b.start()
+	if closed := closedOf(t, b, good); closed.FinalState != session.StateCompleted {
+		t.Fatalf("legacy record with its token: session_closed = %+v, want COMPLETED", closed)
+	}
+	if closed := closedOf(t, b, tokenless); closed.FinalState != session.StateFailed {
+		t.Fatalf("legacy record without a token: session_closed = %+v, want FAILED", closed)
+	}
+	if n, _ := b.harness.Starts(tokenless); n != 0 {
+		t.Fatalf("the harness was handed the unverified task %d times", n)
+	}
+}

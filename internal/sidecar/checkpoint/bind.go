@@ -24,6 +24,31 @@ import (
 // a release before records were signed). Nothing in it may be used.
 var ErrUnverified = errors.New("the checkpoint failed verification")
 
+// LegacyError is returned (matching ErrUnverified) for a record in the
+// format of a release before records were signed: no signature, decision
+// or epoch, but labelled for this Callee's id and owned by the session's
+// HCPSession. Record is its content, unverified: the caller may accept it
+// only after checks of its own (the callee sidecar verifies the session
+// token in the task, and only for sessions created before signing).
+type LegacyError struct{ Record *Record }
+
+func (e *LegacyError) Error() string {
+	return ErrUnverified.Error() + ": it is unsigned (saved by a sidecar of an earlier release)"
+}
+
+func (e *LegacyError) Unwrap() error { return ErrUnverified }
+
+// legacy reports whether cm has the format of an unsigned record.
+func legacy(cm *corev1.ConfigMap) bool {
+	for _, k := range []string{keySignature, keyKeyID, keyDecision, keyEpoch} {
+		if _, ok := cm.Data[k]; ok {
+			return false
+		}
+	}
+	_, labelled := cm.Labels[v1alpha1.LabelCallee]
+	return !labelled
+}
+
 // Decision is what the L3 gate admitted a session with, as its HCPSession
 // records it (spec) and as the harness task carries it.
 type Decision struct {
@@ -84,6 +109,18 @@ func sign(k ed25519.PrivateKey, msg []byte) string {
 // verify checks that cm is a record of this Callee for session o, signed
 // with one of the accepted keys, and decodes it.
 func (s *Store) verify(cm *corev1.ConfigMap, o Owner) (*Record, error) {
+	if legacy(cm) && cm.Labels[v1alpha1.LabelCalleeID] == s.CalleeID && len(cm.OwnerReferences) == 1 &&
+		cm.OwnerReferences[0].Kind == "HCPSession" && cm.OwnerReferences[0].UID == o.UID {
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[keyEpoch], cm.Data[keyDecision] = "0", "{}"
+		rec, err := decode(cm)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnverified, err)
+		}
+		return nil, &LegacyError{Record: rec}
+	}
 	if c, id := cm.Labels[v1alpha1.LabelCallee], cm.Labels[v1alpha1.LabelCalleeID]; c != s.CalleeName || id != s.CalleeID {
 		return nil, fmt.Errorf("%w: it is labelled for Callee %q (id %q), not %q (id %q)", ErrUnverified, c, id, s.CalleeName, s.CalleeID)
 	}

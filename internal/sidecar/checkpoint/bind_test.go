@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -221,5 +222,54 @@ func TestSaveIsFencedByTheOwnerEpoch(t *testing.T) {
 	rec, err := s.Load(ctx, owner)
 	if err != nil || rec.Epoch != 5 || rec.Checkpoint.ID != "ckpt-new-owner" {
 		t.Fatalf("after the race: %+v, %v", rec, err)
+	}
+}
+
+// A record in the unsigned format of an earlier release, bound to this
+// Callee's id and the session's HCPSession, is refused with a LegacyError
+// carrying its content (for the caller's own checks); one bound elsewhere
+// is refused outright.
+func TestLoadReportsLegacyRecords(t *testing.T) {
+	ctx := context.Background()
+	legacyCM := func() *corev1.ConfigMap {
+		return &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: Name(sid), Namespace: "ns",
+				Labels: map[string]string{v1alpha1.LabelCalleeID: "lab-id"},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "HCPSession",
+					Name: sid, UID: owner.UID}}},
+			Data: map[string]string{keyTask: string(savedTask), keyID: "ckpt-1", keySequence: "4", keyResumable: "true"},
+		}
+	}
+	c := fakeClient()
+	if err := c.Create(ctx, legacyCM()); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := newStore(t, c, "lab", key(t, 1)).Load(ctx, owner)
+	var le *LegacyError
+	if rec != nil || !errors.Is(err, ErrUnverified) || !errors.As(err, &le) || string(le.Record.Task) != string(savedTask) ||
+		le.Record.Checkpoint == nil || le.Record.Checkpoint.ID != "ckpt-1" {
+		t.Fatalf("Load of a legacy record = %+v, %v", rec, err)
+	}
+	for name, edit := range map[string]func(*corev1.ConfigMap){
+		"another callee id": func(cm *corev1.ConfigMap) { cm.Labels[v1alpha1.LabelCalleeID] = "beta-id" },
+		"another owner":     func(cm *corev1.ConfigMap) { cm.OwnerReferences[0].UID = "uid-2" },
+	} {
+		c := fakeClient()
+		cm := legacyCM()
+		edit(cm)
+		if err := c.Create(ctx, cm); err != nil {
+			t.Fatal(err)
+		}
+		_, err := newStore(t, c, "lab", key(t, 1)).Load(ctx, owner)
+		if !errors.Is(err, ErrUnverified) || errors.As(err, &le) {
+			t.Fatalf("%s: %v, want ErrUnverified and no LegacyError", name, err)
+		}
+	}
+	// Save over it (the new owner's first checkpoint) replaces it.
+	if err := newStore(t, c, "lab", key(t, 1)).Save(ctx, owner, 0, savedTask, savedCP); err != nil {
+		t.Fatalf("Save over a legacy record: %v", err)
+	}
+	if _, err := newStore(t, c, "lab", key(t, 1)).Load(ctx, owner); err != nil {
+		t.Fatalf("Load after the new owner's Save: %v", err)
 	}
 }
