@@ -283,7 +283,9 @@ func setUpMatrix(t *testing.T) *fixtures {
 		ObjectMeta: metav1.ObjectMeta{Name: f.ownPod, Namespace: f.a, Labels: map[string]string{"authz": "fixture"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.com/c:1"}}, AutomountServiceAccountToken: ptr.To(false)},
 	}
-	f.configMap = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "hcp-session-" + f.session.Name, Namespace: f.a}, Data: map[string]string{"k": "v"}}
+	// alpha's checkpoint of f.session, labelled as its sidecar labels it.
+	f.configMap = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "hcp-session-" + f.session.Name, Namespace: f.a,
+		Labels: map[string]string{hcpv1alpha1.LabelCallee: f.alpha.Name}}, Data: map[string]string{"k": "v"}}
 	f.secret = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "authz-fixture", Namespace: f.a}, StringData: map[string]string{"password": "x"}}
 	f.event = &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Name: "alpha.fixture", Namespace: f.a},
@@ -600,9 +602,18 @@ func matrixRows() []matrixRow {
 		rs := standardRows(k.res, k.gvr, obj, label("x", "y"), `{"metadata":{"labels":{"x":"y"}}}`,
 			calleeRead, denied, func(f *fixtures) client.Object { return renamed(obj(f), "authz-new") })
 		rs[1].want, rs[2].want = denied, denied // list, watch
-		rs[3].want, rs[4].want = calleeRead, calleeRead
+		// create (a new name that is neither a checkpoint nor the own
+		// pod's Lease), update (alpha's checkpoint, alpha-0's Lease):
+		// each callee sidecar only its own (policy 4).
+		rs[3].want, rs[4].want = row(byVAP, byVAP, byRBAC, byRBAC), row(allow, byVAP, byRBAC, byRBAC)
 		rows = append(rows, rs...)
 	}
+	rows = append(rows,
+		matrixRow{"configmaps", "create (a checkpoint of alpha)", row(allow, byVAP, byRBAC, byRBAC),
+			createOf(gvrConfigMaps, func(f *fixtures) client.Object { return renamed(f.configMap, "hcp-session-new") })},
+		matrixRow{"configmaps", "update (relabel alpha's checkpoint to beta)", row(byVAP, byVAP, byRBAC, byRBAC),
+			updateOf(gvrConfigMaps, func(f *fixtures) client.Object { return f.configMap }, label(hcpv1alpha1.LabelCallee, "beta"))},
+	)
 	rows = append(rows, standardRows("secrets", gvrSecrets, func(f *fixtures) client.Object { return f.secret }, label("x", "y"), `{"metadata":{"labels":{"x":"y"}}}`,
 		denied, denied, func(f *fixtures) client.Object { return renamed(f.secret, "authz-new") })...)
 	// Events: create and patch, in both API groups.
@@ -674,8 +685,8 @@ func repoFile(t *testing.T, rel string) []byte {
 func installAdmissionPolicies(t *testing.T) {
 	t.Helper()
 	objs := readAdmissionObjects(t, repoFile(t, admissionPolicyFile))
-	if len(objs) != 6 {
-		t.Fatalf("%s: %d objects, want 3 policies and 3 bindings", admissionPolicyFile, len(objs))
+	if len(objs) != 8 {
+		t.Fatalf("%s: %d objects, want 4 policies and 4 bindings", admissionPolicyFile, len(objs))
 	}
 	for _, u := range objs {
 		if err := k8sClient.Create(t.Context(), u); err != nil {
@@ -700,6 +711,7 @@ func waitForPolicies(t *testing.T, f *fixtures, clients []dynamic.Interface) {
 	probes["create (a session of alpha)"] = 1                                // policy 1 (peer)
 	probes["create (label hcp.io/callee alpha, spec.calleeID of beta)"] = 0  // policy 2 (own)
 	probes["patch (callerAckedSequence of a session of another caller)"] = 2 // policy 3 (caller)
+	probes["create (a checkpoint of alpha)"] = 1                             // policy 4 (peer)
 	for _, r := range rows {
 		i, ok := probes[r.action]
 		if !ok {

@@ -47,10 +47,16 @@ func RoleRules(s Subject) []rbacv1.PolicyRule {
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{get}},
 			// The Lease of each sidecar (hcp-sidecar-<pod>) vouches for
 			// its ownership of sessions; others read it before a takeover.
+			// RBAC cannot name it in advance (pods come and go): the
+			// admission policy callee-sidecar-objects (config/admission)
+			// lets a sidecar write only its own pod's Lease.
 			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{get, "create", "update"}},
 			// Session checkpoints (hcp-session-<id>), owned by their
 			// HCPSession. ConfigMaps, not Secrets: see
-			// internal/sidecar/checkpoint.
+			// internal/sidecar/checkpoint. The same policy confines writes
+			// to ConfigMaps hcp-session-* labelled with the sidecar's own
+			// Callee; the sidecar verifies each record's signature before
+			// resuming from it.
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{get, "create", "update"}},
 		}, events...)
 	}

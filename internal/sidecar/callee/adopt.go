@@ -184,7 +184,12 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 		log.Info("Skipped an orphaned session whose times cannot be derived", "error", err.Error())
 		return
 	}
-	rec, err := s.ckpt.Load(ctx, hs.Name)
+	rec, err := s.ckpt.Load(ctx, ckptOwner(hs))
+	rec, err = s.loadVerified(rec, err, hs)
+	var refused error // a record that failed verification: nothing in it is used
+	if unverified(err) {
+		refused, rec, err = err, nil, nil
+	}
 	if err != nil {
 		log.Error(err, "Failed to read the checkpoint of an orphaned session; the sweep retries")
 		return
@@ -240,6 +245,15 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 		ss.task = rec.Task
 	}
 	s.register(ss)
+	if refused != nil {
+		log.Error(refused, "Refused the checkpoint of an orphaned session; failing it without running anything", "reason", codeCheckpointRejected)
+		s.sessionEvent(hs.Name, hs.UID, corev1.EventTypeWarning, EventCheckpointRejected, "%s", truncate(refused.Error(), 900))
+		ss.terminate(codeCheckpointRejected, truncate(msg+"; its stored checkpoint was refused, nothing was resumed: "+refused.Error(), 1024), false)
+		if prev == s.pod {
+			go s.harnessAbort(hs.Name, codeCheckpointRejected)
+		}
+		return
+	}
 	if !resumable {
 		log.Info("Closing an orphaned session: nothing to resume from", "reason", codeHarnessLost)
 		ss.terminate(codeHarnessLost, msg+"; the session has no checkpoint to resume from", true)
@@ -270,7 +284,17 @@ func (ss *sess) recoverHarness(why string) {
 		return
 	}
 	defer ss.recovering.Store(false)
-	rec, err := s.ckpt.Load(s.life, ss.id)
+	owner, err := ss.ckptOwner()
+	var rec *checkpoint.Record
+	if err == nil {
+		rec, err = s.ckpt.Load(s.life, owner)
+	}
+	if unverified(err) {
+		ss.log.Error(err, "Refused the session's checkpoint; failing it without resuming", "reason", codeCheckpointRejected)
+		s.sessionEvent(ss.id, ss.uid, corev1.EventTypeWarning, EventCheckpointRejected, "%s", truncate(err.Error(), 900))
+		ss.terminate(codeCheckpointRejected, truncate(why+"; its stored checkpoint was refused, nothing was resumed: "+err.Error(), 1024), false)
+		return
+	}
 	if err != nil || rec == nil || rec.Checkpoint == nil {
 		if err != nil {
 			why += "; its checkpoint could not be read: " + err.Error()

@@ -134,6 +134,9 @@ type bedOptions struct {
 	// keyDir, when set, is a mounted token Secret (testbed.WriteSecretVolume):
 	// the sidecars read their keys from its files, as in a pod.
 	keyDir string
+	// deadLetterQueue, when set, is declared and made the command queue's
+	// dead-letter target (default exchange, routing key the queue's name).
+	deadLetterQueue string
 }
 
 func defaultCapabilities() []v1alpha1.Capability {
@@ -180,7 +183,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 		must(t, resp(broker.API.UpdatePermissionsIn(b.vhost, u.name, rabbithole.Permissions{Configure: u.p.Configure, Write: u.p.Write, Read: u.p.Read})))
 	}
 	t.Cleanup(func() { _ = broker.DeleteUsers(b.calleeU, b.callerU) })
-	b.declareTopology(o.commandQueue)
+	b.declareTopology(o.commandQueue, o.deadLetterQueue)
 
 	// Kubernetes: Callee, Caller, CapabilityPolicy.
 	if o.capabilities == nil {
@@ -218,7 +221,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 	return b
 }
 
-func (b *bed) declareTopology(q v1alpha1.CommandQueueSpec) {
+func (b *bed) declareTopology(q v1alpha1.CommandQueueSpec, dlq string) {
 	t := b.t
 	conn, err := amqp.Dial(b.broker.AMQPURI(b.broker.Username, b.broker.Password, b.vhost))
 	must(t, err)
@@ -230,6 +233,11 @@ func (b *bed) declareTopology(q v1alpha1.CommandQueueSpec) {
 	args := amqp.Table{"x-queue-type": "quorum"}
 	for k, v := range resource.CalleeQueueArguments(q) {
 		args[k] = v
+	}
+	if dlq != "" {
+		_, err = ch.QueueDeclare(dlq, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		must(t, err)
+		args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"] = "", dlq
 	}
 	_, err = ch.QueueDeclare(topology.CommandQueue(calleeID), true, false, false, false, args)
 	must(t, err)

@@ -349,10 +349,11 @@ func New(o Options) (*Sidecar, error) {
 		walSessions: walSessions,
 		lease:       o.Lease,
 		leases:      lease.NewObserver(o.Clock),
-		ckpt:        &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID},
-		drained:     make(chan struct{}),
-		rec:         o.Recorder,
-		rejections:  lru.New(rejectionsRemembered),
+		ckpt: &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID, CalleeName: o.Config.ObjectName,
+			Signer: keys.signer, Verifiers: keys.verifiers},
+		drained:    make(chan struct{}),
+		rec:        o.Recorder,
+		rejections: lru.New(rejectionsRemembered),
 	}
 	s.setupStatusWriter(o.Status)
 	s.life, s.stopLife = context.WithCancel(context.Background())

@@ -393,7 +393,7 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 			Intent:             truncateRunes(ts.Intent, 1024),
 		},
 	}
-	hs.Annotations = map[string]string{AnnotationDecidingPod: s.pod}
+	hs.Annotations = map[string]string{AnnotationDecidingPod: s.pod, AnnotationSignedCheckpoints: "true"}
 	if v.Admitted {
 		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
 		hs.Annotations[AnnotationSequenceCeiling] = strconv.Itoa(DefaultSequenceBlock)

@@ -202,13 +202,8 @@ func TestSidecarSIGKILLReadoptsSessions(t *testing.T) {
 func TestTwoReplicasRaceForALostSession(t *testing.T) {
 	b := newBed(t, bedOptions{noStart: true})
 	sid := b.orphan("vanished-pod", v1alpha1.SessionRunning, 7)
-	hs := b.hcpSession(sid)
-	body, err := json.Marshal(harnessTask{SessionID: sid, CallerID: callerID, CalleeID: calleeID, Capability: "analyze",
-		Inputs: json.RawMessage(`{"steps":12,"step_ms":20,"checkpoint_every":1}`)})
-	must(t, err)
-	store := &checkpoint.Store{C: b.env.Client, R: b.env.Client, Namespace: b.ns, CalleeID: calleeID}
-	must(t, store.Save(t.Context(), checkpoint.Owner{Name: sid, UID: hs.UID}, body,
-		checkpoint.Checkpoint{ID: "ckpt-005", Resumable: true, Sequence: 7, State: []byte(`{"step":5}`)}))
+	b.saveCheckpoint(sid, orphanTask(t, sid, `{"steps":12,"step_ms":20,"checkpoint_every":1}`),
+		checkpoint.Checkpoint{ID: "ckpt-005", Resumable: true, Sequence: 7, State: []byte(`{"step":5}`)})
 
 	var wg sync.WaitGroup
 	rs := make([]*replica, 2)

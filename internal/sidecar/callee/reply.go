@@ -259,9 +259,9 @@ func (s *Sidecar) giveUp(d amqp.Delivery, limit int64) {
 	log := s.log.WithValues("messageId", truncate(d.MessageId, 64), "type", d.Type, "deliveries", deliveryCount(d)+1, "deliveryLimit", limit)
 	callerID, err := identify(d.UserId, s.cfg.Vhost)
 	if err != nil || d.Type != string(envelope.TypeTaskSubmit) {
-		log.Error(err, "Gave up on a command at its queue's delivery limit; discarded it")
+		log.Error(err, "Gave up on a command at its queue's delivery limit; dead-lettered it")
 		s.countReject(rejectDeliveryLimit)
-		s.settle(d, true, false)
+		s.deadLetter(d)
 		return
 	}
 	msgID := truncate(strings.ToLower(d.MessageId), 120)

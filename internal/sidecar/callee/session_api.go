@@ -150,10 +150,18 @@ func (ss *sess) checkpoint(ctx context.Context, d *session.CheckpointCreatedData
 		return nil, e
 	}
 	if len(state) > 0 || d.Resumable {
-		err := ss.sc.ckpt.Save(ctx, checkpoint.Owner{Name: ss.id, UID: ss.uid}, ss.task, checkpoint.Checkpoint{
-			ID: d.CheckpointID, Description: d.Description, Resumable: d.Resumable,
-			Sequence: ss.seq.Last(), CreatedAt: d.CreatedAt.Time, State: state,
-		})
+		owner, err := ss.ckptOwner()
+		if err == nil {
+			// Conditional on this replica's epoch: a record written by a
+			// later owner is never overwritten (ErrStaleEpoch).
+			err = ss.sc.ckpt.Save(ctx, owner, ss.epoch, ss.task, checkpoint.Checkpoint{
+				ID: d.CheckpointID, Description: d.Description, Resumable: d.Resumable,
+				Sequence: ss.seq.Last(), CreatedAt: d.CreatedAt.Time, State: state,
+			})
+		}
+		if errors.Is(err, checkpoint.ErrStaleEpoch) {
+			return nil, ownershipLostError()
+		}
 		if errors.Is(err, checkpoint.ErrTooLarge) {
 			return nil, &apiError{http.StatusRequestEntityTooLarge, &server.Error{Code: server.CodeTooLarge, Message: err.Error()}}
 		}

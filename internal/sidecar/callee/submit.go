@@ -3,7 +3,6 @@ package callee
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -40,12 +39,12 @@ func (s *Sidecar) handle(ctx context.Context, d amqp.Delivery) {
 	s.inflight.Add(1)
 	go func() {
 		defer s.inflight.Done()
+		d, t := tracked(d)
 		defer func() {
 			if r := recover(); r != nil {
-				// A bug must not crash the sidecar nor loop the message.
-				s.log.Error(fmt.Errorf("panic: %v", r), "Failed to process a command; discarded it", "messageId", d.MessageId, "stack", string(debug.Stack()))
-				s.countReject(string(task.ReasonInternal))
-				s.settle(d, true, false)
+				// A bug must not crash the sidecar, loop the message, nor
+				// lose it without a word (poison.go).
+				s.afterPanic(ctx, d, t, r)
 			}
 		}()
 		s.process(ctx, d)
@@ -68,27 +67,27 @@ func (s *Sidecar) process(ctx context.Context, d amqp.Delivery) {
 	default:
 		s.log.Info("Discarded a message of a type that does not belong on a command queue", "type", env.Type, "messageId", env.MessageID, "userId", d.UserId)
 		s.countReject(rejectUnexpectedType)
-		s.settle(d, true, false)
+		s.deadLetter(d)
 	}
 }
 
 // malformed answers a message that is not a valid envelope with
 // task_rejected(malformed) when a reply address can be derived from its
-// user_id, and discards it otherwise. It is never requeued.
+// user_id, and dead-letters it otherwise. It is never requeued.
 func (s *Sidecar) malformed(ctx context.Context, d amqp.Delivery, cause error) {
 	callerID, idErr := identify(d.UserId, s.cfg.Vhost)
 	log := s.log.WithValues("messageId", truncate(d.MessageId, 64), "userId", truncate(d.UserId, 80), "reason", oneLine(cause.Error(), 300))
 	if idErr != nil {
-		log.Info("Discarded a malformed command from an unauthenticated sender", "identity", idErr.Error())
+		log.Info("Dead-lettered a malformed command from an unauthenticated sender", "identity", idErr.Error())
 		s.countReject(rejectUnanswerable)
-		s.settle(d, true, false)
+		s.deadLetter(d)
 		return
 	}
 	if d.Type == string(envelope.TypeAbort) {
 		// Aborts have no reply message; the sender learns nothing new.
-		log.Info("Discarded a malformed abort", "caller", callerID)
+		log.Info("Dead-lettered a malformed abort", "caller", callerID)
 		s.countReject(string(task.ReasonMalformed))
-		s.settle(d, true, false)
+		s.deadLetter(d)
 		return
 	}
 	msgID := d.MessageId
@@ -123,9 +122,9 @@ func (s *Sidecar) submit(ctx context.Context, d amqp.Delivery, env *envelope.Env
 	log := s.log.WithValues("messageId", msgID)
 	callerID, err := identify(d.UserId, s.cfg.Vhost)
 	if err != nil {
-		log.Info("Discarded a task_submit that cannot be answered", "reason", err.Error())
+		log.Info("Dead-lettered a task_submit that cannot be answered", "reason", err.Error())
 		s.countReject(rejectUnanswerable)
-		s.settle(d, true, false)
+		s.deadLetter(d)
 		return
 	}
 	sid := topology.SessionID(s.id, callerID, msgID)

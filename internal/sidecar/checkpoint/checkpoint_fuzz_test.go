@@ -12,9 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 )
 
 // cmReader serves one ConfigMap, as the API server would hand back
@@ -30,51 +30,40 @@ func (r cmReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, 
 	return nil
 }
 
-// FuzzLoad: Load reads a ConfigMap of any content without a panic and
-// fails only on a bad sequence of a checkpoint that has an id; what it
-// returns is what the ConfigMap says. And Save followed by Load (through a
+// FuzzLoad: Load reads a ConfigMap of any content without a panic, and
+// accepts none that the Callee's key did not sign, even one that carries
+// the right labels, owner and key id. And Save followed by Load (through a
 // fake API client) returns the task and checkpoint saved.
 func FuzzLoad(f *testing.F) {
 	task := []byte(`{"session_id":"7d444840-9dc0-41f1-a9d8-bd0e1b9a2c5e","capability":"cvd.run-synthesis","inputs":{"steps":20}}`)
 	at := time.Date(2025, 1, 15, 8, 30, 0, 123456789, time.UTC)
-	// As Save writes a real checkpoint, then variations a writer other than
-	// the sidecar could leave behind.
-	f.Add(task, "ckpt-8", "after step 8", strconv.FormatInt(17, 10), at.Format(time.RFC3339Nano), "true", []byte(`{"step":8,"film":"s3://b/f"}`), int64(17), at.UnixNano())
-	f.Add(task, "", "", "", "", "", []byte(nil), int64(0), int64(0))
-	f.Add(task, "c", "d", "-9223372036854775808", "2025-01-15T08:30:00Z", "TRUE", []byte{0, 0xff}, int64(-1), int64(-62135596800000000))
-	f.Add([]byte("\xff"), "c", "\xff", "1e3", "yesterday", "1", bytes.Repeat([]byte{1}, MaxState+1), int64(1)<<62, int64(253402300799999999))
+	f.Add(task, "ckpt-8", "after step 8", strconv.FormatInt(17, 10), at.Format(time.RFC3339Nano), "true", []byte(`{"step":8,"film":"s3://b/f"}`), int64(17), at.UnixNano(), "c2lnbmF0dXJl")
+	f.Add(task, "", "", "", "", "", []byte(nil), int64(0), int64(0), "")
+	f.Add(task, "c", "d", "-9223372036854775808", "2025-01-15T08:30:00Z", "TRUE", []byte{0, 0xff}, int64(-1), int64(-62135596800000000), "!!")
+	f.Add([]byte("\xff"), "c", "\xff", "1e3", "yesterday", "1", bytes.Repeat([]byte{1}, MaxState+1), int64(1)<<62, int64(253402300799999999), "")
 	// One fake API client for every input of this process (inputs run one
 	// at a time); building one per input was most of a run's cost.
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
-	store := &Store{C: c, R: c, Namespace: "ns", CalleeID: "lab"}
-	owner := Owner{Name: "7d444840-9dc0-41f1-a9d8-bd0e1b9a2c5e", UID: "uid-1"}
-	f.Fuzz(func(t *testing.T, task []byte, id, desc, seq, created, resumable string, state []byte, seqN, createdN int64) {
+	c := fakeClient()
+	k := ed25519Key(1)
+	store := newStore(f, c, "lab", k)
+	kid := kidOf(k)
+	f.Fuzz(func(t *testing.T, task []byte, id, desc, seq, created, resumable string, state []byte, seqN, createdN int64, sig string) {
 		cm := &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: Name(owner.Name), Namespace: "ns",
+				Labels: map[string]string{v1alpha1.LabelCallee: "lab", v1alpha1.LabelCalleeID: "lab-id"},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "HCPSession",
+					Name: owner.Name, UID: owner.UID}},
+			},
 			Data: map[string]string{keyTask: string(task), keyID: id, keyDesc: desc, keySequence: seq,
-				keyCreatedAt: created, keyResumable: resumable},
+				keyCreatedAt: created, keyResumable: resumable, keyEpoch: "1", keyDecision: mustEncode(decision),
+				keyKeyID: kid, keySignature: sig},
 			BinaryData: map[string][]byte{keyState: state},
 		}
-		s := &Store{R: cmReader{cm: cm}, Namespace: "ns"}
-		rec, err := s.Load(context.Background(), "7d444840-9dc0-41f1-a9d8-bd0e1b9a2c5e")
-		_, seqErr := strconv.ParseInt(seq, 10, 64)
-		if (err != nil) != (id != "" && seqErr != nil) {
-			t.Fatalf("Load error %v for id %q, sequence %q", err, id, seq)
-		}
-		if err == nil {
-			if !bytes.Equal(rec.Task, task) || (rec.Checkpoint == nil) != (id == "") {
-				t.Fatalf("Load returned %+v", rec)
-			}
-			if c := rec.Checkpoint; c != nil {
-				want, perr := time.Parse(time.RFC3339Nano, created)
-				if perr != nil {
-					want = time.Time{} // informational: a bad time is dropped, not an error
-				}
-				if c.ID != id || c.Description != desc || c.Resumable != (resumable == "true") ||
-					c.Sequence != mustInt(seq) ||
-					!c.CreatedAt.Equal(want) || !bytes.Equal(c.State, state) {
-					t.Fatalf("Load returned %+v", c)
-				}
-			}
+		s := *store
+		s.R = cmReader{cm: cm}
+		rec, err := s.Load(context.Background(), owner)
+		if !errors.Is(err, ErrUnverified) || rec != nil {
+			t.Fatalf("Load of an object the Callee did not sign: %+v, %v", rec, err)
 		}
 
 		// The round trip, for what the sidecar saves: strings that are
@@ -84,13 +73,12 @@ func FuzzLoad(f *testing.F) {
 		}
 		cp := Checkpoint{ID: id, Description: desc, Resumable: resumable == "true", Sequence: seqN,
 			CreatedAt: time.Unix(0, createdN).UTC(), State: state}
-		// Start from no record: Save creates it (its update path is the
-		// same write).
+		// Start from no record: Save creates it.
 		err = c.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: Name(owner.Name)}})
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
-		err = store.Save(context.Background(), owner, task, cp)
+		err = store.Save(context.Background(), owner, 1, task, cp)
 		if len(state) > MaxState {
 			if !errors.Is(err, ErrTooLarge) {
 				t.Fatalf("Save of %d bytes: %v", len(state), err)
@@ -100,8 +88,8 @@ func FuzzLoad(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Save: %v", err)
 		}
-		back, err := store.Load(context.Background(), owner.Name)
-		if err != nil || !bytes.Equal(back.Task, task) {
+		back, err := store.Load(context.Background(), owner)
+		if err != nil || !bytes.Equal(back.Task, task) || back.Epoch != 1 || back.Decision != decision {
 			t.Fatalf("Load after Save: %+v, %v", back, err)
 		}
 		if id == "" {
@@ -115,15 +103,13 @@ func FuzzLoad(f *testing.F) {
 			got.Sequence != cp.Sequence || !got.CreatedAt.Equal(cp.CreatedAt) || !bytes.Equal(got.State, cp.State) {
 			t.Fatalf("saved %+v, read back %+v", cp, got)
 		}
-		var stored corev1.ConfigMap
-		err = c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: Name(owner.Name)}, &stored)
-		if err != nil || len(stored.OwnerReferences) != 1 || stored.OwnerReferences[0].UID != owner.UID {
-			t.Fatalf("stored ConfigMap owned by %v: %v", stored.OwnerReferences, err)
-		}
 	})
 }
 
-func mustInt(s string) int64 {
-	n, _ := strconv.ParseInt(s, 10, 64)
-	return n
+func mustEncode(d Decision) string {
+	s, err := d.encode()
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
