@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -480,27 +481,38 @@ func (r *samplesRun) appRunning(pod *corev1.Pod) bool {
 }
 
 // joinRecords replays what the old and then the new caller app received
-// through one recorder, so duplicates and gaps across the move count.
+// through one recorder, so duplicates and gaps across the move count. Each
+// message keeps the time it was received (its n-th copy the n-th time).
 func joinRecords(before, after samplecaller.Snapshot) samplecaller.Snapshot {
 	rec := samplecaller.NewRecorder()
-	at := map[string]time.Time{}
+	at := map[string][]time.Time{}
 	for _, snap := range []samplecaller.Snapshot{before, after} {
 		for id, s := range snap.Sessions {
-			for _, m := range s.Messages {
-				if _, ok := at[m.MessageID]; !ok {
-					at[m.MessageID] = m.At
-				}
+			all := append(append([]samplecaller.Received(nil), s.Messages...), s.Repeated...)
+			sort.SliceStable(all, func(i, j int) bool { return all[i].At.Before(all[j].At) })
+			for _, m := range all {
+				at[m.MessageID] = append(at[m.MessageID], m.At)
 				rec.Record(samplecaller.Message{
 					SessionID: id, CalleeID: s.CalleeID, TaskMessageID: s.TaskMessageID, MessageID: m.MessageID, Type: m.Type,
-					Sequence: m.Sequence, EventType: m.EventType, Data: m.Data, Redelivered: m.Redelivered,
+					Sequence: m.Sequence, EventType: m.EventType, Data: m.Data, Redelivered: m.Redelivered, Lost: m.Lost, Payload: m.Payload,
 				})
 			}
 		}
 	}
 	joined := rec.Snapshot()
 	for _, s := range joined.Sessions {
+		seen := map[string]int{}
+		stamp := func(r *samplecaller.Received) {
+			if ts := at[r.MessageID]; seen[r.MessageID] < len(ts) {
+				r.At = ts[seen[r.MessageID]]
+			}
+			seen[r.MessageID]++
+		}
 		for i := range s.Messages {
-			s.Messages[i].At = at[s.Messages[i].MessageID]
+			stamp(&s.Messages[i])
+		}
+		for i := range s.Repeated {
+			stamp(&s.Repeated[i])
 		}
 	}
 	return joined
