@@ -6,6 +6,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -39,9 +40,9 @@ const (
 	// object, and a running pod's own store is the deduplication source). A
 	// session's terminal message, Drain and a graceful stop write at once.
 	DefaultStatusInterval = 5 * time.Second
-	// DefaultSeedTimeout bounds how long a session without a local record
-	// waits for its HCPSession to be readable before it is delivered
-	// without the position the previous pod recorded.
+	// DefaultSeedTimeout is how long a session without a local record waits
+	// for its HCPSession to be readable before a warning is logged; it waits
+	// on (held, nothing delivered or acked) until the HCPSession can be read.
 	DefaultSeedTimeout = 30 * time.Second
 	// DefaultFlushTimeout bounds how long a graceful stop (Run's ctx ended)
 	// retries writing callerAckedSequence before the consumer's channel is
@@ -118,6 +119,9 @@ type Options struct {
 	Log     logr.Logger
 	// Clock; nil means the real clock.
 	Clock clock.WithTickerAndDelayedExecution
+	// Recorder records the Warning Events of contradictions, stale owners
+	// and dead letters (on the HCPSession, or the Caller); optional.
+	Recorder record.EventRecorder
 	// HTTPClient calls the app; nil means a client without a global
 	// timeout (AppTimeout bounds each call) that keeps a connection per
 	// concurrently delivering session alive.
@@ -162,8 +166,9 @@ type Options struct {
 	// (for deduplication and the GET endpoints); default 24h, the event
 	// queue's default message TTL.
 	Retention time.Duration
-	// SeedTimeout bounds the wait for a session's HCPSession when the local
-	// store has no record of it (see DefaultSeedTimeout).
+	// SeedTimeout is how long a session the local store has no record of
+	// waits for its HCPSession before a warning is logged (see
+	// DefaultSeedTimeout); it is held until the HCPSession can be read.
 	SeedTimeout time.Duration
 	// FlushTimeout bounds the final callerAckedSequence writes of a
 	// graceful stop (see DefaultFlushTimeout); Drain uses its own ctx.

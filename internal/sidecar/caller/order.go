@@ -10,6 +10,9 @@ import (
 // behind a gap, or settled at once (a duplicate, late, malformed).
 func (w *stream) offer(it *item) {
 	seq := it.seq()
+	if seq > 0 && !w.sameBody(it) {
+		return
+	}
 	w.awaitReleased(seq)
 	w.maxSeen = max(w.maxSeen, seq)
 	if it.marked {

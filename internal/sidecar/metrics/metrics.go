@@ -52,6 +52,14 @@ type Metrics struct {
 	// Latency observes the time from an event's envelope timestamp to its
 	// delivery to the app (caller mode), in seconds.
 	Latency prometheus.Histogram
+	// Contradictions counts two copies of one message of a session with
+	// different bodies (caller: the same sequence, or a second terminal
+	// message), by kind (sequence, terminal). The first body delivered is
+	// kept.
+	Contradictions *prometheus.CounterVec
+	// DeadLetters counts messages moved to a dead-letter queue, by reason
+	// (caller: max_attempts, release_limit).
+	DeadLetters *prometheus.CounterVec
 }
 
 // ConnectionLabel names the AMQP connection (publish, consume) of
@@ -64,24 +72,27 @@ const resultLabel = "result"
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		MessagesIn:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_in_total", Help: "AMQP deliveries consumed, by HCP message type."}, []string{"type"}),
-		MessagesOut:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_out_total", Help: "Messages published, by HCP message type."}, []string{"type"}),
-		Confirms:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_publisher_confirms_total", Help: "Publisher confirm outcomes."}, []string{resultLabel}),
-		Redeliveries:  prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_redeliveries_total", Help: "Deliveries that carried the redelivered flag."}),
-		Rejects:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_rejects_total", Help: "Tasks rejected and messages discarded, by reason code."}, []string{"reason"}),
-		Duplicates:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_duplicates_total", Help: "Deliveries skipped as duplicates."}, []string{"kind"}),
-		Sessions:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_sessions", Help: "Sessions tracked by this sidecar, by L2 state."}, []string{"state"}),
-		StatusWrites:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_status_writes_total", Help: "HCPSession writes, by result."}, []string{resultLabel}),
-		LabelWrites:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_state_label_writes_total", Help: "HCPSession hcp.io/state label updates, by result."}, []string{resultLabel}),
-		Reconnects:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries, by connection."}, []string{ConnectionLabel}),
-		Connected:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up, by connection."}, []string{ConnectionLabel}),
-		AppDeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{resultLabel}),
-		AppBatchMax:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "hcp_sidecar_app_batch_max", Help: "Events one request to the app may carry: the Caller's appMaxBatch above 1, else the app's HCP-Batch-Max offer, 1 without one (caller)."}),
-		Released:      prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_released_total", Help: "Deliveries returned to the queue because their session could not use them yet: its app was failing or it waited for a gap (caller)."}),
-		Latency:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		MessagesIn:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_in_total", Help: "AMQP deliveries consumed, by HCP message type."}, []string{"type"}),
+		MessagesOut:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_messages_out_total", Help: "Messages published, by HCP message type."}, []string{"type"}),
+		Confirms:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_publisher_confirms_total", Help: "Publisher confirm outcomes."}, []string{resultLabel}),
+		Redeliveries:   prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_redeliveries_total", Help: "Deliveries that carried the redelivered flag."}),
+		Rejects:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_rejects_total", Help: "Tasks rejected and messages discarded, by reason code."}, []string{"reason"}),
+		Duplicates:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_duplicates_total", Help: "Deliveries skipped as duplicates."}, []string{"kind"}),
+		Sessions:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_sessions", Help: "Sessions tracked by this sidecar, by L2 state."}, []string{"state"}),
+		StatusWrites:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_status_writes_total", Help: "HCPSession writes, by result."}, []string{resultLabel}),
+		LabelWrites:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_state_label_writes_total", Help: "HCPSession hcp.io/state label updates, by result."}, []string{resultLabel}),
+		Reconnects:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_amqp_reconnects_total", Help: "AMQP connection recoveries, by connection."}, []string{ConnectionLabel}),
+		Connected:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hcp_sidecar_amqp_connected", Help: "1 while the AMQP connection is up, by connection."}, []string{ConnectionLabel}),
+		AppDeliveries:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_app_deliveries_total", Help: "Events and tasks handed to the local harness or app over HTTP, by result."}, []string{resultLabel}),
+		AppBatchMax:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "hcp_sidecar_app_batch_max", Help: "Events one request to the app may carry: the Caller's appMaxBatch above 1, else the app's HCP-Batch-Max offer, 1 without one (caller)."}),
+		Released:       prometheus.NewCounter(prometheus.CounterOpts{Name: "hcp_sidecar_released_total", Help: "Deliveries returned to the queue because their session could not use them yet: its app was failing or it waited for a gap (caller)."}),
+		Latency:        prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hcp_sidecar_event_latency_seconds", Help: "Event timestamp to app delivery.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		Contradictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_contradictions_total", Help: "Copies of one message of a session with different bodies (caller), by kind; the first delivered is kept."}, []string{"kind"}),
+		DeadLetters:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_dead_letters_total", Help: "Messages moved to a dead-letter queue, by reason."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
-		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.AppBatchMax, m.Released, m.Latency)
+		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.AppBatchMax, m.Released, m.Latency,
+		m.Contradictions, m.DeadLetters)
 	return m
 }
 
