@@ -48,6 +48,12 @@ const (
 	// retries writing callerAckedSequence before the consumer's channel is
 	// closed.
 	DefaultFlushTimeout = 10 * time.Second
+	// DefaultMaxAttempts is how many times the app may refuse an event (an
+	// answer other than 2xx, or none within AppTimeout) before it is
+	// dead-lettered (the Caller's spec.delivery.maxAttempts; see poison.go).
+	DefaultMaxAttempts = 10
+	// DefaultMaxGapWait is Options.MaxGapWait's default.
+	DefaultMaxGapWait = 10 * time.Minute
 )
 
 // RetryPolicy is how a task_submit without an answer is republished: the
@@ -170,6 +176,15 @@ type Options struct {
 	// waits for its HCPSession before a warning is logged (see
 	// DefaultSeedTimeout); it is held until the HCPSession can be read.
 	SeedTimeout time.Duration
+	// MaxGapWait bounds how long a gap may hold later events back, however
+	// its marks and releases say it will fill (meanwhile the events behind
+	// it go round the queue, and a broker delivery limit could drop them);
+	// then it is given up (Lost reason gap_wait_limit). 0 means
+	// DefaultMaxGapWait.
+	MaxGapWait time.Duration
+	// MaxAttempts is how many refusals of an event by the app dead-letter
+	// it; 0 means cfg.AppMaxAttempts, or DefaultMaxAttempts.
+	MaxAttempts int
 	// FlushTimeout bounds the final callerAckedSequence writes of a
 	// graceful stop (see DefaultFlushTimeout); Drain uses its own ctx.
 	FlushTimeout time.Duration
@@ -229,6 +244,15 @@ func (o Options) withDefaults(c *config.Config) Options {
 	}
 	if o.SeedTimeout <= 0 {
 		o.SeedTimeout = DefaultSeedTimeout
+	}
+	if o.MaxGapWait <= 0 {
+		o.MaxGapWait = DefaultMaxGapWait
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = c.AppMaxAttempts
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = DefaultMaxAttempts
 	}
 	if o.FlushTimeout <= 0 {
 		o.FlushTimeout = DefaultFlushTimeout

@@ -78,6 +78,9 @@ type stream struct {
 	capability    string
 	taskLooked    bool
 	gapSince      time.Time
+	// gapOpened is when the current gap opened; unlike gapSince, waiting for
+	// released events does not move it (see Options.MaxGapWait).
+	gapOpened time.Time
 	// mark is the highest envelope.HeaderConfirmedThrough of the session's
 	// events (marked: one carried it): the sequences up to it were in the
 	// queue ahead of the events that arrived since. lost is the range given
