@@ -57,6 +57,9 @@ func TestCalleeQueueLimitsArePolicy(t *testing.T) {
 			map[string]any{"delivery-limit": float64(3)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.want != nil { // every queue dead-letters to hcp.dlx
+				tc.want[PolicyDeadLetterExchange] = "hcp.dlx"
+			}
 			c := sampleCallee()
 			c.Spec.CommandQueue = tc.spec
 			b := sampleBroker(t, c.Spec.Broker)
@@ -124,6 +127,7 @@ func TestCallerQueueLimitsArePolicy(t *testing.T) {
 			map[string]any{"message-ttl": float64(172800000), "max-length": float64(100000), "overflow": "drop-head"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			tc.want[PolicyDeadLetterExchange] = "hcp.dlx"
 			c := sampleCaller()
 			c.Spec.EventQueue = tc.spec
 			b := sampleBroker(t, c.Spec.Broker)
