@@ -147,11 +147,11 @@ func (s *Sidecar) lookupOf(hs *v1alpha1.HCPSession) lookup {
 // uncached Reader (a field selector on metadata.name); without one, through
 // Client by label. It returns errAbsent when the API server answers that
 // there is none, or that the sidecar may not list HCPSessions beyond its
-// namespace (the ClusterRole docs/rbac.md describes is missing), and any
+// namespace (the operator grants its own namespace only), and any
 // other error when it cannot tell. An HCPSession found elsewhere verifies
-// the session and gives its callee and task; callerAckedSequence is neither
-// read from it as a position the caller wrote nor written to it (the status
-// writer writes in the sidecar's namespace).
+// the session and gives its callee and task; this caller does not write
+// its callerAckedSequence (the status writer writes in the sidecar's
+// namespace), so it resumes from whatever that field holds, usually 0.
 func (s *Sidecar) findElsewhere(ctx context.Context, sid string) (*v1alpha1.HCPSession, error) {
 	r := s.o.Reader
 	opts := []client.ListOption{client.MatchingLabels{v1alpha1.LabelCallerID: s.cfg.ID}}
