@@ -83,9 +83,10 @@ func ownerEpoch(h amqp.Table) (int64, error) {
 // whatever the order they arrive in (a redelivery after a lost channel, an
 // event this caller returned to the queue itself); a lower-epoch event at or
 // above epochFrom, a sequence the new owner has sent or will send, is a
-// zombie's, and so is every lower-epoch message without a sequence that
+// zombie's, and so is a lower-epoch task_completed or task_failed that
 // arrives after the higher epoch was seen (the new owner's claim came after
-// its predecessor's last publish). While only unsequenced messages of the
+// its predecessor's last publish; answers, task_accepted and task_rejected,
+// are never refused). While only unsequenced messages of the
 // new epoch were seen, epochFrom is one above the highest sequence seen:
 // everything the earlier owner published before the claim is ahead of them
 // in the queue.
@@ -122,6 +123,13 @@ func (w *stream) fence(it *item) bool {
 		return true
 	case seq > 0 && seq < w.epochFrom:
 		// The earlier owner's range: legitimately its.
+		return true
+	case seq == 0 && !isTerminal(it.env.Type):
+		// task_accepted / task_rejected: the deciding replica's answer,
+		// published before any event of the session; a copy (a redelivery
+		// after a lost channel) can come after a later owner's events, and
+		// a zombie cannot make a new decision. Their own records
+		// deduplicate them.
 		return true
 	}
 	w.s.m.Rejects.WithLabelValues(ReasonStaleOwner).Inc()
