@@ -19,6 +19,8 @@ import (
 func checkDeadLetters(t *testing.T, broker *testbed.Broker, vhost string, actors map[string]*actor) {
 	t.Helper()
 	callee, alpha := actors["callee lab"], actors["caller alpha"]
+	// A consumer, not basic.get: the event queue is single-active-consumer,
+	// which quorum queues serve to consumers only.
 	reject := func(who *actor, queue, id string) {
 		t.Helper()
 		ch, err := who.conn.Channel()
@@ -26,26 +28,26 @@ func checkDeadLetters(t *testing.T, broker *testbed.Broker, vhost string, actors
 			t.Fatal(err)
 		}
 		defer ch.Close()
-		deadline := time.Now().Add(opTimeout)
-		for time.Now().Before(deadline) {
-			d, ok, err := ch.Get(queue, false)
-			if err != nil {
-				t.Fatalf("%s: get from %s: %v", who.name, queue, err)
-			}
-			if !ok {
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
-			// What the permission matrix left goes too: only this test's
-			// message is looked for below.
-			if err := d.Nack(false, false); err != nil {
-				t.Fatal(err)
-			}
-			if d.MessageId == id {
-				return
+		ds, err := ch.Consume(queue, "", false, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("%s: consume %s: %v", who.name, queue, err)
+		}
+		timeout := time.After(opTimeout)
+		for {
+			select {
+			case d := <-ds:
+				// What the permission matrix left goes too: only this
+				// test's message is looked for below.
+				if err := d.Nack(false, false); err != nil {
+					t.Fatal(err)
+				}
+				if d.MessageId == id {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("%s: message %s never arrived in %s", who.name, id, queue)
 			}
 		}
-		t.Fatalf("%s: message %s never arrived in %s", who.name, id, queue)
 	}
 	publish := func(who *actor, exchange, key, id string) {
 		t.Helper()

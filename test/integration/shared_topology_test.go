@@ -159,7 +159,8 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 		return names
 	}
 	cmdName, evtName := resource.ExchangeNames(key)
-	if got, want := sharedIn(home), []string{"Exchange " + cmdName, "Exchange " + evtName, "Vhost " + resource.VhostObjectName(key)}; !slices.Equal(got, want) {
+	if got, want := sharedIn(home), []string{"Exchange " + cmdName, "Exchange " + resource.DeadLetterExchangeObjectName(key), "Exchange " + evtName,
+		"Vhost " + resource.VhostObjectName(key)}; !slices.Equal(got, want) {
 		t.Errorf("operator namespace holds %v, want %v", got, want)
 	}
 	for _, ns := range []string{nsA, nsB} {
