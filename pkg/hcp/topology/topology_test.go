@@ -280,8 +280,8 @@ func TestDeadLetterNames(t *testing.T) {
 	for in, want := range map[string]string{
 		topology.CommandQueue("lab"): "hcp.dlq.cmd.lab",
 		topology.EventQueue("alpha"): "hcp.dlq.evt.alpha",
-		"other":             "",
-		"hcp.dlq.evt.alpha": "",
+		"other":                      "",
+		"hcp.dlq.evt.alpha":          "",
 	} {
 		if got := topology.DeadLetterQueue(in); got != want {
 			t.Errorf("DeadLetterQueue(%q) = %q, want %q", in, got, want)
