@@ -58,7 +58,7 @@ type Metrics struct {
 	// kept.
 	Contradictions *prometheus.CounterVec
 	// DeadLetters counts messages moved to a dead-letter queue, by reason
-	// (caller: max_attempts, release_limit).
+	// (caller: max_attempts).
 	DeadLetters *prometheus.CounterVec
 }
 
