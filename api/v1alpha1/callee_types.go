@@ -114,7 +114,10 @@ type CommandQueueSpec struct {
 	MaxLengthBytes *int64 `json:"maxLengthBytes,omitempty"`
 
 	// deliveryLimit is x-delivery-limit: a command returned to the queue
-	// this many times is dropped by the broker. The sidecar answers first: a
+	// this many times is taken out of it by the broker, into the Callee's
+	// dead-letter queue hcp.dlq.cmd.{calleeID} (every command queue
+	// dead-letters through the vhost's exchange hcp.dlx, as does a command
+	// the sidecar rejects without requeue). The sidecar answers first: a
 	// task_submit it could not process by then is rejected to its caller
 	// (reason internal).
 	// +optional

@@ -32,6 +32,11 @@ type CallerSpec struct {
 	// +kubebuilder:default={}
 	Consumer ConsumerSpec `json:"consumer,omitempty"`
 
+	// delivery sets how the sidecar gives up on events its app refuses.
+	// +optional
+	// +kubebuilder:default={}
+	Delivery DeliverySpec `json:"delivery,omitempty"`
+
 	// harness, when set, deploys the caller app with the hcp-sidecar in
 	// caller mode. Without it the Caller is external: the operator issues its
 	// broker credentials Secret for a program outside the cluster.
@@ -95,6 +100,23 @@ type ConsumerSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
 	AppMaxBatch int32 `json:"appMaxBatch,omitempty"`
+}
+
+// DeliverySpec sets how the caller sidecar gives up on an event its app
+// refuses (docs/reliability.md, "Dead letters").
+type DeliverySpec struct {
+	// maxAttempts is how many times the app may refuse one event (an answer
+	// other than 2xx, or none within the sidecar's app timeout) before the
+	// sidecar moves it to the Caller's dead-letter queue hcp.dlq.evt.{callerID}
+	// and goes on with the session: the next event the app gets announces it
+	// in lost (reason dead_lettered). An app that cannot be reached refuses
+	// nothing: its events wait. Answers and results (task_accepted,
+	// task_completed, ...) are retried until the app takes them.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	MaxAttempts int32 `json:"maxAttempts,omitempty"`
 }
 
 // CallerStatus is the observed state of a Caller.

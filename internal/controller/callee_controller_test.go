@@ -109,8 +109,8 @@ func TestCalleeLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(exchanges) != 2 {
-		t.Fatalf("want 2 shared exchanges, got %d", len(exchanges))
+	if len(exchanges) != 3 { // hcp.commands, hcp.events, hcp.dlx
+		t.Fatalf("want 3 shared exchanges, got %d", len(exchanges))
 	}
 	for _, x := range exchanges {
 		if len(x.OwnerReferences) != 0 || x.Namespace != suiteBrokerNamespace {
@@ -120,7 +120,7 @@ func TestCalleeLifecycle(t *testing.T) {
 	// The queue is declared without limits; they are its Policy.
 	pol := limitsPolicy(ns, base)
 	eventually(t, "the limits Policy", exists(pol, callee))
-	if want := map[string]any{"max-length": float64(100), "delivery-limit": float64(5), "overflow": "reject-publish"}; !reflect.DeepEqual(policyDefinition(pol), want) ||
+	if want := map[string]any{"max-length": float64(100), "delivery-limit": float64(5), "overflow": "reject-publish", "dead-letter-exchange": "hcp.dlx"}; !reflect.DeepEqual(policyDefinition(pol), want) ||
 		pol.Spec.Pattern != `^hcp\.cmd\.lab-cvd$` || pol.Spec.ApplyTo != "queues" {
 		t.Errorf("policy %+v definition %v, want %v", pol.Spec, policyDefinition(pol), want)
 	}
@@ -149,7 +149,10 @@ func TestCalleeLifecycle(t *testing.T) {
 	eventually(t, "TopologyReady waits for the Policy", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending,
 		"Policy "+base+": not yet declared by the messaging-topology-operator"))
 	setTopologyStatus(t, pol, true, "")
-	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "8 topology objects ready"))
+	// 13: the Queue, Binding, User, Permission and Policy, the dead-letter
+	// Queue and Binding, and the shared hcp.commands, hcp.events, hcp.dlx and
+	// the default event, command and dead-letter policies.
+	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "13 topology objects ready"))
 	setDeploymentAvailable(t, dep, 1)
 	eventually(t, "Ready once the Deployment is available", all(
 		calleeCondition(callee, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionTrue, hcpv1alpha1.ReasonDeploymentAvailable, "1/1 replicas ready"),
@@ -184,7 +187,7 @@ func TestCalleeLifecycle(t *testing.T) {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pol), pol); err != nil {
 			return err
 		}
-		want := map[string]any{"max-length": float64(250), "max-length-bytes": float64(1 << 20), "delivery-limit": float64(5), "overflow": "reject-publish"}
+		want := map[string]any{"max-length": float64(250), "max-length-bytes": float64(1 << 20), "delivery-limit": float64(5), "overflow": "reject-publish", "dead-letter-exchange": "hcp.dlx"}
 		if got := policyDefinition(pol); !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("definition %v, want %v", got, want)
 		}

@@ -136,14 +136,15 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		prefetch = *p // the sidecar override wins
 	}
 	h, res, err := r.core.deployHarness(ctx, v, false, resource.HarnessParams{
-		Subject:     v.sub,
-		Harness:     *caller.Spec.Harness,
-		Sidecar:     caller.Spec.Sidecar,
-		Vhost:       b.Vhost,
-		Image:       r.Options.SidecarImage,
-		Tracing:     r.Options.SidecarTracing,
-		Prefetch:    prefetch,
-		AppMaxBatch: caller.Spec.Consumer.AppMaxBatch,
+		Subject:        v.sub,
+		Harness:        *caller.Spec.Harness,
+		Sidecar:        caller.Spec.Sidecar,
+		Vhost:          b.Vhost,
+		Image:          r.Options.SidecarImage,
+		Tracing:        r.Options.SidecarTracing,
+		Prefetch:       prefetch,
+		AppMaxBatch:    caller.Spec.Consumer.AppMaxBatch,
+		AppMaxAttempts: caller.Spec.Delivery.MaxAttempts,
 		// The credentials Secret is read as a file, followed on rotation.
 	})
 	if err != nil {

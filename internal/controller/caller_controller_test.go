@@ -53,7 +53,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 	eventually(t, "the vhost's default event limits Policy", func(ctx context.Context) error {
 		return k8sClient.Get(ctx, client.ObjectKeyFromObject(shared), shared)
 	})
-	if want := map[string]any{"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head"}; !reflect.DeepEqual(policyDefinition(shared), want) ||
+	if want := map[string]any{"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head", "dead-letter-exchange": "hcp.dlx"}; !reflect.DeepEqual(policyDefinition(shared), want) ||
 		shared.Spec.Pattern != `^hcp\.evt\.` || shared.Spec.Priority != resource.DefaultLimitsPolicyPriority || len(shared.OwnerReferences) != 0 {
 		t.Errorf("default event limits policy %+v definition %v, want the defaults %v", shared.Spec, policyDefinition(shared), want)
 	}
@@ -90,7 +90,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pol), pol); err != nil {
 			return err
 		}
-		want := map[string]any{"message-ttl": float64(7200000), "max-length": float64(100000), "overflow": "reject-publish"}
+		want := map[string]any{"message-ttl": float64(7200000), "max-length": float64(100000), "overflow": "reject-publish", "dead-letter-exchange": "hcp.dlx"}
 		if got := policyDefinition(pol); !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("definition %v want %v", got, want)
 		}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"slices"
+	"strings"
 
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -14,6 +15,7 @@ import (
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // The children of a Callee or Caller.
@@ -79,6 +81,17 @@ type childKind struct {
 	// returns true for the children of the group applied before it (an
 	// existing child is always applied).
 	createAfter func(applied []client.Object) bool
+	// name, when set, names the child (default: the subject's BaseName):
+	// for a second child of one kind (the dead-letter Queue and Binding).
+	name func(resource.Subject) string
+}
+
+// childName is the name of the child of kind k of subject s.
+func (k *childKind) childName(s resource.Subject) string {
+	if k.name != nil {
+		return k.name(s)
+	}
+	return s.BaseName()
 }
 
 // childKinds is the children table, in the order children are applied
@@ -98,6 +111,14 @@ var childKinds = []childKind{
 			return b
 		},
 		createAfter: readyApplied[*topologyv1beta1.Queue]},
+	// The dead-letter queue and its binding to hcp.dlx (resource/deadletter.go).
+	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Queue{} },
+		build: func(in desiredInput) client.Object { return resource.DeadLetterQueue(in.sub, in.broker) },
+		name:  resource.DeadLetterQueueObjectName},
+	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Binding{} },
+		build:       func(in desiredInput) client.Object { return resource.DeadLetterBinding(in.sub, in.broker) },
+		name:        resource.DeadLetterQueueObjectName,
+		createAfter: readyDeadLetterQueue},
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.User{} },
 		build: func(in desiredInput) client.Object { return resource.User(in.sub, in.broker) }},
 	// A Permission the topology operator declares before its User fails
@@ -142,6 +163,18 @@ func readyApplied[T client.Object](applied []client.Object) bool {
 	return false
 }
 
+// readyDeadLetterQueue: the applied dead-letter Queue (its broker-side
+// name starts with hcp.dlq.) is Ready for the topology operator.
+func readyDeadLetterQueue(applied []client.Object) bool {
+	for _, o := range applied {
+		if q, ok := o.(*topologyv1beta1.Queue); ok && strings.HasPrefix(q.Spec.Name, topology.DeadLetterQueuePrefix) {
+			ready, _ := topologyObjectReady(q)
+			return ready
+		}
+	}
+	return false
+}
+
 // ifHarness builds nothing for an object without a harness.
 func ifHarness(build func(desiredInput) client.Object) func(desiredInput) client.Object {
 	return func(in desiredInput) client.Object {
@@ -171,7 +204,7 @@ func desiredChildren(group childGroup, in desiredInput) []desiredChild {
 		}
 		empty := k.empty()
 		empty.SetNamespace(in.sub.Namespace)
-		empty.SetName(in.sub.BaseName())
+		empty.SetName(k.childName(in.sub))
 		out = append(out, desiredChild{kind: k, obj: k.build(in), empty: empty})
 	}
 	return out
@@ -188,7 +221,7 @@ func topologyObjects(s resource.Subject) []client.Object {
 		}
 		o := k.empty()
 		o.SetNamespace(s.Namespace)
-		o.SetName(s.BaseName())
+		o.SetName(k.childName(s))
 		out = append(out, o)
 	}
 	return out

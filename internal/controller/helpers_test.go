@@ -187,6 +187,9 @@ func topologyChildren(ns, base string) []client.Object {
 		&topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
 		&topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
 		&topologyv1beta1.Permission{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
+		// The dead-letter queue and its binding.
+		&topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base + "-dlq"}},
+		&topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base + "-dlq"}},
 	}
 }
 
@@ -197,6 +200,7 @@ func declarePrerequisites(t *testing.T, ns, base string) {
 	t.Helper()
 	setTopologyStatus(t, &topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
 	setTopologyStatus(t, &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
+	setTopologyStatus(t, &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base + "-dlq"}}, true, "")
 }
 
 // limitsPolicy is a subject's queue limits Policy.
@@ -298,6 +302,9 @@ func declareShared(t *testing.T, key string) {
 		setTopologyStatus(t, &exchanges[i], true, "")
 	}
 	setTopologyStatus(t, sharedPolicy(key), true, "")
+	for _, name := range []string{resource.DefaultCommandLimitsObjectName(key), resource.DeadLetterLimitsObjectName(key)} {
+		setTopologyStatus(t, &topologyv1beta1.Policy{ObjectMeta: metav1.ObjectMeta{Namespace: suiteBrokerNamespace, Name: name}}, true, "")
+	}
 }
 
 func sharedExchanges(ctx context.Context, key string) ([]topologyv1beta1.Exchange, error) {

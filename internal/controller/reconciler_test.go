@@ -340,7 +340,7 @@ func TestDesiredChildren(t *testing.T) {
 			s := fmt.Sprintf("%T", c.empty)
 			if c.obj == nil {
 				s += "(delete)"
-			} else if c.obj.GetName() != sub.BaseName() || c.obj.GetNamespace() != "ns" {
+			} else if c.obj.GetName() != c.kind.childName(sub) || c.obj.GetNamespace() != "ns" {
 				s += "(bad name " + c.obj.GetNamespace() + "/" + c.obj.GetName() + ")"
 			}
 			out = append(out, s)
@@ -348,7 +348,7 @@ func TestDesiredChildren(t *testing.T) {
 		return out
 	}
 	topo := desiredChildren(groupTopology, in)
-	if got, want := kinds(topo), []string{"*v1beta1.Queue", "*v1beta1.Binding", "*v1beta1.User", "*v1beta1.Permission"}; !slices.Equal(got, want) {
+	if got, want := kinds(topo), []string{"*v1beta1.Queue", "*v1beta1.Binding", "*v1beta1.Queue", "*v1beta1.Binding", "*v1beta1.User", "*v1beta1.Permission"}; !slices.Equal(got, want) {
 		t.Errorf("topology children %v, want %v", got, want)
 	}
 	if topo[0].obj != queue {
@@ -383,7 +383,8 @@ func TestDesiredChildren(t *testing.T) {
 		names = append(names, fmt.Sprintf("%T %s", o, o.GetName()))
 	}
 	b := sub.BaseName()
-	if want := []string{"*v1beta1.Policy " + b, "*v1beta1.Permission " + b, "*v1beta1.User " + b, "*v1beta1.Binding " + b, "*v1beta1.Queue " + b}; !slices.Equal(names, want) {
+	if want := []string{"*v1beta1.Policy " + b, "*v1beta1.Permission " + b, "*v1beta1.User " + b, "*v1beta1.Binding " + b + "-dlq", "*v1beta1.Queue " + b + "-dlq",
+		"*v1beta1.Binding " + b, "*v1beta1.Queue " + b}; !slices.Equal(names, want) {
 		t.Errorf("topologyObjects %v, want %v", names, want)
 	}
 }

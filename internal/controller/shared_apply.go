@@ -53,7 +53,7 @@ func (c *core) ensureShared(ctx context.Context, v view, b resource.Broker) ([]c
 		out = append(out, vh)
 	}
 	cmd, evt := resource.Exchanges(home, b, ref)
-	for _, x := range []*topologyv1beta1.Exchange{cmd, evt} {
+	for _, x := range []*topologyv1beta1.Exchange{cmd, evt, resource.DeadLetterExchange(home, b, ref)} {
 		if e := c.epochs.get(key); e != "" {
 			x.Annotations = map[string]string{annotationRedeclare: e}
 		}
@@ -63,11 +63,14 @@ func (c *core) ensureShared(ctx context.Context, v view, b resource.Broker) ([]c
 		}
 		out = append(out, live)
 	}
-	pol, err := hc.apply(ctx, nil, resource.DefaultEventLimitsPolicy(home, b, ref))
-	if err != nil {
-		return nil, err
+	for _, p := range []*topologyv1beta1.Policy{resource.DefaultEventLimitsPolicy(home, b, ref),
+		resource.DefaultCommandLimitsPolicy(home, b, ref), resource.DeadLetterLimitsPolicy(home, b, ref)} {
+		pol, err := hc.apply(ctx, nil, p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, pol)
 	}
-	out = append(out, pol)
 	if copySecret {
 		// Then owned by what uses it.
 		if err := hc.ensureSharedSecret(ctx, c, v, b, home, out); err != nil {

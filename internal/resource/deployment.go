@@ -93,6 +93,9 @@ type HarnessParams struct {
 	// AppMaxBatch is the caller's spec.consumer.appMaxBatch (0 or 1: the
 	// sidecar's default, one event per request).
 	AppMaxBatch int32
+	// AppMaxAttempts is the caller's spec.delivery.maxAttempts (0: the
+	// sidecar's default).
+	AppMaxAttempts int32
 	// SecretsHash changes when the content of a Secret the sidecar loads
 	// only at start changes (TLSSecretsHash), so that a renewal rolls the
 	// pods. The credentials and token Secrets are not in it: the sidecar
@@ -222,6 +225,9 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 	)
 	if p.AppMaxBatch > 1 {
 		env = append(env, corev1.EnvVar{Name: config.EnvAppMaxBatch, Value: strconv.Itoa(int(p.AppMaxBatch))})
+	}
+	if p.AppMaxAttempts > 0 {
+		env = append(env, corev1.EnvVar{Name: config.EnvAppMaxAttempts, Value: strconv.Itoa(int(p.AppMaxAttempts))})
 	}
 	if t := p.Tracing; t.Enabled() {
 		env = append(env,

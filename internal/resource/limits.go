@@ -61,10 +61,10 @@ const policyApplyToQueues = "queues"
 // CalleeQueueLimits is the policy definition of hcp.cmd.{calleeID}: the
 // configured limits, and overflow reject-publish whenever a length limit is
 // set (a caller learns of a full queue from its publisher confirm instead
-// of the oldest command being dropped). No TTL (L1). Empty when nothing is
-// set.
+// of the oldest command being dropped), and the dead-letter exchange
+// (deadletter.go). No TTL (L1).
 func CalleeQueueLimits(q hcpv1alpha1.CommandQueueSpec) map[string]any {
-	def := map[string]any{}
+	def := map[string]any{PolicyDeadLetterExchange: topology.DeadLetterExchange}
 	if q.MaxLength != nil {
 		def[PolicyMaxLength] = *q.MaxLength
 	}
@@ -82,7 +82,8 @@ func CalleeQueueLimits(q hcpv1alpha1.CommandQueueSpec) map[string]any {
 
 // CallerQueueLimits is the policy definition of hcp.evt.{callerID}:
 // message-ttl in milliseconds (default PT24H), max-length (default
-// 100000), max-length-bytes when set, overflow (default drop-head).
+// 100000), max-length-bytes when set, overflow (default drop-head), and the
+// dead-letter exchange (deadletter.go).
 func CallerQueueLimits(q hcpv1alpha1.EventQueueSpec) (map[string]any, error) {
 	ttl := topology.DefaultEventMessageTTL
 	if q.MessageTTL != "" {
@@ -101,9 +102,10 @@ func CallerQueueLimits(q hcpv1alpha1.EventQueueSpec) (map[string]any, error) {
 		overflow = OverflowDropHead
 	}
 	def := map[string]any{
-		PolicyMessageTTL: ttl.Milliseconds(),
-		PolicyMaxLength:  maxLen,
-		PolicyOverflow:   overflow,
+		PolicyMessageTTL:         ttl.Milliseconds(),
+		PolicyMaxLength:          maxLen,
+		PolicyOverflow:           overflow,
+		PolicyDeadLetterExchange: topology.DeadLetterExchange,
 	}
 	if q.MaxLengthBytes != nil {
 		def[PolicyMaxLengthBytes] = *q.MaxLengthBytes
@@ -175,9 +177,14 @@ func LimitsPolicy(s Subject, b Broker, def map[string]any) *topologyv1beta1.Poli
 }
 
 // CalleeLimitsPolicy is the Policy of hcp.cmd.{calleeID}, nil without
-// limits.
+// limits (the vhost's DefaultCommandLimitsPolicy gives it its dead-letter
+// exchange).
 func CalleeLimitsPolicy(c *hcpv1alpha1.Callee, b Broker) *topologyv1beta1.Policy {
-	return LimitsPolicy(ForCallee(c), b, CalleeQueueLimits(c.Spec.CommandQueue))
+	def := CalleeQueueLimits(c.Spec.CommandQueue)
+	if isDefaultCommandLimits(def) {
+		return nil
+	}
+	return LimitsPolicy(ForCallee(c), b, def)
 }
 
 // CallerLimitsPolicy is the Policy of hcp.evt.{callerID}: nil when its

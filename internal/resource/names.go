@@ -163,6 +163,18 @@ func ExchangeNames(key string) (commands, events string) {
 // Policy object of a vhost key.
 func DefaultEventLimitsObjectName(key string) string { return "hcp-limits-events-" + key }
 
+// DeadLetterExchangeObjectName is the name of the shared dead-letter
+// Exchange object of a vhost key.
+func DeadLetterExchangeObjectName(key string) string { return "hcp-dlx-" + key }
+
+// DefaultCommandLimitsObjectName is the name of the default command queue
+// Policy object of a vhost key.
+func DefaultCommandLimitsObjectName(key string) string { return "hcp-limits-commands-" + key }
+
+// DeadLetterLimitsObjectName is the name of the dead-letter queue Policy
+// object of a vhost key.
+func DeadLetterLimitsObjectName(key string) string { return "hcp-limits-dlq-" + key }
+
 // VhostObjectName is the name of the Vhost object of a vhost key.
 func VhostObjectName(key string) string { return "hcp-vhost-" + key }
 

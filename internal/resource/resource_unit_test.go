@@ -57,6 +57,9 @@ func TestCalleeQueueLimitsArePolicy(t *testing.T) {
 			map[string]any{"delivery-limit": float64(3)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.want != nil { // every queue dead-letters to hcp.dlx
+				tc.want[PolicyDeadLetterExchange] = "hcp.dlx"
+			}
 			c := sampleCallee()
 			c.Spec.CommandQueue = tc.spec
 			b := sampleBroker(t, c.Spec.Broker)
@@ -124,6 +127,7 @@ func TestCallerQueueLimitsArePolicy(t *testing.T) {
 			map[string]any{"message-ttl": float64(172800000), "max-length": float64(100000), "overflow": "drop-head"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			tc.want[PolicyDeadLetterExchange] = "hcp.dlx"
 			c := sampleCaller()
 			c.Spec.EventQueue = tc.spec
 			b := sampleBroker(t, c.Spec.Broker)
@@ -493,14 +497,14 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	cr := sampleCaller()
 	cs := ForCaller(cr)
 	ccreds, _ := CredentialsSecret(cs, b, "pw")
-	cside := SidecarContainer(HarnessParams{Subject: cs, Harness: *cr.Spec.Harness, Vhost: "/hcp", Prefetch: 10, AppMaxBatch: 64})
+	cside := SidecarContainer(HarnessParams{Subject: cs, Harness: *cr.Spec.Harness, Vhost: "/hcp", Prefetch: 10, AppMaxBatch: 64, AppMaxAttempts: 7})
 	cenv := resolveEnv(t, cside, map[string]map[string][]byte{ccreds.Name: ccreds.Data})
 	ccfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := cenv[k]; return v, ok })
 	if err != nil {
 		t.Fatalf("caller env: %v", err)
 	}
 	if ccfg.Mode != config.ModeCaller || ccfg.HarnessURL != "http://127.0.0.1:3000" || ccfg.TokenKeyPEM != "" || ccfg.TokenKeyFile != "" ||
-		ccfg.AMQPURLFile != "/etc/hcp/credentials/uri" || ccfg.AppMaxBatch != 64 {
+		ccfg.AMQPURLFile != "/etc/hcp/credentials/uri" || ccfg.AppMaxBatch != 64 || ccfg.AppMaxAttempts != 7 {
 		t.Errorf("caller config %+v", ccfg)
 	}
 	if !reflect.DeepEqual(cside.Args, []string{"--mode=caller"}) {

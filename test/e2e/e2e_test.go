@@ -338,11 +338,18 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 	wantQueues := map[string]map[string]any{
 		topology.CommandQueue(calleeID): {"x-queue-type": "quorum"},
 		topology.EventQueue(callerID):   {"x-queue-type": "quorum", "x-single-active-consumer": true},
+		// The dead-letter queues (resource/deadletter.go).
+		topology.DeadLetterQueue(topology.CommandQueue(calleeID)): {"x-queue-type": "quorum"},
+		topology.DeadLetterQueue(topology.EventQueue(callerID)):   {"x-queue-type": "quorum"},
 	}
 	wantPolicies := map[string]map[string]any{
-		"hcp-limits." + topology.CommandQueue(calleeID): {"max-length": float64(*cq.MaxLength), "delivery-limit": float64(*cq.DeliveryLimit), "overflow": "reject-publish"},
+		"hcp-limits." + topology.CommandQueue(calleeID): {"max-length": float64(*cq.MaxLength), "delivery-limit": float64(*cq.DeliveryLimit), "overflow": "reject-publish",
+			resource.PolicyDeadLetterExchange: topology.DeadLetterExchange},
 		// The sample's TTL is the default: the vhost's default policy.
-		resource.DefaultEventLimitsPolicyName: {"message-ttl": float64(ttl.Milliseconds()), "max-length": float64(100000), "overflow": "drop-head"},
+		resource.DefaultEventLimitsPolicyName: {"message-ttl": float64(ttl.Milliseconds()), "max-length": float64(100000), "overflow": "drop-head",
+			resource.PolicyDeadLetterExchange: topology.DeadLetterExchange},
+		resource.DefaultCommandLimitsPolicyName: {resource.PolicyDeadLetterExchange: topology.DeadLetterExchange},
+		resource.DeadLetterLimitsPolicyName:     {"max-length": float64(resource.DefaultDeadLetterMaxLength), "overflow": "drop-head"},
 	}
 	pols, err := b.API.ListPoliciesIn(r.vhost)
 	if err != nil {
@@ -387,7 +394,7 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantX := map[string]string{topology.CommandsExchange: "direct", topology.EventsExchange: "topic"}
+	wantX := map[string]string{topology.CommandsExchange: "direct", topology.EventsExchange: "topic", topology.DeadLetterExchange: topology.DeadLetterExchangeType}
 	for _, x := range xs {
 		if x.Name == "" || strings.HasPrefix(x.Name, "amq.") {
 			continue
@@ -414,6 +421,8 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 	lines = append(lines, bindings...)
 	if want := []string{
 		fmt.Sprintf("binding %s -> %s [%s]", topology.CommandsExchange, topology.CommandQueue(calleeID), topology.CommandRoutingKey(calleeID)),
+		fmt.Sprintf("binding %s -> %s [%s]", topology.DeadLetterExchange, topology.DeadLetterQueue(topology.CommandQueue(calleeID)), topology.CommandDeadLetterKey(calleeID)),
+		fmt.Sprintf("binding %s -> %s [%s]", topology.DeadLetterExchange, topology.DeadLetterQueue(topology.EventQueue(callerID)), topology.EventDeadLetterKey(callerID)),
 		fmt.Sprintf("binding %s -> %s [%s]", topology.EventsExchange, topology.EventQueue(callerID), topology.EventBindingKey(callerID)),
 	}; !slices.Equal(bindings, want) {
 		t.Errorf("bindings %v, want exactly %v", bindings, want)
@@ -874,14 +883,17 @@ func (r *samplesRun) deleteCallee(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{topology.CommandsExchange, topology.EventsExchange}; !slices.Equal(names, want) {
+	if want := []string{topology.CommandsExchange, topology.DeadLetterExchange, topology.EventsExchange}; !slices.Equal(names, want) {
 		t.Errorf("exchanges after deleting the Callee: %v, want %v (the Caller still uses them)", names, want)
 	}
 	bindings, err := r.bindings()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{fmt.Sprintf("binding %s -> %s [%s]", topology.EventsExchange, topology.EventQueue(callerID), topology.EventBindingKey(callerID))}; !slices.Equal(bindings, want) {
+	if want := []string{
+		fmt.Sprintf("binding %s -> %s [%s]", topology.DeadLetterExchange, topology.DeadLetterQueue(topology.EventQueue(callerID)), topology.EventDeadLetterKey(callerID)),
+		fmt.Sprintf("binding %s -> %s [%s]", topology.EventsExchange, topology.EventQueue(callerID), topology.EventBindingKey(callerID)),
+	}; !slices.Equal(bindings, want) {
 		t.Errorf("bindings after deleting the Callee: %v, want %v", bindings, want)
 	}
 	if _, err := r.broker.API.GetUser(callerUser); err != nil {

@@ -159,7 +159,8 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 		return names
 	}
 	cmdName, evtName := resource.ExchangeNames(key)
-	if got, want := sharedIn(home), []string{"Exchange " + cmdName, "Exchange " + evtName, "Vhost " + resource.VhostObjectName(key)}; !slices.Equal(got, want) {
+	if got, want := sharedIn(home), []string{"Exchange " + cmdName, "Exchange " + resource.DeadLetterExchangeObjectName(key), "Exchange " + evtName,
+		"Vhost " + resource.VhostObjectName(key)}; !slices.Equal(got, want) {
 		t.Errorf("operator namespace holds %v, want %v", got, want)
 	}
 	for _, ns := range []string{nsA, nsB} {
@@ -174,7 +175,8 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 		}
 		return names
 	}
-	want := []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.commands -> witness [witness]", "hcp.events -> hcp.evt.beta [beta.#]"}
+	want := []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.commands -> witness [witness]", "hcp.dlx -> hcp.dlq.cmd.lab [lab]",
+		"hcp.dlx -> hcp.dlq.evt.beta [beta.*.*]", "hcp.events -> hcp.evt.beta [beta.#]"}
 	if got := bindings(); !slices.Equal(got, want) {
 		t.Fatalf("broker bindings after adoption %v, want %v (the witness binding goes only if hcp.commands was deleted)", got, want)
 	}
@@ -218,14 +220,14 @@ func TestSharedTopologyOutlivesATenant(t *testing.T) {
 	}
 
 	// The exchanges, tenant A's binding and its readiness are untouched.
-	if got, want := bindings(), []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.commands -> witness [witness]"}; !slices.Equal(got, want) {
+	if got, want := bindings(), []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.commands -> witness [witness]", "hcp.dlx -> hcp.dlq.cmd.lab [lab]"}; !slices.Equal(got, want) {
 		t.Errorf("broker bindings after tenant B went: %v, want %v", got, want)
 	}
 	names, err := exchangeNames(broker, vhost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(names, []string{"hcp.commands", "hcp.events"}) {
+	if !slices.Equal(names, []string{"hcp.commands", "hcp.dlx", "hcp.events"}) {
 		t.Errorf("broker exchanges after tenant B went: %v", names)
 	}
 	if err := topologyReady(ctx, c, lab); err != nil {

@@ -192,6 +192,7 @@ func TestTopologyAndPermissionsOnTheBroker(t *testing.T) {
 		actors[s.name] = a
 	}
 	checkPermissionMatrix(t, actors)
+	checkDeadLetters(t, broker, vhost, actors)
 
 	// Limits are a policy: an edited limit reaches the live queue, whose
 	// declaration never changes.
@@ -230,6 +231,9 @@ func TestTopologyAndPermissionsOnTheBroker(t *testing.T) {
 		if _, err := broker.Queue(vhost, "hcp.evt.beta"); !testbed.IsNotFound(err) {
 			return fmt.Errorf("queue hcp.evt.beta: %v", err)
 		}
+		if _, err := broker.Queue(vhost, "hcp.dlq.evt.beta"); !testbed.IsNotFound(err) {
+			return fmt.Errorf("queue hcp.dlq.evt.beta: %v", err)
+		}
 		if _, err := broker.API.GetUser("caller.beta@" + vhost); !testbed.IsNotFound(err) {
 			return fmt.Errorf("user caller.beta: %v", err)
 		}
@@ -239,7 +243,7 @@ func TestTopologyAndPermissionsOnTheBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(names, []string{"hcp.commands", "hcp.events"}) {
+	if !slices.Equal(names, []string{"hcp.commands", "hcp.dlx", "hcp.events"}) {
 		t.Errorf("exchanges after deleting one of three users: %v", names)
 	}
 	if bs, _ := broker.Bindings(vhost); !hasBinding(bs, "hcp.commands", "hcp.cmd.lab", "lab") || !hasBinding(bs, "hcp.events", "hcp.evt.alpha", "alpha.#") {
@@ -301,14 +305,22 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 	// Declared with what no policy can give; the limits are each queue's
 	// policy.
 	wantQueues := map[string]map[string]any{
-		"hcp.cmd.lab":   {"x-queue-type": "quorum"},
-		"hcp.evt.alpha": {"x-queue-type": "quorum", "x-single-active-consumer": true},
-		"hcp.evt.beta":  {"x-queue-type": "quorum", "x-single-active-consumer": true},
+		"hcp.cmd.lab":       {"x-queue-type": "quorum"},
+		"hcp.evt.alpha":     {"x-queue-type": "quorum", "x-single-active-consumer": true},
+		"hcp.evt.beta":      {"x-queue-type": "quorum", "x-single-active-consumer": true},
+		"hcp.dlq.cmd.lab":   {"x-queue-type": "quorum"},
+		"hcp.dlq.evt.alpha": {"x-queue-type": "quorum"},
+		"hcp.dlq.evt.beta":  {"x-queue-type": "quorum"},
 	}
+	// Every queue dead-letters to hcp.dlx; dead-letter queues are bounded.
+	dlq := map[string]any{"max-length": float64(resource.DefaultDeadLetterMaxLength), "overflow": "drop-head"}
 	wantLimits := map[string]map[string]any{
-		"hcp.cmd.lab":   {"max-length": float64(1000), "delivery-limit": float64(5), "overflow": "reject-publish"},
-		"hcp.evt.alpha": {"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head"},
-		"hcp.evt.beta":  {"message-ttl": float64(3600000), "max-length": float64(500), "max-length-bytes": float64(1 << 20), "overflow": "reject-publish"},
+		"hcp.cmd.lab":       {"max-length": float64(1000), "delivery-limit": float64(5), "overflow": "reject-publish", "dead-letter-exchange": "hcp.dlx"},
+		"hcp.evt.alpha":     {"message-ttl": float64(86400000), "max-length": float64(100000), "overflow": "drop-head", "dead-letter-exchange": "hcp.dlx"},
+		"hcp.evt.beta":      {"message-ttl": float64(3600000), "max-length": float64(500), "max-length-bytes": float64(1 << 20), "overflow": "reject-publish", "dead-letter-exchange": "hcp.dlx"},
+		"hcp.dlq.cmd.lab":   dlq,
+		"hcp.dlq.evt.alpha": dlq,
+		"hcp.dlq.evt.beta":  dlq,
 	}
 	for name, want := range wantLimits {
 		testbed.Eventually(t, readyTimeout, "the limits policy of "+name, func(ctx context.Context) error {
@@ -317,8 +329,11 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 				return err
 			}
 			policy := "hcp-limits." + name
-			if name == "hcp.evt.alpha" { // the default limits: the vhost's policy
+			switch {
+			case name == "hcp.evt.alpha": // the default limits: the vhost's policy
 				policy = resource.DefaultEventLimitsPolicyName
+			case strings.HasPrefix(name, "hcp.dlq."):
+				policy = resource.DeadLetterLimitsPolicyName
 			}
 			if q.Policy != policy || !reflect.DeepEqual(q.EffectivePolicyDefinition, want) {
 				return fmt.Errorf("queue %s: policy %q effective definition %v, want %v", name, q.Policy, q.EffectivePolicyDefinition, want)
@@ -359,7 +374,7 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantX := map[string]string{"hcp.commands": "direct", "hcp.events": "topic"}
+	wantX := map[string]string{"hcp.commands": "direct", "hcp.events": "topic", "hcp.dlx": "topic"}
 	for _, x := range xs {
 		if typ, ok := wantX[x.Name]; ok {
 			if x.Type != typ || !x.Durable || x.AutoDelete != false {
@@ -376,7 +391,8 @@ func checkBrokerTopology(t *testing.T, b *testbed.Broker, vhost string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.events -> hcp.evt.alpha [alpha.#]", "hcp.events -> hcp.evt.beta [beta.#]"}; !slices.Equal(bindings, want) {
+	if want := []string{"hcp.commands -> hcp.cmd.lab [lab]", "hcp.dlx -> hcp.dlq.cmd.lab [lab]", "hcp.dlx -> hcp.dlq.evt.alpha [alpha.*.*]",
+		"hcp.dlx -> hcp.dlq.evt.beta [beta.*.*]", "hcp.events -> hcp.evt.alpha [alpha.#]", "hcp.events -> hcp.evt.beta [beta.#]"}; !slices.Equal(bindings, want) {
 		t.Errorf("bindings %v, want exactly %v", bindings, want)
 	}
 

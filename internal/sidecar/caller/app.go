@@ -289,6 +289,11 @@ func (s *Sidecar) post(path string, h http.Header, body []byte, n int) error {
 	resp, err := s.http.Do(req)
 	if err != nil {
 		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
+		if ctx.Err() != nil {
+			// The app took the request and did not answer in time: a
+			// message that hangs it counts as refused.
+			return refusal{err}
+		}
 		return err
 	}
 	defer func() { _ = resp.Body.Close() }()
@@ -297,7 +302,7 @@ func (s *Sidecar) post(path string, h http.Header, body []byte, n int) error {
 	s.noteBatchOffer(path, resp)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
-		return fmt.Errorf("app answered %s: %s", resp.Status, bytes.TrimSpace(msg))
+		return refusal{fmt.Errorf("app answered %s: %s", resp.Status, bytes.TrimSpace(msg))}
 	}
 	s.m.AppDeliveries.WithLabelValues("ok").Add(float64(n))
 	return nil

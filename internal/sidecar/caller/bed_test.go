@@ -90,11 +90,16 @@ func newBed(t *testing.T, calleeIDs ...string) *bed {
 	// The topology of DESIGN.md section 3, as the operator declares it.
 	must(ch.ExchangeDeclare(topology.CommandsExchange, topology.CommandsExchangeType, true, false, false, false, nil))
 	must(ch.ExchangeDeclare(topology.EventsExchange, topology.EventsExchangeType, true, false, false, false, nil))
+	must(ch.ExchangeDeclare(topology.DeadLetterExchange, topology.DeadLetterExchangeType, true, false, false, false, nil))
 	_, err = ch.QueueDeclare(topology.EventQueue(b.callerID), true, false, false, false, amqp.Table{
 		"x-queue-type": "quorum", "x-message-ttl": int64(86400000), "x-max-length": int64(100000), "x-overflow": "drop-head",
-		"x-single-active-consumer": true,
+		"x-single-active-consumer": true, "x-dead-letter-exchange": topology.DeadLetterExchange,
 	})
 	must(err)
+	dlq := topology.DeadLetterQueue(topology.EventQueue(b.callerID))
+	_, err = ch.QueueDeclare(dlq, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	must(err)
+	must(ch.QueueBind(dlq, topology.EventDeadLetterKey(b.callerID), topology.DeadLetterExchange, false, nil))
 	must(ch.QueueBind(topology.EventQueue(b.callerID), topology.EventBindingKey(b.callerID), topology.EventsExchange, false, nil))
 	for _, id := range calleeIDs {
 		_, err = ch.QueueDeclare(topology.CommandQueue(id), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})

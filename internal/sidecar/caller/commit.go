@@ -12,6 +12,9 @@ func (w *stream) fillRecord(r *SessionRecord) {
 		r.CalleeID = w.callee
 	}
 	r.Unverified = w.unverified
+	if w.epoch > r.OwnerEpoch || (w.epoch == r.OwnerEpoch && w.epochFrom != 0) {
+		r.OwnerEpoch, r.EpochFrom = w.epoch, w.epochFrom
+	}
 	if w.taskMessageID != "" {
 		r.TaskMessageID = w.taskMessageID
 	}

@@ -40,8 +40,10 @@ type item struct {
 	event     *session.EventPayload
 	eventData session.EventData
 	// mark is the event's envelope.HeaderConfirmedThrough, if marked.
-	mark      int64
-	marked    bool
+	mark   int64
+	marked bool
+	// epoch is the message's envelope.HeaderOwnerEpoch (0 without one).
+	epoch     int64
 	accepted  *task.TaskAccepted
 	rejected  *task.TaskRejected
 	completed *task.TaskCompleted
@@ -118,7 +120,12 @@ func (s *Sidecar) decode(ctx context.Context, d amqp.Delivery) (*item, string, e
 			return nil, ReasonMalformed, fmt.Errorf("routing key %q does not match the envelope (session %s, type %s)", d.RoutingKey, env.Session(), env.Type)
 		}
 	}
-	it := &item{d: d, dctx: ctx, env: env, sender: calleeID}
+	epoch, err := ownerEpoch(d.Headers)
+	if err != nil {
+		s.m.MessagesIn.WithLabelValues(string(env.Type)).Inc()
+		return nil, ReasonMalformed, err
+	}
+	it := &item{d: d, dctx: ctx, env: env, sender: calleeID, epoch: epoch}
 	// Session ids are compared in canonical lowercase.
 	sid := strings.ToLower(env.Session())
 	it.env.SessionID = &sid

@@ -64,25 +64,45 @@ func (w *stream) nextStale(b *barrier) bool {
 	return len(w.ready) > 0 && w.ready[0].Item.stale()
 }
 
+// Outcomes of deliverRetrying.
+type outcome int
+
+const (
+	delivered outcome = iota // the app answered 2xx
+	stopped                  // the sidecar stops
+	poisoned                 // the app refused it Options.MaxAttempts times
+)
+
 // deliverRetrying sends (send POSTs to the app) until the app answers
 // 2xx, backing off exponentially between attempts (the deliveries stay
-// held, see stream). It gives up, returning false, only when the sidecar
-// stops. send rebuilds its request per attempt so that a redelivered copy
-// swapped in meanwhile is the one sent.
+// held, see stream). It gives up when the sidecar stops, and, with poison,
+// after the app refused it (an answer other than 2xx, or no answer within
+// AppTimeout) Options.MaxAttempts times: an app that cannot be reached
+// refuses nothing, and is retried for as long as it takes. send rebuilds
+// its request per attempt so that a redelivered copy swapped in meanwhile
+// is the one sent.
 //
 // keep is how many of the ready events the attempts carry: while the app
 // fails, the ones after them may be handed back to the queue (shedReady).
-func (w *stream) deliverRetrying(what string, keep int, send func() error) bool {
+func (w *stream) deliverRetrying(what string, keep int, poison bool, send func() error) outcome {
+	refusals := 0
 	for attempt := 1; ; attempt++ {
 		if w.stopping() {
-			return false
+			return stopped
 		}
 		err := send()
 		if err == nil {
 			if w.setStalled(false) {
 				w.log.Info("The app takes this session's messages again", "attempts", attempt)
 			}
-			return true
+			return delivered
+		}
+		if isRefusal(err) {
+			refusals++
+			if poison && refusals >= w.s.o.MaxAttempts {
+				w.log.Info("WARNING: the app refused a message every time; giving up on it", "what", what, "refusals", refusals, "error", err.Error())
+				return poisoned
+			}
 		}
 		w.setStalled(true)
 		d := w.s.o.AppBackoff.after(attempt)
@@ -93,7 +113,7 @@ func (w *stream) deliverRetrying(what string, keep int, send func() error) bool 
 				w.stopAt = w.s.clk.Now().Add(w.s.o.DrainTimeout)
 			}
 			// The app is failing: no point spending the drain time on it.
-			return false
+			return stopped
 		}
 	}
 }
@@ -147,8 +167,13 @@ func (w *stream) deliverEvents() bool {
 		}
 		return w.s.deliver(ms[0])
 	}
-	if !w.deliverRetrying("event", n, send) {
+	switch w.deliverRetrying("event", n, true, send) {
+	case stopped:
 		return false
+	case poisoned:
+		w.deadLetter(w.ready[0])
+		w.ready = w.ready[1:]
+		return true
 	}
 	batch := w.ready[:n]
 	w.ready = w.ready[n:]
@@ -185,7 +210,9 @@ func (w *stream) deliverBarrier(b *barrier) bool {
 		}
 		return w.taskMessageID
 	}
-	if !w.deliverRetrying(string(b.kind), 0, func() error { return w.s.deliver(w.s.appMessage(b.item, w.callee, tid())) }) {
+	// Answers and results are retried until the app takes them: a session
+	// has at most two, and without them the app never learns how it ended.
+	if w.deliverRetrying(string(b.kind), 0, false, func() error { return w.s.deliver(w.s.appMessage(b.item, w.callee, tid())) }) != delivered {
 		return false
 	}
 	it := b.item

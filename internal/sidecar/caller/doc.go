@@ -98,7 +98,8 @@
 //
 // A message the app fails (non-2xx, timeout) is retried in place with
 // exponential backoff (AppBackoff), its delivery held unacked, and the
-// session's later events wait behind it. It is not nacked with requeue:
+// session's later events wait behind it, until the app has refused an event
+// MaxAttempts times: then it is dead-lettered (poison.go). It is not nacked with requeue:
 // RabbitMQ puts a nacked quorum-queue message at the back of the queue
 // (measured on 3.10.8), after every message already queued, so the
 // session's later events would arrive first, fill the reorder buffer and
@@ -162,11 +163,18 @@
 //     the session is delivered, through Options.Reader (uncached: a cache
 //     may not have seen the previous pod's last write yet); if the API
 //     server cannot be reached, a cached copy (older, so lower: safe); with
-//     neither, the read is retried for up to SeedTimeout, then the session
-//     starts from scratch with a warning. The callee and task come from its
-//     spec (the session is verified, its task adopted: adoptTask); a
-//     session whose HCPSession names another caller is refused
-//     (ReasonForeignSession);
+//     neither, the session is held (nothing delivered or acked, its further
+//     deliveries returned to the queue past its share of the window) and the
+//     read retried with backoff until it succeeds, however long the outage
+//     (SeedTimeout only logs a warning): never delivered unverified, never
+//     dropped. Not in this namespace, the HCPSession is looked for in every
+//     namespace the sidecar may list (label hcp.io/caller-id, name: a
+//     Callee in another namespace keeps its sessions there; findElsewhere).
+//     The callee and task come from its spec (the session is verified, its
+//     task adopted: adoptTask); a session whose HCPSession names another
+//     caller is refused (ReasonForeignSession), and so is one with no
+//     HCPSession of this caller anywhere the sidecar may look
+//     (ReasonUnsolicitedSession);
 //   - a local record: the higher of the record and the HCPSession (one
 //     best-effort read, stream.refresh). The HCPSession can only be higher
 //     when another pod of this caller delivered the session meanwhile: with
@@ -176,12 +184,16 @@
 //
 // callerAckedSequence is written only when the HCPSession is readable in the
 // sidecar's own namespace and names this caller. Sessions live in the
-// callee's namespace, which a caller in another namespace, or outside the
-// cluster, cannot read or write: for those sessions the guarantee falls
-// back to the local store alone (exact across a container restart; a new
-// pod starts them from scratch: the first event is delivered with Lost and
-// copies of events the previous pod delivered that are still queued are
-// delivered again). A session whose HCPSession is not found yet (a cached
+// callee's namespace, which the status writer (bound to the sidecar's
+// namespace) does not write: for a Callee in another namespace the
+// guarantee falls back to the local store alone (exact across a container
+// restart; a new pod finds the session through findElsewhere, if it may
+// list HCPSessions there, and starts it from scratch: the first event is
+// delivered with Lost and copies of events the previous pod delivered that
+// are still queued are delivered again). Without permission to list
+// HCPSessions beyond its namespace (the operator's Role does not grant it
+// yet) or outside the cluster, a new pod refuses such sessions as
+// unsolicited. A session whose HCPSession is not found yet (a cached
 // client may not have seen it) keeps its sequence and retries on its next
 // ack and tick, and re-reads the HCPSession at its terminal message, at
 // stop and before its worker exits, so the final value lands.
@@ -259,7 +271,9 @@
 //	commit.go       stream: what the app took, into the tracker and the session and task records
 //	settle.go       acks and nacks, once each; acks that wait for a record's fsync
 //	window.go       sharing the prefetch window: releases to the queue, hand-backs, what the dispatcher sees of a stream
-//	seed.go         stream: a session's starting point, from its local record or its HCPSession
+//	seed.go         stream: a session's starting point, from its local record or its HCPSession (held while unverifiable)
+//	fence.go        stream: owner epochs (stale owners refused) and same-sequence bodies (contradictions)
+//	poison.go       dead letters: events the app refuses, the bound on gap waits
 //	position.go     callerAckedSequence: recorded through the status writer, written at a stop
 //	hcpsession.go   reading HCPSessions: uncached and cached reads, the lookup cache
 //	adopt.go        tasks an earlier pod of this caller submitted, learnt from their HCPSessions

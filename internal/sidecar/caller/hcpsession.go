@@ -26,7 +26,10 @@ type lookup struct {
 	// foreign: the HCPSession names another caller.
 	foreign  bool
 	calleeID string
-	at       time.Time
+	// namespace and uid of the HCPSession read (for its Events).
+	namespace string
+	uid       types.UID
+	at        time.Time
 	// err is a read failure that says nothing (never cached).
 	err error
 }
@@ -130,9 +133,51 @@ func (s *Sidecar) lookupSession(sid string, fresh bool) lookup {
 
 // lookupOf turns a read HCPSession into a lookup (and remembers it).
 func (s *Sidecar) lookupOf(hs *v1alpha1.HCPSession) lookup {
-	l := lookup{found: hs.Spec.CallerID == s.cfg.ID, foreign: hs.Spec.CallerID != s.cfg.ID, calleeID: hs.Spec.CalleeID, at: s.clk.Now()}
+	l := lookup{found: hs.Spec.CallerID == s.cfg.ID, foreign: hs.Spec.CallerID != s.cfg.ID, calleeID: hs.Spec.CalleeID,
+		namespace: hs.Namespace, uid: hs.UID, at: s.clk.Now()}
 	s.mu.Lock()
 	s.lookups[hs.Name] = l
 	s.mu.Unlock()
 	return l
+}
+
+// findElsewhere looks for the HCPSession sid of this caller in every
+// namespace the sidecar may list (label hcp.io/caller-id, name sid): a
+// Callee in another namespace keeps its sessions there. Read through the
+// uncached Reader (a field selector on metadata.name); without one, through
+// Client by label. It returns errAbsent when the API server answers that
+// there is none, or that the sidecar may not list HCPSessions beyond its
+// namespace (the operator grants its own namespace only), and any
+// other error when it cannot tell. An HCPSession found elsewhere verifies
+// the session and gives its callee and task; this caller does not write
+// its callerAckedSequence (the status writer writes in the sidecar's
+// namespace), so it resumes from whatever that field holds, usually 0.
+func (s *Sidecar) findElsewhere(ctx context.Context, sid string) (*v1alpha1.HCPSession, error) {
+	r := s.o.Reader
+	opts := []client.ListOption{client.MatchingLabels{v1alpha1.LabelCallerID: s.cfg.ID}}
+	if r != nil {
+		opts = append(opts, client.MatchingFields{"metadata.name": sid})
+	} else if s.o.Client != nil {
+		r = s.o.Client
+	} else {
+		return nil, errAbsent
+	}
+	var list v1alpha1.HCPSessionList
+	if err := r.List(ctx, &list, opts...); err != nil {
+		if apierrors.IsForbidden(err) {
+			s.crossNamespace.Do(func() {
+				s.log.Info("This sidecar may not list HCPSessions beyond its namespace: sessions of Callees in other namespaces cannot be verified after a pod replacement and are refused",
+					"error", err.Error())
+			})
+			return nil, fmt.Errorf("%w (forbidden beyond the namespace)", errAbsent)
+		}
+		return nil, err
+	}
+	for i := range list.Items {
+		hs := &list.Items[i]
+		if hs.Name == sid && hs.Spec.CallerID == s.cfg.ID {
+			return hs, nil
+		}
+	}
+	return nil, errAbsent
 }

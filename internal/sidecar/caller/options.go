@@ -6,6 +6,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -39,14 +40,20 @@ const (
 	// object, and a running pod's own store is the deduplication source). A
 	// session's terminal message, Drain and a graceful stop write at once.
 	DefaultStatusInterval = 5 * time.Second
-	// DefaultSeedTimeout bounds how long a session without a local record
-	// waits for its HCPSession to be readable before it is delivered
-	// without the position the previous pod recorded.
+	// DefaultSeedTimeout is how long a session without a local record waits
+	// for its HCPSession to be readable before a warning is logged; it waits
+	// on (held, nothing delivered or acked) until the HCPSession can be read.
 	DefaultSeedTimeout = 30 * time.Second
 	// DefaultFlushTimeout bounds how long a graceful stop (Run's ctx ended)
 	// retries writing callerAckedSequence before the consumer's channel is
 	// closed.
 	DefaultFlushTimeout = 10 * time.Second
+	// DefaultMaxAttempts is how many times the app may refuse an event (an
+	// answer other than 2xx, or none within AppTimeout) before it is
+	// dead-lettered (the Caller's spec.delivery.maxAttempts; see poison.go).
+	DefaultMaxAttempts = 10
+	// DefaultMaxGapWait is Options.MaxGapWait's default.
+	DefaultMaxGapWait = 10 * time.Minute
 )
 
 // RetryPolicy is how a task_submit without an answer is republished: the
@@ -118,6 +125,9 @@ type Options struct {
 	Log     logr.Logger
 	// Clock; nil means the real clock.
 	Clock clock.WithTickerAndDelayedExecution
+	// Recorder records the Warning Events of contradictions, stale owners
+	// and dead letters (on the HCPSession, or the Caller); optional.
+	Recorder record.EventRecorder
 	// HTTPClient calls the app; nil means a client without a global
 	// timeout (AppTimeout bounds each call) that keeps a connection per
 	// concurrently delivering session alive.
@@ -162,9 +172,19 @@ type Options struct {
 	// (for deduplication and the GET endpoints); default 24h, the event
 	// queue's default message TTL.
 	Retention time.Duration
-	// SeedTimeout bounds the wait for a session's HCPSession when the local
-	// store has no record of it (see DefaultSeedTimeout).
+	// SeedTimeout is how long a session the local store has no record of
+	// waits for its HCPSession before a warning is logged (see
+	// DefaultSeedTimeout); it is held until the HCPSession can be read.
 	SeedTimeout time.Duration
+	// MaxGapWait bounds how long a gap may hold later events back, however
+	// its marks and releases say it will fill (meanwhile the events behind
+	// it go round the queue, and a broker delivery limit could drop them);
+	// then it is given up (Lost reason gap_wait_limit). 0 means
+	// DefaultMaxGapWait.
+	MaxGapWait time.Duration
+	// MaxAttempts is how many refusals of an event by the app dead-letter
+	// it; 0 means cfg.AppMaxAttempts, or DefaultMaxAttempts.
+	MaxAttempts int
 	// FlushTimeout bounds the final callerAckedSequence writes of a
 	// graceful stop (see DefaultFlushTimeout); Drain uses its own ctx.
 	FlushTimeout time.Duration
@@ -224,6 +244,15 @@ func (o Options) withDefaults(c *config.Config) Options {
 	}
 	if o.SeedTimeout <= 0 {
 		o.SeedTimeout = DefaultSeedTimeout
+	}
+	if o.MaxGapWait <= 0 {
+		o.MaxGapWait = DefaultMaxGapWait
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = c.AppMaxAttempts
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = DefaultMaxAttempts
 	}
 	if o.FlushTimeout <= 0 {
 		o.FlushTimeout = DefaultFlushTimeout

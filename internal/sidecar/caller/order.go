@@ -10,6 +10,9 @@ import (
 // behind a gap, or settled at once (a duplicate, late, malformed).
 func (w *stream) offer(it *item) {
 	seq := it.seq()
+	if seq > 0 && !w.sameBody(it) {
+		return
+	}
 	w.awaitReleased(seq)
 	w.maxSeen = max(w.maxSeen, seq)
 	if it.marked {
@@ -114,7 +117,17 @@ func (w *stream) onTick() {
 	// waited for, and so is a terminal message anchored after it.
 	top, awaiting := w.awaitReleased(0)
 	if w.tracker.Buffered() > 0 {
+		if w.gapOpened.IsZero() {
+			w.gapOpened = now
+		}
 		switch {
+		case now.Sub(w.gapOpened) >= w.s.o.MaxGapWait:
+			// Bounded: the events held back behind it went round the queue
+			// for MaxGapWait (see poison.go).
+			w.log.Info("WARNING: a gap in the event stream stayed open for the longest wait; giving it up so that the events behind it are delivered",
+				"next", w.tracker.NextExpected(), "open", now.Sub(w.gapOpened).String())
+			w.note(w.tracker.Skip(), LostGapWaitLimit)
+			w.gapOpened = time.Time{}
 		case w.gapSince.IsZero() || awaiting:
 			w.gapSince = now
 		case w.marked:
@@ -130,7 +143,7 @@ func (w *stream) onTick() {
 			w.note(w.tracker.Skip(), LostGapTimeout)
 		}
 	} else {
-		w.gapSince = time.Time{}
+		w.gapSince, w.gapOpened = time.Time{}, time.Time{}
 	}
 	w.shed(now)
 	w.reportAcked(false)

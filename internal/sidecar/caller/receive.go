@@ -23,7 +23,7 @@ func (w *stream) accept(it *item) {
 		return
 	}
 	w.checkChannel(it.dctx)
-	if !w.verify(it) {
+	if !w.verify(it) || !w.fence(it) {
 		return
 	}
 	switch it.env.Type {
@@ -215,7 +215,9 @@ func (w *stream) duplicate(it *item) {
 
 func (w *stream) contradiction(it *item, why string) {
 	w.s.m.Rejects.WithLabelValues(ReasonContradiction).Inc()
+	w.s.m.Contradictions.WithLabelValues("answer").Inc()
 	w.log.Info("WARNING: dropped a contradictory answer", "why", why, "messageID", it.env.MessageID)
+	w.s.warn(w.id, EventContradiction, "Session "+w.id+": "+why+" (message "+it.env.MessageID+"); the first is kept")
 	w.s.settle(it, true)
 }
 

@@ -87,6 +87,13 @@ type SessionRecord struct {
 	// Unverified: the session's callee was bound on first use (no task,
 	// task_accepted or HCPSession named it).
 	Unverified bool `json:"unverified,omitempty"`
+	// OwnerEpoch is the highest owner epoch (envelope.HeaderOwnerEpoch)
+	// seen on the session's messages, and EpochFrom the lowest sequence
+	// seen from that epoch (or one above the highest sequence seen when it
+	// was raised): messages of a lower epoch are refused, but for events
+	// below EpochFrom (see stream.fence).
+	OwnerEpoch int64 `json:"owner_epoch,omitempty"`
+	EpochFrom  int64 `json:"epoch_from,omitempty"`
 	// AbortRequestedAt is when the app last asked to abort the session.
 	AbortRequestedAt time.Time `json:"abort_requested_at,omitzero"`
 	UpdatedAt        time.Time `json:"updated_at"`

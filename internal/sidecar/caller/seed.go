@@ -22,14 +22,21 @@ const ReasonUnsolicitedSession = "unsolicited_session"
 // seed gives a session without a local record (a new pod, or a lost state
 // directory) its starting point from its HCPSession, before anything of it
 // is delivered: last_processed_sequence from status.callerAckedSequence, the
-// callee and task from spec, and the task record (adoptTask). A session
-// whose HCPSession names another caller is refused (ReasonForeignSession),
-// and so is one with no HCPSession in this namespace
-// (ReasonUnsolicitedSession): nothing shows this caller submitted it. While the API server cannot be
-// reached the seed is retried for up to SeedTimeout; then the session is
-// delivered from scratch (a warning: events the previous pod delivered and
-// that come again are then delivered again). seed returns false if the
-// sidecar stopped meanwhile.
+// callee and task from spec, and the task record (adoptTask). The
+// HCPSession is looked up in this namespace, then, if it is not there, in
+// every namespace the sidecar may list (a Callee in another namespace keeps
+// its sessions there: findElsewhere). A session whose HCPSession names
+// another caller is refused (ReasonForeignSession), and so is one with no
+// HCPSession of this caller anywhere the sidecar may look
+// (ReasonUnsolicitedSession): nothing shows this caller submitted it.
+//
+// A session that cannot be verified because the API server cannot be
+// reached is held, never delivered unverified and never dropped: its
+// deliveries stay unacked in the worker (past its share of the prefetch
+// window they go back to the queue, as for a failing app: the session is
+// marked stalled) and the read is retried with backoff, however long the
+// outage lasts; SeedTimeout only logs a warning. seed returns false if the
+// sidecar stopped meanwhile (what the worker holds stays unsettled).
 func (w *stream) seed() bool {
 	s := w.s
 	if rec, ok := s.store.Session(w.id); ok {
@@ -44,11 +51,16 @@ func (w *stream) seed() bool {
 	if s.o.Client == nil && s.o.Reader == nil {
 		return true
 	}
-	deadline := s.clk.Now().Add(s.o.SeedTimeout)
+	start := s.clk.Now()
+	warned := false
+	defer w.setStalled(false)
 	backoff := 100 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), lookupTimeout)
 		hs, err := s.readHCPSession(ctx, w.id, true)
+		if errors.Is(err, errAbsent) {
+			hs, err = s.findElsewhere(ctx, w.id)
+		}
 		cancel()
 		switch {
 		case err == nil:
@@ -59,13 +71,17 @@ func (w *stream) seed() bool {
 			s.lookups[w.id] = lookup{at: s.clk.Now()}
 			s.mu.Unlock()
 			w.refused = ReasonUnsolicitedSession
-			w.log.Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession in its namespace naming it)")
+			w.log.Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession naming it in any namespace this sidecar may read)",
+				"reason", err.Error())
 			return true
-		case !s.clk.Now().Before(deadline):
-			w.log.Info("WARNING: the HCPSession of a session this pod has no record of could not be read; delivering it from its first event received (copies of events an earlier pod delivered are delivered again)",
-				"waited", s.o.SeedTimeout.String(), "error", err.Error())
-			return true
+		case !warned && s.clk.Since(start) >= s.o.SeedTimeout:
+			warned = true
+			w.log.Info("WARNING: the HCPSession of a session this pod has no record of still cannot be read; the session stays held (nothing of it is delivered or acked) until it can",
+				"waited", s.clk.Since(start).String(), "error", err.Error())
 		}
+		// Held: past its share of the prefetch window, further deliveries
+		// of the session go back to the queue (Sidecar.mustRelease).
+		w.setStalled(true)
 		w.log.Info("Cannot read the HCPSession of a session this pod has no record of; its deliveries wait", "retryIn", backoff.String(), "error", err.Error())
 		timer := s.clk.NewTimer(backoff)
 		select {
@@ -74,7 +90,7 @@ func (w *stream) seed() bool {
 			timer.Stop()
 			return false
 		}
-		backoff = min(2*backoff, 2*time.Second)
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
@@ -140,7 +156,14 @@ func (w *stream) refresh(rec SessionRecord) {
 // adopt applies a session's HCPSession to the new worker (see seed).
 func (w *stream) adopt(hs *v1alpha1.HCPSession) {
 	s := w.s
-	l := s.lookupOf(hs)
+	var l lookup
+	if hs.Namespace == "" || hs.Namespace == s.cfg.Namespace {
+		l = s.lookupOf(hs)
+	} else {
+		// In the callee's namespace: verified, but callerAckedSequence
+		// cannot be recorded there (see findElsewhere).
+		l = lookup{foreign: hs.Spec.CallerID != s.cfg.ID}
+	}
 	if l.foreign {
 		w.refused = ReasonForeignSession
 		w.log.Info("WARNING: the HCPSession of this session names another caller; refusing its messages", "caller", hs.Spec.CallerID, "callee", hs.Spec.CalleeID)

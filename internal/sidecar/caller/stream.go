@@ -78,6 +78,9 @@ type stream struct {
 	capability    string
 	taskLooked    bool
 	gapSince      time.Time
+	// gapOpened is when the current gap opened; unlike gapSince, waiting for
+	// released events does not move it (see Options.MaxGapWait).
+	gapOpened time.Time
 	// mark is the highest envelope.HeaderConfirmedThrough of the session's
 	// events (marked: one carried it): the sequences up to it were in the
 	// queue ahead of the events that arrived since. lost is the range given
@@ -132,6 +135,12 @@ type stream struct {
 	// worker).
 	relMu    sync.Mutex
 	released map[int64]time.Time
+	// epoch is the session's highest owner epoch seen, epochFrom the lowest
+	// sequence of that epoch seen (see fence); bodies are the digests of
+	// the event bodies received first, by sequence (see sameBody).
+	epoch     int64
+	epochFrom int64
+	bodies    map[int64][32]byte
 	// refused is why the session's messages are refused, if they are:
 	// ReasonForeignSession (its HCPSession names another caller) or
 	// ReasonUnsolicitedSession (this caller never submitted it).
@@ -164,6 +173,7 @@ func (w *stream) init() bool {
 		panic(err)
 	}
 	w.maxSeen = max(w.maxSeen, rec.LastSeq)
+	w.epoch, w.epochFrom = rec.OwnerEpoch, rec.EpochFrom
 	if w.refused == "" && w.callee == "" {
 		w.callee, w.unverified = rec.CalleeID, rec.Unverified
 		w.taskMessageID, w.capability = rec.TaskMessageID, rec.Capability

@@ -42,6 +42,7 @@ const (
 	EnvProbeAddr           = "HCP_PROBE_ADDR"             // listen address of /healthz, /readyz, /metrics
 	EnvPrefetch            = "HCP_PREFETCH"               // basic.qos prefetch count
 	EnvAppMaxBatch         = "HCP_APP_MAX_BATCH"          // caller: events per POST to the app (1: one per request)
+	EnvAppMaxAttempts      = "HCP_APP_MAX_ATTEMPTS"       // caller: refusals of an event by the app before it is dead-lettered
 	EnvHeartbeat           = "HCP_HEARTBEAT"              // AMQP heartbeat (Go duration)
 	EnvTLSCAFile           = "HCP_TLS_CA_FILE"            // CA bundle for amqps
 	EnvTLSCertFile         = "HCP_TLS_CERT_FILE"          // client certificate for amqps
@@ -91,12 +92,15 @@ type Config struct {
 	// go to the app in one request (POST /hcp/v1/events/batch); 1 posts
 	// each to /hcp/v1/events.
 	AppMaxBatch int
-	Heartbeat   time.Duration
-	TLSCAFile   string
-	TLSCertFile string
-	TLSKeyFile  string
-	LogLevel    string
-	StateDir    string
+	// AppMaxAttempts (caller mode): after this many refusals by the app an
+	// event is dead-lettered (0: the caller sidecar's default).
+	AppMaxAttempts int
+	Heartbeat      time.Duration
+	TLSCAFile      string
+	TLSCertFile    string
+	TLSKeyFile     string
+	LogLevel       string
+	StateDir       string
 }
 
 // FromEnv reads the configuration from the environment (lookup is os.LookupEnv
@@ -168,6 +172,13 @@ func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
 		errs = append(errs, fmt.Errorf("%s must be an integer in 1..%d", EnvAppMaxBatch, MaxAppBatch))
 	}
 	c.AppMaxBatch = mb
+	if v := get(EnvAppMaxAttempts, ""); v != "" {
+		ma, err := strconv.Atoi(v)
+		if err != nil || ma < 1 || ma > 1000 {
+			errs = append(errs, fmt.Errorf("%s must be an integer in 1..1000", EnvAppMaxAttempts))
+		}
+		c.AppMaxAttempts = ma
+	}
 	hb, err := time.ParseDuration(get(EnvHeartbeat, DefaultHeartbeat.String()))
 	if err != nil || hb < 0 {
 		errs = append(errs, fmt.Errorf("%s must be a non-negative Go duration such as 30s", EnvHeartbeat))

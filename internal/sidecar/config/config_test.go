@@ -80,3 +80,25 @@ func TestAppMaxBatch(t *testing.T) {
 		}
 	}
 }
+
+// HCP_APP_MAX_ATTEMPTS: unset is 0 (the caller sidecar's default),
+// 1..1000, anything else refused with its name.
+func TestAppMaxAttempts(t *testing.T) {
+	for _, c := range []struct {
+		value   string
+		want    int
+		wantErr bool
+	}{{"", 0, false}, {"1", 1, false}, {"25", 25, false}, {"1000", 1000, false}, {"0", 0, true}, {"1001", 0, true}, {"x", 0, true}} {
+		extra := []string{EnvAMQPURLFile, "/f"}
+		if c.value != "" {
+			extra = append(extra, EnvAppMaxAttempts, c.value)
+		}
+		cfg, err := FromEnv(common("caller", extra...))
+		switch {
+		case c.wantErr && (err == nil || !strings.Contains(err.Error(), EnvAppMaxAttempts)):
+			t.Errorf("%q: %v, want an error naming %s", c.value, err, EnvAppMaxAttempts)
+		case !c.wantErr && (err != nil || cfg.AppMaxAttempts != c.want):
+			t.Errorf("%q: %d, %v; want %d", c.value, cfg.AppMaxAttempts, err, c.want)
+		}
+	}
+}

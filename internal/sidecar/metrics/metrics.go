@@ -60,6 +60,14 @@ type Metrics struct {
 	// ended ran, from their acceptance to their terminal state, by
 	// capability and outcome (rejected tasks never ran: not observed).
 	SessionDuration *prometheus.HistogramVec
+	// Contradictions counts two copies of one message of a session with
+	// different bodies (caller: the same sequence, or a second terminal
+	// message), by kind (sequence, terminal). The first body delivered is
+	// kept.
+	Contradictions *prometheus.CounterVec
+	// DeadLetters counts messages moved to a dead-letter queue, by reason
+	// (caller: max_attempts).
+	DeadLetters *prometheus.CounterVec
 }
 
 // ConnectionLabel names the AMQP connection (publish, consume) of
@@ -91,10 +99,12 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Tasks a callee brought to an end, by capability and outcome (COMPLETED, FAILED, TIMED_OUT, ABORTED, REJECTED)."}, []string{capabilityLabel, outcomeLabel}),
 		SessionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hcp_session_duration_seconds",
 			Help: "Sessions a callee ended, from acceptance to terminal state, by capability and outcome.", Buckets: SessionDurationBuckets}, []string{capabilityLabel, outcomeLabel}),
+		Contradictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_contradictions_total", Help: "Copies of one message of a session with different bodies (caller), by kind; the first delivered is kept."}, []string{"kind"}),
+		DeadLetters:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hcp_sidecar_dead_letters_total", Help: "Messages moved to a dead-letter queue, by reason."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.MessagesIn, m.MessagesOut, m.Confirms, m.Redeliveries, m.Rejects, m.Duplicates,
 		m.Sessions, m.StatusWrites, m.LabelWrites, m.Reconnects, m.Connected, m.AppDeliveries, m.AppBatchMax, m.Released, m.Latency,
-		m.SessionsTotal, m.SessionDuration)
+		m.SessionsTotal, m.SessionDuration, m.Contradictions, m.DeadLetters)
 	return m
 }
 

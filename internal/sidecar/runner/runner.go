@@ -236,6 +236,7 @@ func newMode(ctx context.Context, cfg *config.Config, kube *kube, b *broker, sw 
 	case config.ModeCaller:
 		return caller.New(caller.Options{
 			Config: cfg, Client: kube.client, Reader: kube.reader, Publisher: b.publisher, Consumer: b.consume, Status: sw, Metrics: m, Log: log, Clock: clk,
+			Recorder: kube.recorder,
 		})
 	}
 	return nil, fmt.Errorf("%s: unknown mode %q", config.EnvMode, cfg.Mode)

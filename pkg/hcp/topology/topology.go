@@ -21,6 +21,18 @@ const (
 	CommandQueuePrefix = "hcp.cmd."
 	EventQueuePrefix   = "hcp.evt."
 
+	// DeadLetterExchange (topic, durable, one per vhost) is the
+	// dead-letter exchange of every command and event queue: a message the
+	// broker drops from one (a delivery limit, a TTL, an overflow) or a
+	// sidecar rejects without requeue goes there with its original routing
+	// key, and from there to its harness's dead-letter queue.
+	DeadLetterExchange     = "hcp.dlx"
+	DeadLetterExchangeType = "topic"
+	// DeadLetterQueuePrefix starts every dead-letter queue: hcp.dlq.cmd.{id}
+	// and hcp.dlq.evt.{id} (outside the patterns of the hcp.cmd. and
+	// hcp.evt. policies).
+	DeadLetterQueuePrefix = "hcp.dlq."
+
 	// DefaultEventMessageTTL is L1's recommended x-message-ttl for caller
 	// event queues.
 	DefaultEventMessageTTL = 24 * time.Hour
@@ -77,6 +89,27 @@ func CommandQueue(calleeID string) string { return CommandQueuePrefix + calleeID
 
 // EventQueue is the caller's event queue, hcp.evt.{callerID}.
 func EventQueue(callerID string) string { return EventQueuePrefix + callerID }
+
+// DeadLetterQueue is the dead-letter queue of a command or event queue:
+// hcp.dlq.cmd.{calleeID} for hcp.cmd.{calleeID}, hcp.dlq.evt.{callerID}
+// for hcp.evt.{callerID}; "" for any other name.
+func DeadLetterQueue(queue string) string {
+	if !strings.HasPrefix(queue, CommandQueuePrefix) && !strings.HasPrefix(queue, EventQueuePrefix) {
+		return ""
+	}
+	return DeadLetterQueuePrefix + strings.TrimPrefix(queue, "hcp.")
+}
+
+// CommandDeadLetterKey binds a callee's dead-letter queue to
+// DeadLetterExchange: the key its commands are published with, {calleeID}
+// (one word).
+func CommandDeadLetterKey(calleeID string) string { return CommandRoutingKey(calleeID) }
+
+// EventDeadLetterKey binds a caller's dead-letter queue to
+// DeadLetterExchange: {callerID}.*.*, exactly the three words of its
+// events' keys, so that a callee's command (one word) never matches it,
+// even when a caller and a callee share an id.
+func EventDeadLetterKey(callerID string) string { return callerID + ".*.*" }
 
 // CommandRoutingKey is the key a caller publishes a command to calleeID
 // with on hcp.commands, and the command queue's binding key: {calleeID}.

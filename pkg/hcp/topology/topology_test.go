@@ -275,3 +275,19 @@ func TestSessionID(t *testing.T) {
 		seen[s] = true
 	}
 }
+
+func TestDeadLetterNames(t *testing.T) {
+	for in, want := range map[string]string{
+		topology.CommandQueue("lab"): "hcp.dlq.cmd.lab",
+		topology.EventQueue("alpha"): "hcp.dlq.evt.alpha",
+		"other":                      "",
+		"hcp.dlq.evt.alpha":          "",
+	} {
+		if got := topology.DeadLetterQueue(in); got != want {
+			t.Errorf("DeadLetterQueue(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if topology.EventDeadLetterKey("lab") != "lab.*.*" || topology.CommandDeadLetterKey("lab") != "lab" {
+		t.Errorf("dead-letter keys %q, %q", topology.EventDeadLetterKey("lab"), topology.CommandDeadLetterKey("lab"))
+	}
+}
