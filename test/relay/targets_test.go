@@ -122,7 +122,7 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 		l := targetLine{id: fmt.Sprintf("sidecar CPU per event, 1000/s, %d session(s)", n), target: "≤ 0.25 ms (both sidecars)", anchor: anchorCPU}
 		if row, ok := r.row(paced); ok && row.floor.Runs > 0 {
 			side, how := sidecarCPU(row)
-			l.value, l.ok, l.measured = fmt.Sprintf("%s (%s)", ms(side), how), side <= targetSidecarCPUPaced, true
+			l.value, l.ok, l.measured = fmt.Sprintf("%.3f ms (%s)", float64(side)/float64(time.Millisecond), how), side <= targetSidecarCPUPaced, true
 		} else {
 			l.value = paced.String() + " with its floor did not run"
 		}
@@ -133,7 +133,7 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 		if row, ok := r.row(unpaced); ok && row.floor.Runs > 0 && row.raw.CPUPerMessage.Self > 0 {
 			side, how := sidecarCPU(row)
 			ratio := float64(side) / float64(row.raw.CPUPerMessage.Self)
-			l.value, l.ok, l.measured = fmt.Sprintf("%.2f× (%s; %s)", ratio, ms(side), how), ratio <= targetSidecarCPUMax, true
+			l.value, l.ok, l.measured = fmt.Sprintf("%.2f× (%.3f ms; %s)", ratio, float64(side)/float64(time.Millisecond), how), ratio <= targetSidecarCPUMax, true
 		} else {
 			l.value = unpaced.String() + " with its floor did not run"
 		}
