@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -62,22 +63,52 @@ func TestBenchSmoke(t *testing.T) {
 // number, the target, and the anchors where the target has them.
 var reportLine = regexp.MustCompile(`^([✓✗]) ([^:]+): ([^|]*[0-9][^|]*) \| target [^|]+( \| anchors: .+)?$`)
 
-// checkReport checks that the report has exactly one line for each of
-// want, in that shape.
+// checkReport fails t unless the report has exactly one line for each of
+// want, in that shape (reportProblems).
 func checkReport(t *testing.T, report string, want []string) {
 	t.Helper()
+	for _, p := range reportProblems(report, want) {
+		t.Error(p)
+	}
+}
+
+// reportProblems lists what is wrong with the report's structure: a line
+// that is not a measured target line, a target of want without exactly
+// one.
+func reportProblems(report string, want []string) []string {
+	var out []string
 	got := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(report), "\n") {
 		m := reportLine.FindStringSubmatch(line)
 		if m == nil {
-			t.Errorf("not a measured target line: %q", line)
+			out = append(out, fmt.Sprintf("not a measured target line: %q", line))
 			continue
 		}
 		got[m[2]]++
 	}
 	for _, id := range want {
 		if got[id] != 1 {
-			t.Errorf("target %q: %d lines with a value, want 1", id, got[id])
+			out = append(out, fmt.Sprintf("target %q: %d lines with a value, want 1", id, got[id]))
+		}
+	}
+	return out
+}
+
+// The structure check catches a target left out, one not measured, one
+// without a number, one twice.
+func TestReportProblems(t *testing.T) {
+	good := "✓ a: 1.00 ms | target ≤ 2 ms | anchors: x\n✗ b: 3× (4 µs) | target ≤ 1.5×\n"
+	if p := reportProblems(good, []string{"a", "b"}); len(p) != 0 {
+		t.Fatalf("a good report: %q", p)
+	}
+	for name, bad := range map[string]string{
+		"left out":     "✓ a: 1.00 ms | target ≤ 2 ms\n",
+		"not measured": good + "– c: not measured: did not run | target ≤ 1\n",
+		"no number":    good + "✓ c: fast | target ≤ 1\n",
+		"twice":        good + "✓ b: 2 | target ≤ 1\n",
+	} {
+		if p := reportProblems(bad, []string{"a", "b"}); len(p) == 0 {
+			t.Errorf("%s: no problem found in %q", name, bad)
 		}
 	}
 }
