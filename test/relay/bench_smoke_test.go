@@ -133,6 +133,7 @@ func TestTargetReportMarks(t *testing.T) {
 		row(scenario{modeAsync, appBatch, 0, 1}, sum(8000, 0, 50*us), sum(3800, 0, 100*us), sum(4000, 0, 80*us)),
 		// 160 − 30 = 130 µs = 2.6× ✗; 0.5× ✗.
 		row(scenario{modeAsync, appBatch, 0, 10}, sum(8000, 0, 50*us), sum(2000, 0, 160*us), sum(4000, 0, 80*us)),
+
 	})
 	rep.setAcceptance(acceptanceResult{relay: benchutil.Latencies{4 * time.Millisecond, 9 * time.Millisecond},
 		raw: benchutil.Latencies{2 * time.Millisecond, 3 * time.Millisecond}, floor: benchutil.Latencies{time.Millisecond}})
@@ -166,6 +167,12 @@ func TestTargetReportMarks(t *testing.T) {
 		}
 		return ids
 	}())
+	// 79 − (123 − 35) < 0: no estimate, ✗ however small.
+	neg := &targetReport{memory: map[int]sessionCost{}}
+	neg.setRows([]benchRow{row(scenario{modeAsync, appBatch, 1000, 1}, sum(1000, 0, 35*us), sum(1000, 0, 79*us), sum(1000, 0, 123*us))})
+	if l := neg.lines([]int{1})[0]; l.ok || !strings.Contains(l.String(), "no valid estimate") {
+		t.Errorf("a negative estimate: %s", l)
+	}
 	if !strings.Contains(text.String(), "Istio +2.65 ms p90") || !strings.Contains(text.String(), "Dapr ~0.48 vCPU per 1,000 req/s") {
 		t.Errorf("the anchors are missing:\n%s", text.String())
 	}

@@ -101,7 +101,9 @@ func (r *targetReport) row(sc scenario) (benchRow, bool) {
 // sidecarCPU estimates both sidecars' CPU per event: the relay's process
 // (both sidecars, the stand-in harness and app) less the stand-ins, which
 // the floor's process spends beyond raw amqp091-go's client (the floor
-// runs the same harness and app around a raw client).
+// runs the same harness and app around a raw client). Where the floor's
+// batches differ from the relay's, its stand-ins may cost more than the
+// relay's: an estimate of 0 or less is no estimate, and is marked ✗.
 func sidecarCPU(row benchRow) (time.Duration, string) {
 	relay, floor, raw := row.relay.CPUPerMessage.Self, row.floor.CPUPerMessage.Self, row.raw.CPUPerMessage.Self
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
@@ -122,7 +124,10 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 		l := targetLine{id: fmt.Sprintf("sidecar CPU per event, 1000/s, %d session(s)", n), target: "≤ 0.25 ms (both sidecars)", anchor: anchorCPU}
 		if row, ok := r.row(paced); ok && row.floor.Runs > 0 {
 			side, how := sidecarCPU(row)
-			l.value, l.ok, l.measured = fmt.Sprintf("%.3f ms (%s)", float64(side)/float64(time.Millisecond), how), side <= targetSidecarCPUPaced, true
+			l.value, l.ok, l.measured = fmt.Sprintf("%.3f ms (%s)", float64(side)/float64(time.Millisecond), how), side > 0 && side <= targetSidecarCPUPaced, true
+			if side <= 0 {
+				l.value += "; no valid estimate: the floor's stand-ins cost more than the relay's whole process"
+			}
 		} else {
 			l.value = paced.String() + " with its floor did not run"
 		}
@@ -133,7 +138,10 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 		if row, ok := r.row(unpaced); ok && row.floor.Runs > 0 && row.raw.CPUPerMessage.Self > 0 {
 			side, how := sidecarCPU(row)
 			ratio := float64(side) / float64(row.raw.CPUPerMessage.Self)
-			l.value, l.ok, l.measured = fmt.Sprintf("%.2f× (%.3f ms; %s)", ratio, float64(side)/float64(time.Millisecond), how), ratio <= targetSidecarCPUMax, true
+			l.value, l.ok, l.measured = fmt.Sprintf("%.2f× (%.3f ms; %s)", ratio, float64(side)/float64(time.Millisecond), how), side > 0 && ratio <= targetSidecarCPUMax, true
+			if side <= 0 {
+				l.value += "; no valid estimate: the floor's stand-ins cost more than the relay's whole process"
+			}
 		} else {
 			l.value = unpaced.String() + " with its floor did not run"
 		}
