@@ -133,7 +133,6 @@ func TestTargetReportMarks(t *testing.T) {
 		row(scenario{modeAsync, appBatch, 0, 1}, sum(8000, 0, 50*us), sum(3800, 0, 100*us), sum(4000, 0, 80*us)),
 		// 160 − 30 = 130 µs = 2.6× ✗; 0.5× ✗.
 		row(scenario{modeAsync, appBatch, 0, 10}, sum(8000, 0, 50*us), sum(2000, 0, 160*us), sum(4000, 0, 80*us)),
-
 	})
 	rep.setAcceptance(acceptanceResult{relay: benchutil.Latencies{4 * time.Millisecond, 9 * time.Millisecond},
 		raw: benchutil.Latencies{2 * time.Millisecond, 3 * time.Millisecond}, floor: benchutil.Latencies{time.Millisecond}})
