@@ -106,6 +106,12 @@ type Config struct {
 	// OnStart, if set, is called just before the first publish (after
 	// connecting and subscribing): a benchmark passes b.ResetTimer.
 	OnStart func()
+	// Body, if set, is every message's body (BodySize is then ignored),
+	// and Headers are added to each message's stamp headers: a benchmark
+	// gives the raw baseline the same bodies and headers as the system it
+	// compares with it.
+	Body    []byte
+	Headers amqp.Table
 }
 
 func (c Config) withDefaults() Config {
@@ -130,8 +136,10 @@ type Result struct {
 	Elapsed time.Duration
 	// Latencies, sorted ascending, one per distinct message.
 	Latencies []time.Duration
-	// CPU is what the run cost the processor (Interleave measures it):
-	// this process and the broker, set-up and tear-down included.
+	// CPU is what the run cost the processor, this process and the
+	// broker: from Recorder.Start to the last message's arrival (the timed
+	// window, no set-up or tear-down), or, for a runner whose recorder did
+	// not measure it, the whole run as Interleave samples it.
 	CPU CPU
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -69,7 +68,10 @@ func RawAMQP091(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}()
 
-	body := Body(cfg.BodySize)
+	body := cfg.Body
+	if body == nil {
+		body = Body(cfg.BodySize)
+	}
 	pacer := NewPacer(cfg.Rate)
 	window := make([]*amqp.DeferredConfirmation, 0, cfg.Window)
 	waitOldest := func() error {
@@ -101,9 +103,11 @@ func RawAMQP091(ctx context.Context, cfg Config) (Result, error) {
 			ContentType:     "application/json",
 			ContentEncoding: "utf-8",
 			DeliveryMode:    amqp.Persistent,
-			MessageId:       strconv.Itoa(i),
+			CorrelationId:   runCorrelation,
+			MessageId:       messageID(i),
+			Timestamp:       time.Now().UTC(),
 			Type:            "event",
-			Headers:         rec.Stamp(i),
+			Headers:         stampWith(rec, i, cfg.Headers),
 			Body:            body,
 		})
 		if err != nil {
@@ -126,6 +130,22 @@ func RawAMQP091(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, fmt.Errorf("benchutil: %d of %d messages consumed: %w", rec.Received(), cfg.Messages, ctx.Err())
 	}
 	return rec.Result(), nil
+}
+
+// runCorrelation and messageID give the raw baseline's messages
+// properties as long as an HCP event's (a session id and a UUID-long
+// message id).
+const runCorrelation = "00000000-0000-4000-8000-000000000000"
+
+func messageID(i int) string { return fmt.Sprintf("%036d", i) }
+
+// stampWith is rec's stamp of message seq plus extra headers.
+func stampWith(rec *Recorder, seq int, extra amqp.Table) amqp.Table {
+	h := rec.Stamp(seq)
+	for k, v := range extra {
+		h[k] = v
+	}
+	return h
 }
 
 // DialChannel opens a connection to url named name (as the management UI

@@ -20,6 +20,9 @@ type Recorder struct {
 	lat   []time.Duration
 	dups  int
 	done  chan struct{}
+	// cpu0 and cpu1 are the processor counters at Start and when the last
+	// message arrived: the run's CPU is sampled over the timed window only.
+	cpu0, cpu1 CPU
 }
 
 // NewRecorder expects messages 0…n-1 of run.
@@ -28,9 +31,14 @@ func NewRecorder(run string, n int) *Recorder {
 }
 
 // Start marks the beginning of the run.
+// It also samples the CPU counters (SampleCPU), which the last message's
+// arrival samples again: Result's CPU covers the timed window, no set-up
+// or tear-down.
 func (r *Recorder) Start() {
+	cpu := SampleCPU()
 	r.mu.Lock()
 	r.start = time.Now()
+	r.cpu0 = cpu
 	r.mu.Unlock()
 }
 
@@ -70,6 +78,9 @@ func (r *Recorder) Observe(seq int, sent time.Time) {
 	r.lat = append(r.lat, now.Sub(sent))
 	if len(r.lat) == r.n {
 		r.end = now
+		// Sampled under the lock so that Result never sees the end
+		// without it; once per run.
+		r.cpu1 = SampleCPU()
 		close(r.done)
 	}
 }
@@ -107,7 +118,11 @@ func (r *Recorder) Result() Result {
 	if end.IsZero() {
 		end = time.Now()
 	}
-	return Result{Messages: len(lat), Duplicates: r.dups, Elapsed: end.Sub(r.start), Latencies: lat}
+	res := Result{Messages: len(lat), Duplicates: r.dups, Elapsed: end.Sub(r.start), Latencies: lat}
+	if !r.end.IsZero() && r.cpu0 != (CPU{}) {
+		res.CPU = r.cpu1.Sub(r.cpu0)
+	}
+	return res
 }
 
 var runSeq struct {

@@ -30,11 +30,11 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
 
-// Target of issue 12: acceptance p99 ≤ raw round trip p99 + bare create
-// p99 + this, and p50 ≤ acceptanceP50Target.
+// Targets of issue 35: acceptance p99 ≤ raw round trip p99 + this, and
+// p50 ≤ acceptanceP50Target.
 const (
 	acceptanceSlack     = 5 * time.Millisecond
-	acceptanceP50Target = 10 * time.Millisecond
+	acceptanceP50Target = 5 * time.Millisecond
 	// spacingQuiet is the pause after each session's end in the spaced
 	// series: enough for its writes to land and the machine to go quiet.
 	spacingQuiet = 150 * time.Millisecond
@@ -66,8 +66,33 @@ func benchAcceptance(b *testing.B) {
 	if b.N == 1 {
 		return // the framework's probe run (see benchRelayVsRaw)
 	}
-	n := min(max(b.N/25, 100), 400)
+	a := measureAcceptance(b, min(max(b.N/25, 100), 400))
+	report.setAcceptance(a)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(a.relay.Percentile(0.5)), "accept-p50-ms")
+	b.ReportMetric(ms(a.relay.Percentile(0.99)), "accept-p99-ms")
+	b.ReportMetric(ms(a.spaced.Percentile(0.99)), "spaced-p99-ms")
+	b.ReportMetric(ms(a.raw.Percentile(0.99)), "raw-rt-p99-ms")
+	b.ReportMetric(ms(a.bare.Percentile(0.99)), "create-p99-ms")
+	b.ReportMetric(ms(a.floor.Percentile(0.5)), "floor-p50-ms")
+	b.ReportMetric(ms(a.floor.Percentile(0.99)), "floor-p99-ms")
+	b.ReportMetric(a.writesPerSession, "writes/session")
+}
+
+// acceptanceResult is what measureAcceptance measured: the back-to-back
+// series (relay), the raw two-hop round trip, the bare create, the
+// acceptance floor, the spaced series, and the HCPSession writes per
+// session.
+type acceptanceResult struct {
+	relay, spaced, raw, bare, floor benchutil.Latencies
+	writesPerSession                float64
+}
+
+// measureAcceptance is benchAcceptance's measurement with n tasks in the
+// back-to-back series (at least 3).
+func measureAcceptance(b testing.TB, n int) acceptanceResult {
 	const rounds = 3
+	n = max(n, rounds)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	r := newRelayRun(b, modeAsync, 1)
@@ -215,7 +240,7 @@ func benchAcceptance(b *testing.B) {
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	budget := raw.Percentile(0.99) + bare.Percentile(0.99) + acceptanceSlack
+	budget := raw.Percentile(0.99) + acceptanceSlack
 	mark := func(ok bool) string {
 		if ok {
 			return "✓"
@@ -230,21 +255,10 @@ func benchAcceptance(b *testing.B) {
 		floor, mark(floor.Percentile(0.5) <= acceptanceP50Target), mark(floor.Percentile(0.99) <= budget))
 	b.Logf("acceptance against the floor: p50 %+.1f ms, p99 %+.1f ms", ms(relay.Percentile(0.5)-floor.Percentile(0.5)), ms(relay.Percentile(0.99)-floor.Percentile(0.99)))
 	b.Logf("API writes to HCPSessions in the back-to-back series, both sidecars: %.2f per session", writes/float64(len(relay)))
-	b.Logf("acceptance p50 %.1f ms %s (target ≤ %.0f ms); p99 %.1f ms %s (target ≤ raw p99 + create p99 + 5 ms = %.1f ms)",
+	b.Logf("acceptance p50 %.1f ms %s (target ≤ %.0f ms); p99 %.1f ms %s (target ≤ raw round-trip p99 + 5 ms = %.1f ms)",
 		ms(relay.Percentile(0.5)), mark(relay.Percentile(0.5) <= acceptanceP50Target), ms(acceptanceP50Target),
 		ms(relay.Percentile(0.99)), mark(relay.Percentile(0.99) <= budget), ms(budget))
-	b.ReportMetric(ms(relay.Percentile(0.5)), "accept-p50-ms")
-	b.ReportMetric(ms(relay.Percentile(0.99)), "accept-p99-ms")
-	b.ReportMetric(ms(spaced.Percentile(0.99)), "spaced-p99-ms")
-	b.ReportMetric(ms(raw.Percentile(0.99)), "raw-rt-p99-ms")
-	b.ReportMetric(ms(bare.Percentile(0.99)), "create-p99-ms")
-	b.ReportMetric(ms(bareHS.Percentile(0.5)), "session-create-p50-ms")
-	b.ReportMetric(ms(bareHS.Percentile(0.99)), "session-create-p99-ms")
-	b.ReportMetric(ms(rawSpaced.Percentile(0.5)), "spaced-raw-rt-p50-ms")
-	b.ReportMetric(ms(bareHSSpaced.Percentile(0.5)), "spaced-session-create-p50-ms")
-	b.ReportMetric(ms(floor.Percentile(0.5)), "floor-p50-ms")
-	b.ReportMetric(ms(floor.Percentile(0.99)), "floor-p99-ms")
-	b.ReportMetric(writes/float64(len(relay)), "writes/session")
+	return acceptanceResult{relay: relay, spaced: spaced, raw: raw, bare: bare, floor: floor, writesPerSession: writes / float64(len(relay))}
 }
 
 // floorSessionWrites makes the fewest writes a session that ends soon
@@ -266,7 +280,7 @@ func floorSessionWrites(ctx context.Context, c client.Client, hs *v1alpha1.HCPSe
 
 // sessionWrites is the API server's count so far of the writes to
 // HCPSessions (their creates, status and label patches) from every client.
-func sessionWrites(ctx context.Context, b *testing.B, api rest.Interface) float64 {
+func sessionWrites(ctx context.Context, b testing.TB, api rest.Interface) float64 {
 	w, err := benchutil.ReadAPIWrites(ctx, api)
 	if err != nil {
 		b.Fatal(err)

@@ -38,8 +38,17 @@ import (
 // cores, a relay behind the harness API, which has to do all of this and
 // more, has little room above the floor; how close it gets is what its
 // own work costs.
+//
+// It is built for every harness mode and app mode the relay is measured
+// in: in async mode a batch is answered once published, in batch and
+// simple mode (one event per request) once its events are confirmed; to
+// an app that takes batches the consumer POSTs what is ready in one body,
+// to one that does not, one POST per event. The bodies it publishes are
+// the harness's event data padded with JSON white space to the relay's
+// envelope size (cfg.Body), with the relay's headers (cfg.Headers).
 type floorRun struct {
 	mode     emitMode
+	app      appMode
 	sessions int
 }
 
@@ -50,9 +59,6 @@ type floorEvent struct {
 }
 
 func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Result, error) {
-	if f.mode != modeAsync {
-		return benchutil.Result{}, fmt.Errorf("the floor answers a batch once published (async); mode %s is not built", f.mode)
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rec := benchutil.NewRecorder(benchutil.NewRunID("floor"), cfg.Messages)
@@ -74,7 +80,7 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 		return benchutil.Result{}, err
 	}
 	consErr := make(chan error, 1)
-	go func() { consErr <- f.deliver(ctx, deliveries, cfg.Prefetch, appSrv.URL+caller.BatchPath) }()
+	go func() { consErr <- f.deliver(ctx, deliveries, cfg.Prefetch, appSrv.URL) }()
 
 	pubConn, pch, err := benchutil.DialChannel(cfg.URL, "bench-floor-publisher")
 	if err != nil {
@@ -101,13 +107,27 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 		body, err := server.ReadJSON(r, 64<<20, false)
 		var events []floorEvent
 		if err == nil {
-			err = json.Unmarshal(body, &events)
+			if f.mode == modeSimple {
+				events = make([]floorEvent, 1)
+				err = json.Unmarshal(body, &events[0])
+			} else {
+				err = json.Unmarshal(body, &events)
+			}
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		if err := pub.publish(r.Context(), r.PathValue("id"), events); err != nil {
+		confirms, err := pub.publish(r.Context(), r.PathValue("id"), events)
+		if err == nil && f.mode != modeAsync {
+			// batch and simple: answered once the broker confirmed them.
+			for _, dc := range confirms {
+				if err = waitConfirm(r.Context(), dc); err != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -161,35 +181,54 @@ type floorPublisher struct {
 	seqs   map[string]int64
 }
 
-func (p *floorPublisher) publish(ctx context.Context, sid string, events []floorEvent) error {
+// publish publishes events and returns their deferred confirms.
+func (p *floorPublisher) publish(ctx context.Context, sid string, events []floorEvent) ([]*amqp.DeferredConfirmation, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(events))
 	for _, ev := range events {
 		if len(p.window) == p.cfg.Window {
 			if err := p.waitOldest(ctx); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		p.seqs[sid]++
+		body := ev.Data
+		if pad := len(p.cfg.Body) - len(body); pad > 0 {
+			// As large as the relay's envelope: JSON white space after
+			// the data.
+			body = append(make([]byte, 0, len(p.cfg.Body)), body...)
+			body = append(body, bytes.Repeat([]byte{' '}, pad)...)
+		}
 		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, p.cfg.RoutingKey, true, false, amqp.Publishing{
-			ContentType:   "application/json",
-			DeliveryMode:  amqp.Persistent,
-			CorrelationId: sid,
-			MessageId:     strconv.FormatInt(p.seqs[sid], 10),
-			Type:          ev.EventType,
-			Body:          ev.Data,
+			ContentType:     "application/json",
+			ContentEncoding: "utf-8",
+			DeliveryMode:    amqp.Persistent,
+			CorrelationId:   sid,
+			MessageId:       strconv.FormatInt(p.seqs[sid], 10),
+			Timestamp:       time.Now().UTC(),
+			Type:            ev.EventType,
+			Headers:         p.cfg.Headers,
+			Body:            body,
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		p.window = append(p.window, dc)
+		confirms = append(confirms, dc)
 	}
-	return nil
+	return confirms, nil
 }
 
 func (p *floorPublisher) waitOldest(ctx context.Context) error {
 	dc := p.window[0]
 	p.window = p.window[1:]
+	return waitConfirm(ctx, dc)
+}
+
+// waitConfirm waits for dc's ack (a deferred confirmation may be waited
+// for more than once).
+func waitConfirm(ctx context.Context, dc *amqp.DeferredConfirmation) error {
 	ok, err := dc.WaitContext(ctx)
 	if err == nil && !ok {
 		err = errors.New("publish nacked")
@@ -210,10 +249,14 @@ func (p *floorPublisher) drain(ctx context.Context) error {
 }
 
 // deliver POSTs the deliveries that are ready, up to prefetch, to the
-// app's batch endpoint in one body and acks them on its 2xx, until
-// deliveries closes. Taking deliveries and POSTing them overlap: while one
+// app's batch endpoint in one body (app batch; app single: each to the
+// events endpoint) and acks them on its 2xx, until deliveries closes. Taking deliveries and POSTing them overlap: while one
 // batch is at the app, the next is gathered.
-func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, prefetch int, url string) error {
+func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, prefetch int, appURL string) error {
+	url, per := appURL+caller.BatchPath, prefetch
+	if f.app == appSingle {
+		url, per = appURL+caller.EventsPath, 1
+	}
 	type batch struct {
 		body []byte
 		n    int
@@ -258,15 +301,19 @@ func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, 
 	}
 	for d := range deliveries {
 		buf = bytes.Buffer{}
-		buf.WriteString(`{"messages":[`)
-		appendMessage(d)
 		b := batch{n: 1, last: d}
-		for ; b.n < prefetch && len(deliveries) > 0; b.n++ {
-			b.last = <-deliveries
-			buf.WriteByte(',')
-			appendMessage(b.last)
+		if per == 1 {
+			appendMessage(d)
+		} else {
+			buf.WriteString(`{"messages":[`)
+			appendMessage(d)
+			for ; b.n < per && len(deliveries) > 0; b.n++ {
+				b.last = <-deliveries
+				buf.WriteByte(',')
+				appendMessage(b.last)
+			}
+			buf.WriteString(`]}`)
 		}
-		buf.WriteString(`]}`)
 		b.body = buf.Bytes()
 		select {
 		case batches <- b:
@@ -279,22 +326,25 @@ func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, 
 
 // TestHarnessAPIFloor runs the floor that make bench sets beside the relay,
 // small: every event reaches the app once and in order, at 1 and at 3
-// sessions, paced and not.
+// sessions, paced and not, in async, batch and simple mode, to an app
+// that takes batches and to one that does not.
 func TestHarnessAPIFloor(t *testing.T) {
 	broker := testbed.EnsureRabbitMQ(t)
 	for _, tc := range []struct {
+		mode     emitMode
+		app      appMode
 		sessions int
 		rate     float64
-	}{{1, 0}, {3, 0}, {3, 2000}} {
-		t.Run(fmt.Sprintf("sessions=%d/rate=%v", tc.sessions, tc.rate), func(t *testing.T) {
+	}{{modeAsync, appBatch, 1, 0}, {modeAsync, appBatch, 3, 0}, {modeAsync, appBatch, 3, 2000},
+		{modeBatch, appSingle, 3, 0}, {modeSimple, appBatch, 3, 0}} {
+		t.Run(fmt.Sprintf("mode=%s/app=%s/sessions=%d/rate=%v", tc.mode, tc.app, tc.sessions, tc.rate), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			cfg, err := rawConfig(t, broker, "floor", benchutil.Config{Messages: 2000, Rate: tc.rate, BodySize: relayEnvelopeSize(),
-				Window: benchutil.DefaultWindow, Prefetch: benchutil.DefaultPrefetch})
+			cfg, err := rawConfig(t, broker, "floor", sameMessages(benchutil.Config{Messages: 2000, Rate: tc.rate}))
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := floorRun{mode: modeAsync, sessions: tc.sessions}.run(ctx, cfg)
+			res, err := floorRun{mode: tc.mode, app: tc.app, sessions: tc.sessions}.run(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

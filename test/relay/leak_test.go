@@ -63,8 +63,18 @@ func TestNoGoroutineLeakAfterSessions(t *testing.T) {
 // settledSidecarGoroutines waits until the count of sidecar goroutines is
 // at most want (any, when want < 0) and has not changed for 3 s (longer
 // than a finished session's worker lingers), and returns it.
-func settledSidecarGoroutines(t *testing.T, ctx context.Context, want int) int {
+func settledSidecarGoroutines(t testing.TB, ctx context.Context, want int) int {
 	t.Helper()
+	n, err := settleSidecarGoroutines(ctx, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// settleSidecarGoroutines is settledSidecarGoroutines returning an error
+// (with a goroutine dump) instead of failing, and the last count.
+func settleSidecarGoroutines(ctx context.Context, want int) (int, error) {
 	n, since := -1, time.Now()
 	err := testbed.Poll(ctx, time.Minute, func(context.Context) error {
 		cur := sidecarGoroutines()
@@ -82,9 +92,9 @@ func settledSidecarGoroutines(t *testing.T, ctx context.Context, want int) int {
 	if err != nil {
 		var b bytes.Buffer
 		_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
-		t.Fatalf("%v\n%s", err, b.String())
+		return n, fmt.Errorf("%w\n%s", err, b.String())
 	}
-	return n
+	return n, nil
 }
 
 // sidecarGoroutines counts the goroutines running the sidecars' code (the

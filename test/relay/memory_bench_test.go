@@ -14,6 +14,7 @@ import (
 
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
+	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
 
@@ -33,18 +34,24 @@ func benchMemory(b *testing.B) {
 		return // the framework's probe run (see benchRelayVsRaw)
 	}
 	for _, n := range envInts("HCP_BENCH_MEMORY_SESSIONS", []int{100, 1000}) {
-		c, err := liveSessionCost(b, n)
+		c, err := liveSessionCost(b, n, idleWindow)
 		if err != nil {
 			b.Fatal(err)
 		}
+		report.setMemory(n, c)
 		b.Logf("%d live sessions: %.1f KiB heap and %.1f goroutines per session (both sidecars, harness and app together); process RSS %.1f MiB with none, %.1f MiB with %d (%.1f KiB per session); CPU %.1f ms/s with none, %.1f ms/s while they wait (%.1f µs per session-second)",
 			n, c.heap/1024, c.goroutines, float64(c.rss0)/(1<<20), float64(c.rss1)/(1<<20), n, float64(c.rss1-c.rss0)/float64(n)/1024,
 			c.idleCPU0*1e3, c.idleCPU1*1e3, (c.idleCPU1-c.idleCPU0)*1e6/float64(n))
 		b.ReportMetric(c.heap/1024, fmt.Sprintf("KiB/session@%d", n))
 		b.ReportMetric(c.goroutines, fmt.Sprintf("goroutines/session@%d", n))
 		b.ReportMetric(float64(c.rss1)/(1<<20), fmt.Sprintf("MiB-RSS@%d", n))
+		b.Logf("sidecar goroutines: %d before the %d sessions, %d while they ran, %d after they ended (baseline: after %d sessions started and ended together)",
+			c.sidecarG0, n, c.sidecarG1, c.sidecarG2, memoryConcurrency)
 	}
 }
+
+// memoryConcurrency is how many sessions liveSessionCost starts at once.
+const memoryConcurrency = 16
 
 // sessionCost is what n live sessions cost: heap and goroutines per
 // session, and the process's RSS before and with them.
@@ -54,22 +61,78 @@ type sessionCost struct {
 	// idleCPU0 and idleCPU1 are this process's CPU seconds per second
 	// before the sessions and while they run with nothing to send.
 	idleCPU0, idleCPU1 float64
+	// sidecarG0, sidecarG1 and sidecarG2 count the sidecars' goroutines
+	// (sidecarGoroutines) before the sessions, while they are live, and
+	// after they ended and the count settled (at most a minute).
+	sidecarG0, sidecarG1, sidecarG2 int
 }
+
+// rssPerSession is the RSS the sessions added, per session, in bytes.
+func (c sessionCost) rssPerSession(n int) float64 { return float64(c.rss1-c.rss0) / float64(n) }
 
 // idleWindow is how long live sessions are watched for their idle CPU.
 const idleWindow = 10 * time.Second
 
-func liveSessionCost(b *testing.B, n int) (sessionCost, error) {
+func liveSessionCost(b testing.TB, n int, idle time.Duration) (sessionCost, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	// Warm-up: n sessions started and ended as the measured ones are, so
+	// that the pools sized by concurrency (the status writers' workers)
+	// have their size in the goroutine baseline; then one session, left
+	// live.
 	r := newRelayRun(b, modeAsync, 1)
 	defer r.close()
-	if _, err := r.startSessions(ctx); err != nil { // warm-up: one session
+	warm, err := startConcurrently(ctx, r, n)
+	if err == nil {
+		err = endConcurrently(ctx, r, warm)
+	}
+	if err == nil {
+		_, err = r.startSessions(ctx)
+	}
+	if err != nil {
 		return sessionCost{}, err
 	}
-	idle0 := idleCPU()
+	settle, settleCancel := context.WithTimeout(ctx, min(time.Minute, 10*time.Second+time.Duration(n)*50*time.Millisecond))
+	defer settleCancel()
+	sg0, err := settleSidecarGoroutines(settle, -1)
+	if err != nil {
+		return sessionCost{}, err
+	}
+	idle0 := idleCPU(idle)
 	heap0, g0, rss0 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
-	sem := make(chan struct{}, 16)
+	sids, err := startConcurrently(ctx, r, n)
+	if err != nil {
+		return sessionCost{}, err
+	}
+	heap1, g1, rss1 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
+	// The sessions' first status writes go out within the write budget
+	// (50 a second by default): wait until they are all written, so that
+	// the idle window measures waiting sessions, not that backlog.
+	if err := r.bed.waitStatusWritesSettled(ctx); err != nil {
+		return sessionCost{}, err
+	}
+	idle1 := idleCPU(idle)
+	sg1 := sidecarGoroutines()
+	// End them all; the sidecars' goroutines must return to the baseline.
+	if err := endConcurrently(ctx, r, sids); err != nil {
+		return sessionCost{}, err
+	}
+	settle2, settle2Cancel := context.WithTimeout(ctx, min(time.Minute, 10*time.Second+time.Duration(n)*50*time.Millisecond))
+	defer settle2Cancel()
+	sg2, err := settleSidecarGoroutines(settle2, sg0)
+	if err != nil {
+		msg := err.Error()
+		b.Logf("sidecar goroutines after the sessions ended: %s", msg[:min(len(msg), 8000)])
+	}
+	return sessionCost{heap: float64(heap1-heap0) / float64(n), goroutines: float64(g1-g0) / float64(n),
+		rss0: rss0, rss1: rss1, idleCPU0: idle0, idleCPU1: idle1, sidecarG0: sg0, sidecarG1: sg1, sidecarG2: sg2}, nil
+}
+
+// startConcurrently submits n tasks through r's caller sidecar,
+// memoryConcurrency at a time, and waits until each runs at the harness
+// and its first two messages reached the app.
+func startConcurrently(ctx context.Context, r *relayRun, n int) ([]string, error) {
+	sem := make(chan struct{}, memoryConcurrency)
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
@@ -95,34 +158,55 @@ func liveSessionCost(b *testing.B, n int) (sessionCost, error) {
 	}
 	wg.Wait()
 	if ferr != nil {
-		return sessionCost{}, ferr
+		return nil, ferr
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for _, sid := range sids {
 		for !r.h.running(sid) || r.app.session(sid).last < 2 {
 			if time.Now().After(deadline) {
-				return sessionCost{}, fmt.Errorf("session %s did not start", sid)
+				return nil, fmt.Errorf("session %s did not start", sid)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	heap1, g1, rss1 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
-	// The sessions' first status writes go out within the write budget
-	// (50 a second by default): wait until they are all written, so that
-	// the idle window measures waiting sessions, not that backlog.
-	if err := r.bed.waitStatusWritesSettled(ctx); err != nil {
-		return sessionCost{}, err
-	}
-	idle1 := idleCPU()
-	return sessionCost{heap: float64(heap1-heap0) / float64(n), goroutines: float64(g1-g0) / float64(n),
-		rss0: rss0, rss1: rss1, idleCPU0: idle0, idleCPU1: idle1}, nil
+	return sids, nil
 }
 
-// idleCPU is this process's CPU seconds per second over idleWindow.
-func idleCPU() float64 {
+// endConcurrently completes the sessions, memoryConcurrency at a time,
+// and waits until the app has each one's end.
+func endConcurrently(ctx context.Context, r *relayRun, sids []string) error {
+	sem := make(chan struct{}, memoryConcurrency)
+	var wg sync.WaitGroup
+	ends := make(chan error, len(sids))
+	for _, sid := range sids {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ends <- r.post(ctx, r.bed.CalleeAPI+"/hcp/v1/sessions/"+sid+"/complete", []byte(`{"result":{"ok":true}}`), false)
+		})
+	}
+	wg.Wait()
+	close(ends)
+	for err := range ends {
+		if err != nil {
+			return err
+		}
+	}
+	return testbed.Poll(ctx, 5*time.Minute, func(context.Context) error {
+		for _, sid := range sids {
+			if st := r.app.session(sid); !st.completed || !st.closed {
+				return fmt.Errorf("session %s not finished at the app", sid)
+			}
+		}
+		return nil
+	})
+}
+
+// idleCPU is this process's CPU seconds per second over window.
+func idleCPU(window time.Duration) float64 {
 	cpu0 := benchutil.SampleCPU()
-	time.Sleep(idleWindow)
-	return benchutil.SampleCPU().Sub(cpu0).Self.Seconds() / idleWindow.Seconds()
+	time.Sleep(window)
+	return benchutil.SampleCPU().Sub(cpu0).Self.Seconds() / window.Seconds()
 }
 
 // heapInUse collects garbage and returns the freed memory to the system
