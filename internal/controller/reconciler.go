@@ -8,6 +8,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -64,7 +66,7 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 	} else {
 		res, err = h.build(ctx, obj, v)
 	}
-	h.core.emitChanges(obj, changes)
+	h.core.emitChanges(obj, changes, firstRollout(obj.GetGeneration(), *bv.conditions))
 	if apierrors.IsConflict(err) {
 		// A write raced with another (often our own status write seen
 		// late by the cache): start again from a fresh read.
@@ -84,6 +86,18 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 		err = errors.Join(err, h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions))
 	}
 	return res, err
+}
+
+// firstRollout reports whether an object at generation with these
+// conditions (as read, before the reconcile) is in its first rollout: its
+// spec never changed and it has not been Ready, nor failed, yet (no Ready
+// condition, or one that waits).
+func firstRollout(generation int64, conds []metav1.Condition) bool {
+	if generation > 1 {
+		return false
+	}
+	ready := meta.FindStatusCondition(conds, hcpv1alpha1.ConditionReady)
+	return ready == nil || waiting(ready)
 }
 
 // ensureHarness applies the harness children (childKinds' harness group):
