@@ -43,6 +43,8 @@ type core struct {
 	claims *claimLog
 	// memo holds the statuses written that the cache has not shown yet.
 	memo *statusMemo
+	// pace holds back status writes that only refresh a wait's detail.
+	pace *statusPace
 }
 
 // view is the part of a Callee or Caller the shared code works on.

@@ -77,14 +77,25 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 		err = nil // the user's to fix: no retry with back-off
 	}
 	setOutcome(v, deleting, prob, err)
-	if !equality.Semantic.DeepEqual(bv.status, v.status) {
-		// The status patch goes from before: obj's metadata as read, its
-		// status as it was.
-		statusBefore := obj.DeepCopyObject().(client.Object)
-		sv, _ := viewOf(statusBefore)
-		sv.setStatus(bv.status)
-		err = errors.Join(err, h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions))
+	if equality.Semantic.DeepEqual(bv.status, v.status) {
+		return res, err
 	}
+	if wait := h.core.pace.hold(obj, bv, v); wait > 0 && err == nil {
+		// Only the detail of a wait changed, and the status was written
+		// a moment ago (pendingPace): written on the requeue, or by the
+		// reconcile whose outcome changes first.
+		if res.RequeueAfter == 0 || wait < res.RequeueAfter {
+			res.RequeueAfter = wait
+		}
+		return res, nil
+	}
+	// The status patch goes from before: obj's metadata as read, its
+	// status as it was.
+	statusBefore := obj.DeepCopyObject().(client.Object)
+	sv, _ := viewOf(statusBefore)
+	sv.setStatus(bv.status)
+	err = errors.Join(err, h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions))
+	h.core.pace.wrote(obj.GetUID())
 	return res, err
 }
 
