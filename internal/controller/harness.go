@@ -43,6 +43,8 @@ type core struct {
 	claims *claimLog
 	// memo holds the statuses written that the cache has not shown yet.
 	memo *statusMemo
+	// pace holds back status writes that only refresh a wait's detail.
+	pace *statusPace
 }
 
 // view is the part of a Callee or Caller the shared code works on.
@@ -265,9 +267,14 @@ func (c *core) claim(ctx context.Context, v view, key string) error {
 	v.obj.SetLabels(labels)
 	controllerutil.AddFinalizer(v.obj, TopologyFinalizer)
 	defer c.claims.claiming()()
+	// The patch's response overwrites v.obj with the object as stored,
+	// status included: what this reconcile set in the status so far (the
+	// id, the vhost) is kept, or the next reconcile would write it again.
+	ov, _ := viewOf(orig)
 	if err := c.Patch(ctx, v.obj, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}), client.FieldOwner(resource.FieldManager)); err != nil {
 		return fmt.Errorf("claim id: %w", err)
 	}
+	v.setStatus(ov.status)
 	ctrl.LoggerFrom(ctx).Info("Claimed id", "id", v.sub.ID, "vhost", resource.VhostOf(v.broker), "vhostKey", key)
 	return nil
 }

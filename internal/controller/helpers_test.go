@@ -233,6 +233,14 @@ func setTopologyStatus(t *testing.T, o client.Object, ready bool, msg string) {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
 			return err
 		}
+		return writeTopologyStatus(ctx, o, ready, msg)
+	})
+}
+
+// writeTopologyStatus writes o's status as the topology operator would: a
+// Ready condition for o's generation (o as read).
+func writeTopologyStatus(ctx context.Context, o client.Object, ready bool, msg string) error {
+	{
 		cond := topologyv1beta1.Condition{Type: "Ready", Status: corev1.ConditionTrue, Reason: "SuccessfulCreateOrUpdate", LastTransitionTime: metav1.Now()}
 		if !ready {
 			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, "FailedCreateOrUpdate", msg
@@ -259,7 +267,7 @@ func setTopologyStatus(t *testing.T, o client.Object, ready bool, msg string) {
 			return fmt.Errorf("not a topology object: %T", o)
 		}
 		return k8sClient.Status().Update(ctx, o)
-	})
+	}
 }
 
 // setDeploymentAvailable plays the Deployment controller.

@@ -8,6 +8,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -64,7 +66,7 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 	} else {
 		res, err = h.build(ctx, obj, v)
 	}
-	h.core.emitChanges(obj, changes)
+	h.core.emitChanges(obj, changes, firstRollout(obj.GetGeneration(), *bv.conditions))
 	if apierrors.IsConflict(err) {
 		// A write raced with another (often our own status write seen
 		// late by the cache): start again from a fresh read.
@@ -75,15 +77,38 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 		err = nil // the user's to fix: no retry with back-off
 	}
 	setOutcome(v, deleting, prob, err)
-	if !equality.Semantic.DeepEqual(bv.status, v.status) {
-		// The status patch goes from before: obj's metadata as read, its
-		// status as it was.
-		statusBefore := obj.DeepCopyObject().(client.Object)
-		sv, _ := viewOf(statusBefore)
-		sv.setStatus(bv.status)
-		err = errors.Join(err, h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions))
+	if equality.Semantic.DeepEqual(bv.status, v.status) {
+		return res, err
 	}
+	if wait := h.core.pace.hold(obj, bv, v); wait > 0 && err == nil {
+		// Only the detail of a wait changed, and the status was written
+		// a moment ago (pendingPace): written on the requeue, or by the
+		// reconcile whose outcome changes first.
+		if res.RequeueAfter == 0 || wait < res.RequeueAfter {
+			res.RequeueAfter = wait
+		}
+		return res, nil
+	}
+	// The status patch goes from before: obj's metadata as read, its
+	// status as it was.
+	statusBefore := obj.DeepCopyObject().(client.Object)
+	sv, _ := viewOf(statusBefore)
+	sv.setStatus(bv.status)
+	err = errors.Join(err, h.core.writeStatus(ctx, statusBefore, obj, *bv.conditions, *v.conditions))
+	h.core.pace.wrote(obj.GetUID())
 	return res, err
+}
+
+// firstRollout reports whether an object at generation with these
+// conditions (as read, before the reconcile) is in its first rollout: its
+// spec never changed and it has not been Ready, nor failed, yet (no Ready
+// condition, or one that waits).
+func firstRollout(generation int64, conds []metav1.Condition) bool {
+	if generation > 1 {
+		return false
+	}
+	ready := meta.FindStatusCondition(conds, hcpv1alpha1.ConditionReady)
+	return ready == nil || waiting(ready)
 }
 
 // ensureHarness applies the harness children (childKinds' harness group):

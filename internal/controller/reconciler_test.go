@@ -150,64 +150,47 @@ func TestChildFieldRemovedAfterCreate(t *testing.T) {
 	})
 }
 
-// TestOneChangeEventPerReconcile: the reconcile that creates a Callee's
-// children records one Created Event naming them all, not one per child;
-// the Binding, created by a later reconcile once its Queue is Ready, gets
-// an Event of its own. (The check used to find "Binding x" inside
-// "RoleBinding x", so it passed while the first Event could not name it.)
-func TestOneChangeEventPerReconcile(t *testing.T) {
+// TestCreatedEventsAfterFirstRollout: a new Callee's first rollout
+// records no Created Event (its children are all created; Ready says how
+// the rollout goes, and at scale the Event is one more API write per
+// object), but a child created later, here re-created after a deletion
+// once the Callee is Ready, gets one Created Event naming it. (The check
+// used to find "Binding x" inside "RoleBinding x": names() tells them
+// apart.)
+func TestCreatedEventsAfterFirstRollout(t *testing.T) {
 	ns := newNamespace(t, "events-")
 	dumpOnFailure(t, ns)
-	callee := newCallee(ns, "ev")
+	callee := newCallee(ns, "ev", func(c *hcpv1alpha1.Callee) { c.Spec.Harness.Replicas = new(int32(0)) })
 	create(t, callee)
 	base, _, _ := childNames("callee", "ev")
-	var created []eventsv1.Event
-	eventually(t, "a Created Event names the Deployment", func(ctx context.Context) error {
-		var err error
-		if created, err = eventsOf(ctx, ns, "Callee", "ev", verbCreated); err != nil {
-			return err
-		}
-		found := false
-		for _, e := range created {
-			found = found || strings.Contains(e.Note, "Deployment "+base)
-		}
-		if !found {
-			return fmt.Errorf("no Created Event names Deployment %s; %d Created Events", base, len(created))
-		}
-		return nil
-	})
-	if len(created) != 1 {
-		notes := make([]string, len(created))
-		for i, e := range created {
-			notes[i] = e.Note
-		}
-		t.Fatalf("%d Created Events, want 1: %q", len(created), notes)
+	key := claimedKey(t, callee)
+	declarePrerequisites(t, ns, base)
+	for _, o := range topologyChildren(ns, base) {
+		setTopologyStatus(t, o, true, "")
 	}
-	for _, want := range []string{"Queue " + base, "User " + base, "Role " + base, "Secret " + base + "-credentials"} {
-		if !names(created[0].Note, want) {
-			t.Errorf("Created Event %q does not name %s", created[0].Note, want)
-		}
+	declareShared(t, key)
+	eventually(t, "Ready=True ScaledToZero", calleeCondition(callee, hcpv1alpha1.ConditionReady, metav1.ConditionTrue, hcpv1alpha1.ReasonScaledToZero, ""))
+	if created, err := eventsOf(t.Context(), ns, "Callee", "ev", verbCreated); err != nil || len(created) != 0 {
+		t.Fatalf("the first rollout recorded Created Events %v (%v), want none", created, err)
 	}
 
-	// The Binding waits for its Queue (TestChildAfterPrerequisite): a later
-	// reconcile creates it, and an Event of its own says so.
-	if names(created[0].Note, "Binding "+base) {
-		t.Fatalf("Created Event %q names the Binding before its Queue is Ready", created[0].Note)
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
+	if err := k8sClient.Delete(t.Context(), role); err != nil {
+		t.Fatal(err)
 	}
-	setTopologyStatus(t, &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, true, "")
-	eventually(t, "a Created Event of its own names the Binding", func(ctx context.Context) error {
+	eventually(t, "a Created Event names the re-created Role", func(ctx context.Context) error {
 		created, err := eventsOf(ctx, ns, "Callee", "ev", verbCreated)
 		if err != nil {
 			return err
 		}
 		var notes []string
 		for _, e := range created {
-			if names(e.Note, "Binding "+base) {
+			if names(e.Note, "Role "+base) && !names(e.Note, "RoleBinding "+base) {
 				return nil
 			}
 			notes = append(notes, e.Note)
 		}
-		return fmt.Errorf("no Created Event names Binding %s: %q", base, notes)
+		return fmt.Errorf("no Created Event names Role %s alone: %q", base, notes)
 	})
 }
 
@@ -228,7 +211,7 @@ func TestChangeEventsOfTwoReconcilesAtOneVersion(t *testing.T) {
 	} {
 		ctx, changes := withChangeLog(t.Context())
 		c.noteChange(ctx, owner, child, kind, verbCreated)
-		c.emitChanges(owner, changes)
+		c.emitChanges(owner, changes, false)
 	}
 	eventually(t, "a Created Event for each reconcile", func(ctx context.Context) error {
 		created, err := eventsOf(ctx, ns, "ConfigMap", "owner", verbCreated)

@@ -402,8 +402,18 @@ const maxEventNote = 1024
 // only counts the second in the first's series, so without it a later
 // reconcile's "Created Binding x" on an owner not written in between
 // would be lost in the first reconcile's Event.
-func (c *core) emitChanges(owner client.Object, l *changeLog) {
+//
+// With rollout (the owner's first rollout: firstRollout), no Created Event:
+// a new object's children are all created, and one API write per object
+// for an Event that says so is the largest cost of an Event at scale;
+// Ready's conditions say how the rollout goes. Updates, deletions, and
+// children created later (re-created after a deletion, added by a spec
+// change) keep their Events.
+func (c *core) emitChanges(owner client.Object, l *changeLog, rollout bool) {
 	for _, verb := range changeVerbs {
+		if rollout && verb == verbCreated {
+			continue
+		}
 		if children := l.byVerb[verb]; len(children) > 0 {
 			c.recorder.Eventf(owner, l.first[verb], corev1.EventTypeNormal, verb, actionOf(verb), "%s", changeNote(verb, children))
 		}

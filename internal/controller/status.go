@@ -328,8 +328,8 @@ func (c *core) writeStatus(ctx context.Context, before, obj client.Object, befor
 	ctrl.LoggerFrom(ctx).Info("Ready changed", "status", cur.Status, "reason", cur.Reason, "message", cur.Message)
 	if old == nil && waiting(cur) {
 		// No Event for the first Ready of a new object that only waits
-		// (TopologyPending, DeploymentProgressing): its Created Event says
-		// as much, and at scale it would be one more API write per object.
+		// (TopologyPending, DeploymentProgressing): its conditions say as
+		// much, and at scale it would be one more API write per object.
 		return nil
 	}
 	typ := corev1.EventTypeNormal

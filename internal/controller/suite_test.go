@@ -138,7 +138,7 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "manager config:", err)
 		return 1
 	}
-	mgr, err := ctrl.NewManager(cfg.RESTConfig(managerConfig), cfg.ManagerOptions(env.Scheme))
+	mgr, err := ctrl.NewManager(cfg.RESTConfig(countWrites(managerConfig)), cfg.ManagerOptions(env.Scheme))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		return 1
