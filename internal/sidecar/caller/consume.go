@@ -120,7 +120,7 @@ func (s *Sidecar) decode(ctx context.Context, d amqp.Delivery) (*item, string, e
 			return nil, ReasonMalformed, fmt.Errorf("routing key %q does not match the envelope (session %s, type %s)", d.RoutingKey, env.Session(), env.Type)
 		}
 	}
-	epoch, err := ownerEpoch(d.Headers)
+	epoch, err := envelope.OwnerEpoch(d.Headers)
 	if err != nil {
 		s.m.MessagesIn.WithLabelValues(string(env.Type)).Inc()
 		return nil, ReasonMalformed, err

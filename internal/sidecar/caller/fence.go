@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"math"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/hcp-io/hcp-operator/internal/sidecar/events"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 )
 
 // ReasonStaleOwner counts messages of a session published by a callee
@@ -29,46 +27,6 @@ const (
 // bodyWindow bounds how many event bodies (digests) a session worker keeps
 // to compare same-sequence copies with.
 const bodyWindow = 1024
-
-// ownerEpoch reads envelope.HeaderOwnerEpoch: absent is epoch 0 (a sender
-// that does not fence); a value that is not a non-negative integer is an
-// error (the message is malformed).
-func ownerEpoch(h amqp.Table) (int64, error) {
-	v, ok := h[envelope.HeaderOwnerEpoch]
-	if !ok || v == nil {
-		return 0, nil
-	}
-	var n int64
-	switch x := v.(type) {
-	case int64:
-		n = x
-	case int32:
-		n = int64(x)
-	case int16:
-		n = int64(x)
-	case int8:
-		n = int64(x)
-	case int:
-		n = int64(x)
-	case uint8:
-		n = int64(x)
-	case uint16:
-		n = int64(x)
-	case uint32:
-		n = int64(x)
-	case uint64:
-		if x > math.MaxInt64 {
-			return 0, fmt.Errorf("header %s: %d is out of range", envelope.HeaderOwnerEpoch, x)
-		}
-		n = int64(x)
-	default:
-		return 0, fmt.Errorf("header %s: %T is not an integer", envelope.HeaderOwnerEpoch, v)
-	}
-	if n < 0 {
-		return 0, fmt.Errorf("header %s: %d is negative", envelope.HeaderOwnerEpoch, n)
-	}
-	return n, nil
-}
 
 // fence refuses a message of a stale owner: it reports false, after acking
 // it away, when it comes from a lower owner epoch than the session's

@@ -226,9 +226,9 @@ func TestOwnerEpochHeader(t *testing.T) {
 		if tc.v != nil {
 			h[envelope.HeaderOwnerEpoch] = tc.v
 		}
-		got, err := ownerEpoch(h)
+		got, err := envelope.OwnerEpoch(h)
 		if (err != nil) != tc.bad || got != tc.want {
-			t.Errorf("ownerEpoch(%v) = %d, %v; want %d, error %v", tc.v, got, err, tc.want, tc.bad)
+			t.Errorf("envelope.OwnerEpoch(%v) = %d, %v; want %d, error %v", tc.v, got, err, tc.want, tc.bad)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"fmt"
 	"mime"
 	"strings"
 	"time"
@@ -182,23 +183,46 @@ func SetConfirmedThrough(p *amqp.Publishing, seq int64) {
 // ConfirmedThrough reads HeaderConfirmedThrough from a delivery's headers;
 // ok is false when it is missing or not a non-negative integer.
 func ConfirmedThrough(h amqp.Table) (seq int64, ok bool) {
-	switch v := h[HeaderConfirmedThrough].(type) {
-	case int64:
-		seq = v
-	case int32:
-		seq = int64(v)
-	case int16:
-		seq = int64(v)
-	case int8:
-		seq = int64(v)
-	case uint8:
-		seq = int64(v)
-	case uint16:
-		seq = int64(v)
-	case uint32:
-		seq = int64(v)
-	default:
-		return 0, false
+	seq, ok = headerInt(h[HeaderConfirmedThrough])
+	return seq, ok && seq >= 0
+}
+
+// OwnerEpoch reads HeaderOwnerEpoch from a delivery's headers: absent is
+// epoch 0 (a sender that does not fence); a value that is not a
+// non-negative integer is an error (the message is malformed).
+func OwnerEpoch(h amqp.Table) (int64, error) {
+	v, present := h[HeaderOwnerEpoch]
+	if !present || v == nil {
+		return 0, nil
 	}
-	return seq, seq >= 0
+	n, ok := headerInt(v)
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("header %s: %T %v is not an integer in range", HeaderOwnerEpoch, v, v)
+	case n < 0:
+		return 0, fmt.Errorf("header %s: %d is negative", HeaderOwnerEpoch, n)
+	}
+	return n, nil
+}
+
+// headerInt reads an AMQP table value of an integer type the field table
+// encodes (signed up to 64 bits, unsigned up to 32) as an int64.
+func headerInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case int32:
+		return int64(x), true
+	case int16:
+		return int64(x), true
+	case int8:
+		return int64(x), true
+	case uint8:
+		return int64(x), true
+	case uint16:
+		return int64(x), true
+	case uint32:
+		return int64(x), true
+	}
+	return 0, false
 }
