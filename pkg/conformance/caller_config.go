@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -144,17 +143,7 @@ func (c CallerConfig) resolve() (*callerResolved, error) {
 	} else if !task.ValidCapability(r.Capability) {
 		errs = append(errs, fmt.Errorf("capability %q is not a valid capability name", r.Capability))
 	}
-	if c.DataClassification != "" {
-		if _, err := task.ParseDataClass(c.DataClassification); err != nil {
-			errs = append(errs, fmt.Errorf("data classification: %w", err))
-		}
-	}
-	if c.ManagementURL != "" {
-		u, err := url.Parse(c.ManagementURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("management URL %q: want http(s)://[user:pass@]host:port", redactURL(c.ManagementURL)))
-		}
-	}
+	errs = append(errs, checkShared(c.DataClassification, c.ManagementURL)...)
 	if c.Timeout < 0 || c.MaxMessageSize < 0 || c.RetryWait < 0 {
 		errs = append(errs, errors.New("timeouts and sizes must not be negative"))
 	}

@@ -138,17 +138,7 @@ func (c Config) resolve() (*resolved, error) {
 	} else if r.AbortInputs, err = jsonObject("abort inputs", c.AbortInputs); err != nil {
 		errs = append(errs, err)
 	}
-	if c.DataClassification != "" {
-		if _, err := task.ParseDataClass(c.DataClassification); err != nil {
-			errs = append(errs, fmt.Errorf("data classification: %w", err))
-		}
-	}
-	if c.ManagementURL != "" {
-		u, err := url.Parse(c.ManagementURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("management URL %q: want http(s)://[user:pass@]host:port", redactURL(c.ManagementURL)))
-		}
-	}
+	errs = append(errs, checkShared(c.DataClassification, c.ManagementURL)...)
 	if c.Timeout < 0 || c.Disconnect < 0 || c.MaxMessageSize < 0 {
 		errs = append(errs, errors.New("timeouts must not be negative"))
 	}
@@ -227,4 +217,22 @@ func validateID(id, profile string) error {
 		return fmt.Errorf("%q: a routing-key word cannot hold '.', '*', '#', spaces or control characters", id)
 	}
 	return nil
+}
+
+// checkShared checks the settings both kits take: the task's data class
+// and the management API's URL.
+func checkShared(dataClass, managementURL string) []error {
+	var errs []error
+	if dataClass != "" {
+		if _, err := task.ParseDataClass(dataClass); err != nil {
+			errs = append(errs, fmt.Errorf("data classification: %w", err))
+		}
+	}
+	if managementURL != "" {
+		u, err := url.Parse(managementURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("management URL %q: want http(s)://[user:pass@]host:port", redactURL(managementURL)))
+		}
+	}
+	return errs
 }
