@@ -39,6 +39,16 @@ func run(listen, sidecar string, log logr.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	h := samplecallee.New(sidecar, log)
+	// HCP_SAMPLE_STEP_LOG: a file (on a hostPath the chaos suite mounts)
+	// that every step executed is appended to (samplecallee.StepLog).
+	if path := os.Getenv("HCP_SAMPLE_STEP_LOG"); path != "" {
+		pod, _ := os.Hostname()
+		steps, err := samplecallee.OpenStepLog(path, pod)
+		if err != nil {
+			return fmt.Errorf("HCP_SAMPLE_STEP_LOG: %w", err)
+		}
+		h.SetStepLog(steps)
+	}
 	srv := &http.Server{Addr: listen, Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errCh := make(chan error, 1)
 	go func() { errCh <- srv.ListenAndServe() }()

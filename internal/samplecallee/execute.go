@@ -16,6 +16,9 @@ func (h *Harness) execute(t Task, in Inputs, rn *run, first int) {
 	// pod a session runs on (a resumed run starts past step 1).
 	log.Info("Running task", "capability", t.Capability, "fromStep", first, "steps", in.Steps)
 	start := time.Now()
+	if first > 1 {
+		h.steps.Resumed(id, first-1, start)
+	}
 	sleep := func(ms int) bool { // false when aborted
 		select {
 		case <-time.After(time.Duration(ms) * time.Millisecond):
@@ -39,7 +42,10 @@ func (h *Harness) execute(t Task, in Inputs, rn *run, first int) {
 		_ = h.post(id, "aborted", reason{"cleanup finished"})
 	}
 	for step := first; step <= in.Steps; step++ {
-		if !sleep(in.StepMS) {
+		stepStart := time.Now()
+		done := sleep(in.StepMS)
+		h.steps.Step(id, step, stepStart, time.Now())
+		if !done {
 			aborted()
 			return
 		}

@@ -93,6 +93,9 @@ type Harness struct {
 	http    *http.Client
 	log     logr.Logger
 
+	// steps, when set, records every step executed (SetStepLog).
+	steps *StepLog
+
 	mu       sync.Mutex
 	sessions map[string]*run
 	started  int            // tasks started, for tests
@@ -122,6 +125,9 @@ func New(sidecarURL string, log logr.Logger) *Harness {
 		stops:    map[string][]string{},
 	}
 }
+
+// SetStepLog makes the harness record its steps and resumptions in l.
+func (h *Harness) SetStepLog(l *StepLog) { h.steps = l }
 
 // Started returns how many tasks the harness has started (a repeated POST
 // of a running session does not count).

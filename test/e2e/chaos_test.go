@@ -220,7 +220,7 @@ func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	}
 	snap := r.finishedWithin(t, ids, chaosTimeout, before)
 	res := r.judgeSessions(t, f.name, ids, snap, at)
-	res.violations = r.judge(t, tp, ids, snap)
+	res.violations = r.judge(t, tp, ids, snap, chaosSteps)
 	if f.minRecovery > 0 && res.recovery < f.minRecovery {
 		t.Errorf("%s: sessions went on after %s; a lost owner fences itself only %s after its last renewal, so no replica may resume its sessions sooner",
 			f.name, res.recovery.Round(100*time.Millisecond), f.minRecovery)

@@ -105,6 +105,9 @@ type samplesRun struct {
 	sidecar *samplecaller.Client
 	app     *http.Client
 	history *history
+	// stepLog is the file on the node where the sample harness records
+	// every step it executes (observe_test.go); "" on an existing cluster.
+	stepLog string
 }
 
 // loadSample decodes config/samples/<file> into obj.
@@ -149,6 +152,7 @@ func (r *samplesRun) samplesReady(t *testing.T) {
 	if img := r.cfg.calleeImage; img != "" {
 		r.callee.Spec.Harness.Template.Spec.Containers[0].Image = img
 	}
+	r.recordSteps(t)
 	if img := r.cfg.callerImage; img != "" && r.caller.Spec.Harness != nil {
 		r.caller.Spec.Harness.Template.Spec.Containers[0].Image = img
 	}

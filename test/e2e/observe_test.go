@@ -4,7 +4,11 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
@@ -12,6 +16,7 @@ import (
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 	amqp "github.com/rabbitmq/amqp091-go"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
@@ -22,8 +27,61 @@ import (
 // The chaos suite's independent observers (test/checker): a tap queue on
 // the run's events exchange records the wire, with each message's
 // broker-validated user-id and owner epoch; the sample caller app's record
-// is what the app received; the HCPSessions are the callee's view. None
-// of them is a sidecar's own count.
+// is what the app received; the sample harness's step log (a file on the
+// node) is what ran where; the HCPSessions are the callee's view. None of
+// them is a sidecar's own count.
+
+// recordSteps, on the local stack, mounts a directory of the node into the
+// sample Callee's harness and points HCP_SAMPLE_STEP_LOG at a file in it
+// (samplecallee.StepLog). Every harness pod of the run appends to it.
+func (r *samplesRun) recordSteps(t *testing.T) {
+	if r.cfg.existing {
+		return
+	}
+	dir := filepath.Join("/var/lib/hcp-e2e", r.id)
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatalf("step log: %v", err)
+	}
+	// The harness runs as a non-root user; the umask took write from others.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatalf("step log: %v", err)
+	}
+	r.parent.Cleanup(func() { _ = os.RemoveAll(dir) })
+	r.stepLog = filepath.Join(dir, "steps.jsonl")
+	spec := &r.callee.Spec.Harness.Template.Spec
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "hcp-e2e-steps",
+		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
+	c := &spec.Containers[0]
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "hcp-e2e-steps", MountPath: "/var/run/hcp-e2e-steps"})
+	c.Env = append(c.Env, corev1.EnvVar{Name: "HCP_SAMPLE_STEP_LOG", Value: "/var/run/hcp-e2e-steps/steps.jsonl"})
+}
+
+// steps reads the step log for the sessions ids; nothing on an existing
+// cluster.
+func (r *samplesRun) steps(t *testing.T, ids []string) ([]checker.Step, []checker.Recovery) {
+	t.Helper()
+	if r.stepLog == "" {
+		return nil, nil
+	}
+	f, err := os.Open(r.stepLog)
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("checker: the harness wrote no step log (%s)", r.stepLog)
+		return nil, nil
+	}
+	if err != nil {
+		t.Fatalf("checker: %v", err)
+	}
+	defer f.Close()
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	steps, recs, err := checker.ReadHarnessLog(f, want)
+	if err != nil {
+		t.Errorf("checker: %v", err)
+	}
+	return steps, recs
+}
 
 // tap records every message published to the run's hcp.events exchange.
 type tap struct {
@@ -129,7 +187,7 @@ func delivered(t *testing.T, snap samplecaller.Snapshot, ids []string) []checker
 // judge runs the checker over the sessions ids: the tap's wire, the app's
 // stream and each observer's view of how the session ended. It fails t on
 // any violation and returns how many there were.
-func (r *samplesRun) judge(t *testing.T, tp *tap, ids []string, snap samplecaller.Snapshot) int {
+func (r *samplesRun) judge(t *testing.T, tp *tap, ids []string, snap samplecaller.Snapshot, taskSteps int) int {
 	t.Helper()
 	// The tap sees a message when the broker routes it; give the last ones
 	// a moment to arrive.
@@ -152,10 +210,20 @@ func (r *samplesRun) judge(t *testing.T, tp *tap, ids []string, snap samplecalle
 		}
 		views["hcpsession"][id] = string(hs.Status.State)
 	}
-	v := checker.Check(checker.History{Published: pub, Delivered: delivered(t, snap, ids), Terminal: views})
+	steps, recs := r.steps(t, ids)
+	completed := map[string]int{}
+	if r.stepLog != "" {
+		for _, id := range ids {
+			if views["app"][id] == "COMPLETED" {
+				completed[id] = taskSteps
+			}
+		}
+	}
+	v := checker.Check(checker.History{Published: pub, Delivered: delivered(t, snap, ids), Terminal: views,
+		Steps: steps, Recoveries: recs, Completed: completed})
 	for _, x := range v {
 		t.Errorf("checker: %s", x)
 	}
-	t.Logf("checker: %d messages on the wire, %d violations", len(pub), len(v))
+	t.Logf("checker: %d messages on the wire, %d step executions, %d resumptions, %d violations", len(pub), len(steps), len(recs), len(v))
 	return len(v)
 }
