@@ -32,10 +32,13 @@ type CallerSpec struct {
 	// +kubebuilder:default={}
 	Consumer ConsumerSpec `json:"consumer,omitempty"`
 
+	// (A pointer, so that a Caller this version's clients write carries no
+	// empty delivery: {} that an older CRD would refuse.)
+
 	// delivery sets how the sidecar gives up on events its app refuses.
 	// +optional
 	// +kubebuilder:default={}
-	Delivery DeliverySpec `json:"delivery,omitempty"`
+	Delivery *DeliverySpec `json:"delivery,omitempty"`
 
 	// harness, when set, deploys the caller app with the hcp-sidecar in
 	// caller mode. Without it the Caller is external: the operator issues its
@@ -117,6 +120,15 @@ type DeliverySpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
 	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+}
+
+// MaxAttempts is spec.delivery.maxAttempts, 0 when unset (the sidecar's
+// default then applies).
+func (s *CallerSpec) MaxAttempts() int32 {
+	if s.Delivery == nil {
+		return 0
+	}
+	return s.Delivery.MaxAttempts
 }
 
 // CallerStatus is the observed state of a Caller.

@@ -281,7 +281,11 @@ func (in *CallerSpec) DeepCopyInto(out *CallerSpec) {
 	in.Broker.DeepCopyInto(&out.Broker)
 	in.EventQueue.DeepCopyInto(&out.EventQueue)
 	out.Consumer = in.Consumer
-	out.Delivery = in.Delivery
+	if in.Delivery != nil {
+		in, out := &in.Delivery, &out.Delivery
+		*out = new(DeliverySpec)
+		**out = **in
+	}
 	if in.Harness != nil {
 		in, out := &in.Harness, &out.Harness
 		*out = new(HarnessSpec)
