@@ -40,7 +40,7 @@ harness to stop and ends it ABORTED. The API has no field for a reason: with
 the sidecar does not forward it.`,
 		Example: `  kubectl hcp abort 4b1c --reason "wrong substrate loaded"
   kubectl hcp abort 4b1c --wait`,
-		Args: exactArgs(1, "SESSION"),
+		Args: oneSession,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Session = args[0]
 			return RunAbort(cmd.Context(), env, o)

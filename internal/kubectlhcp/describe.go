@@ -37,7 +37,7 @@ func newDescribeCommand(env *Env) *cobra.Command {
 		Example: `  kubectl hcp describe 4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10
   kubectl hcp describe 4b1c -n lab
   kubectl hcp describe 4b1c -o json | jq .decision`,
-		Args: exactArgs(1, "SESSION"),
+		Args: oneSession,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
@@ -49,14 +49,13 @@ func newDescribeCommand(env *Env) *cobra.Command {
 	return cmd
 }
 
-// exactArgs is cobra.ExactArgs with an error that says what is missing.
-func exactArgs(n int, what string) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if len(args) != n {
-			return &ExitError{Code: ExitFailure, Err: fmt.Errorf("%s takes %s (got %d arguments); see %s --help", cmd.CommandPath(), what, len(args), cmd.CommandPath())}
-		}
-		return nil
+// oneSession is cobra.ExactArgs(1) with an error that says what is
+// missing: the session.
+func oneSession(cmd *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return &ExitError{Code: ExitFailure, Err: fmt.Errorf("%s takes SESSION (got %d arguments); see %s --help", cmd.CommandPath(), len(args), cmd.CommandPath())}
 	}
+	return nil
 }
 
 // Description is what describe shows of a session.

@@ -83,7 +83,7 @@ once: their lines are all shown.`,
 		Example: `  kubectl hcp logs 4b1c
   kubectl hcp logs -f 4b1c --prefix
   kubectl hcp logs 4b1c -c hcp-sidecar --tail 50`,
-		Args: exactArgs(1, "SESSION"),
+		Args: oneSession,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Session = args[0]
 			return RunLogs(cmd.Context(), env, o)
@@ -170,7 +170,7 @@ func (a apiLogs) Logs(ctx context.Context, ns, pod, container string, o LogReque
 // set (a container or init container of the pod), else the pod's
 // kubectl.kubernetes.io/default-container, else its first container.
 func harnessContainer(pod *corev1.Pod, want string) (string, error) {
-	var names []string
+	names := make([]string, 0, len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
 	for _, c := range append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...) {
 		names = append(names, c.Name)
 	}

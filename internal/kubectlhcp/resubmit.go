@@ -62,7 +62,7 @@ inputs are not stored, unless --inputs.`,
 		Example: `  kubectl hcp resubmit 4b1c
   kubectl hcp resubmit 4b1c --watch
   kubectl hcp resubmit 4b1c --inputs @task.json --data-class T1 -o name`,
-		Args: exactArgs(1, "SESSION"),
+		Args: oneSession,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.out.check(); err != nil {
 				return err
@@ -240,7 +240,7 @@ func callerNamed(ctx context.Context, c client.Reader, ns, id string) (string, e
 	case 0:
 		return "", fmt.Errorf("no Caller with id %q in namespace %s submits for this session: give --caller NAME (and --caller-namespace NS)", id, ns)
 	}
-	return "", fmt.Errorf("Callers %s in namespace %s all have id %q: give --caller NAME", strings.Join(names, ", "), ns, id)
+	return "", fmt.Errorf("the Callers %s in namespace %s all have id %q: give --caller NAME", strings.Join(names, ", "), ns, id)
 }
 
 // printNewSession prints the new session: its row, or with -o the object.

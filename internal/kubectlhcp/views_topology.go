@@ -50,7 +50,7 @@ func topologyView(t HarnessTopology) HarnessTopologyView {
 		Objects: []TopologyObjectView{}}
 	v.Harness.Kind, v.Harness.Name, v.Harness.ID = t.Kind, t.Name, t.ID
 	for _, it := range t.Items {
-		v.Objects = append(v.Objects, TopologyObjectView{What: it.What, BrokerName: it.BrokerName, Object: it.Object, Ready: it.Ready, Details: it.Details})
+		v.Objects = append(v.Objects, TopologyObjectView(it))
 	}
 	return v
 }

@@ -68,7 +68,7 @@ func CheckCommand(d amqp.Delivery, exp CommandExpect) (*envelope.Envelope, Viola
 	env, err := SpecDecode(d.Body)
 	if err != nil {
 		var se *SpecError
-		if errors.As(err, &se) && se.Field == "session_id" {
+		if errors.As(err, &se) && se.Field == fieldSessionID {
 			v.add(CmdSessionID, "%v", err)
 		} else {
 			v.add(CmdEnvelope, "%v", err)

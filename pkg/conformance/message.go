@@ -63,7 +63,7 @@ func CheckMessage(d amqp.Delivery, exp Expect) (*envelope.Envelope, Violations) 
 	env, err := SpecDecode(d.Body)
 	if err != nil {
 		var se *SpecError
-		if errors.As(err, &se) && se.Field == "session_id" {
+		if errors.As(err, &se) && se.Field == fieldSessionID {
 			v.add(MsgSessionID, "%v", err)
 		} else {
 			v.add(MsgEnvelope, "%v", err)

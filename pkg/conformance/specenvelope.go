@@ -14,6 +14,9 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 )
 
+// fieldSessionID is the envelope's session_id key.
+const fieldSessionID = "session_id"
+
 // SpecError is an envelope that breaks a rule of L1, naming the field
 // and the spec line.
 type SpecError struct {
@@ -96,19 +99,19 @@ func SpecDecode(body []byte) (*envelope.Envelope, error) {
 	if !env.Type.Known() {
 		return nil, &SpecError{Field: "type", Ref: "L1:39", Reason: fmt.Sprintf("%q is not a message type (L1:55–72)", short(typ))}
 	}
-	sid, present := raw["session_id"]
+	sid, present := raw[fieldSessionID]
 	switch {
 	case !present || bytes.Equal(bytes.TrimSpace(sid), []byte("null")):
 		if env.Type != envelope.TypeTaskSubmit {
-			return nil, &SpecError{Field: "session_id", Ref: "L1:38", Reason: "null or missing on " + typ + ": all messages after the initial task_submit MUST include a valid session ID"}
+			return nil, &SpecError{Field: fieldSessionID, Ref: "L1:38", Reason: "null or missing on " + typ + ": all messages after the initial task_submit MUST include a valid session ID"}
 		}
 	default:
 		var s string
 		if json.Unmarshal(sid, &s) != nil || !envelope.IsUUIDv4(s) {
-			return nil, &SpecError{Field: "session_id", Ref: "L1:38", Reason: "not null and not a UUID v4 string"}
+			return nil, &SpecError{Field: fieldSessionID, Ref: "L1:38", Reason: "not null and not a UUID v4 string"}
 		}
 		if env.Type == envelope.TypeTaskSubmit {
-			return nil, &SpecError{Field: "session_id", Ref: "L1:38", Reason: "set on task_submit, where it is null (the callee creates the session, L1:62)"}
+			return nil, &SpecError{Field: fieldSessionID, Ref: "L1:38", Reason: "set on task_submit, where it is null (the callee creates the session, L1:62)"}
 		}
 		env.SessionID = &s
 	}

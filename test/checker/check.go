@@ -6,10 +6,12 @@ import (
 	"time"
 )
 
+// kindTerminal names the violations of how a session ends.
+const kindTerminal = "terminal"
+
 // Check returns every violation of the model in h, in a stable order.
 func Check(h History) []Violation {
-	var out []Violation
-	out = append(out, contradictions(h.Published)...)
+	out := contradictions(h.Published)
 	out = append(out, appStreams(h.Published, h.Delivered)...)
 	out = append(out, overlaps(h.Steps)...)
 	out = append(out, stepRuns(h)...)
@@ -87,7 +89,7 @@ func appStreams(pub, got []Message) []Violation {
 			out = append(out, Violation{"reorder", m.Session, fmt.Sprintf("sequence %d delivered after %d (at %s)", m.Seq, st.last, stamp(m.At))})
 			continue
 		case st.finished:
-			out = append(out, Violation{"terminal", m.Session, fmt.Sprintf("sequence %d (%s) delivered after the session closed", m.Seq, m.Type)})
+			out = append(out, Violation{kindTerminal, m.Session, fmt.Sprintf("sequence %d (%s) delivered after the session closed", m.Seq, m.Type)})
 		}
 		expected := int64(1)
 		if st.started {
@@ -123,7 +125,7 @@ func unsequenced(seen map[string]bool, published []Message, m Message, finished 
 	if seen[m.Digest] {
 		out = append(out, Violation{"duplicate", m.Session, fmt.Sprintf("%s delivered twice (at %s)", m.Type, stamp(m.At))})
 	} else if finished {
-		out = append(out, Violation{"terminal", m.Session, fmt.Sprintf("%s delivered after the session closed", m.Type)})
+		out = append(out, Violation{kindTerminal, m.Session, fmt.Sprintf("%s delivered after the session closed", m.Type)})
 	}
 	seen[m.Digest] = true
 	return out
@@ -241,7 +243,7 @@ func terminals(h History) []Violation {
 	}
 	for s := range sessions {
 		if len(wire[s]) > 1 {
-			out = append(out, Violation{"terminal", s, fmt.Sprintf("published with several terminal states: %v", keys(wire[s]))})
+			out = append(out, Violation{kindTerminal, s, fmt.Sprintf("published with several terminal states: %v", keys(wire[s]))})
 		}
 		want := ""
 		for st := range wire[s] {
@@ -249,7 +251,7 @@ func terminals(h History) []Violation {
 		}
 		for observer, views := range h.Terminal {
 			if got := views[s]; got != want {
-				out = append(out, Violation{"terminal", s, fmt.Sprintf("%s sees %q, the wire %q", observer, got, want)})
+				out = append(out, Violation{kindTerminal, s, fmt.Sprintf("%s sees %q, the wire %q", observer, got, want)})
 			}
 		}
 	}
@@ -257,7 +259,7 @@ func terminals(h History) []Violation {
 }
 
 func keys(m map[string]bool) []string {
-	var out []string
+	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
 	}

@@ -50,7 +50,7 @@ func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
 // resourceVersion instead; done (if not nil) tells a write that is not
 // needed any more. A deleted object counts as written.
 func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done func(*v1alpha1.HCPSession) bool) error {
-	err := ss.patchAnnotation(ctx, key, value, map[string]any{"op": "test", "path": "/status/ownerEpoch", "value": ss.epoch})
+	err := ss.patchAnnotation(ctx, key, value, patchOp("test", "/status/ownerEpoch", ss.epoch))
 	if err == nil || apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -66,7 +66,7 @@ func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done fu
 	case done != nil && done(hs):
 		return nil
 	case hs.Status.OwnerEpoch == 0 && ss.epoch == 1:
-		return ss.patchAnnotation(ctx, key, value, map[string]any{"op": "test", "path": "/metadata/resourceVersion", "value": hs.ResourceVersion})
+		return ss.patchAnnotation(ctx, key, value, patchOp("test", "/metadata/resourceVersion", hs.ResourceVersion))
 	}
 	return err
 }
@@ -74,7 +74,7 @@ func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done fu
 // patchAnnotation sets one annotation after the test operation.
 func (ss *sess) patchAnnotation(ctx context.Context, key, value string, test map[string]any) error {
 	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
-	patch, err := json.Marshal([]map[string]any{test, {"op": "add", "path": path, "value": value}})
+	patch, err := json.Marshal([]map[string]any{test, patchOp("add", path, value)})
 	if err != nil {
 		return err
 	}
@@ -86,4 +86,9 @@ func (ss *sess) patchAnnotation(ctx context.Context, key, value string, test map
 func storedCeiling(hs *v1alpha1.HCPSession) int64 {
 	c, _ := strconv.ParseInt(hs.Annotations[AnnotationSequenceCeiling], 10, 64)
 	return c
+}
+
+// patchOp is one JSON patch (RFC 6902) operation.
+func patchOp(op, path string, value any) map[string]any {
+	return map[string]any{"op": op, "path": path, "value": value}
 }

@@ -26,6 +26,9 @@ const EventCheckpointRejected = "CheckpointRejected"
 // unsigned records are accepted on the conditions of acceptLegacy.
 const AnnotationSignedCheckpoints = "hcp.io/signed-checkpoints"
 
+// annotationTrue is the value of the boolean annotations the callee sets.
+const annotationTrue = "true"
+
 // decisionOf is the gate's decision as the HCPSession records it.
 func decisionOf(hs *v1alpha1.HCPSession) checkpoint.Decision {
 	d := checkpoint.Decision{
@@ -103,7 +106,7 @@ func unverified(err error) bool { return errors.Is(err, checkpoint.ErrUnverified
 // capability, risk and lifetime. The token does not cover the task's
 // inputs: docs/security.md states this upgrade window.
 func (s *Sidecar) acceptLegacy(rec *checkpoint.Record, hs *v1alpha1.HCPSession) error {
-	if hs.Annotations[AnnotationSignedCheckpoints] == "true" {
+	if hs.Annotations[AnnotationSignedCheckpoints] == annotationTrue {
 		return errors.New("the session was created by a release that signs its checkpoints")
 	}
 	var t harnessTask

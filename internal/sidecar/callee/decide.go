@@ -118,7 +118,7 @@ func undecided(hs *v1alpha1.HCPSession) bool {
 // admittedAtCreation: the HCPSession's creation recorded its admission
 // (v1alpha1.AnnotationAdmitted).
 func admittedAtCreation(hs *v1alpha1.HCPSession) bool {
-	return hs.Annotations[v1alpha1.AnnotationAdmitted] == "true"
+	return hs.Annotations[v1alpha1.AnnotationAdmitted] == annotationTrue
 }
 
 // rankedBefore orders the claims of one callee the same way on every
@@ -393,7 +393,7 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 			Intent:             truncateRunes(ts.Intent, 1024),
 		},
 	}
-	hs.Annotations = map[string]string{AnnotationDecidingPod: s.pod, AnnotationSignedCheckpoints: "true"}
+	hs.Annotations = map[string]string{AnnotationDecidingPod: s.pod, AnnotationSignedCheckpoints: annotationTrue}
 	if v.Admitted {
 		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
 		hs.Annotations[AnnotationSequenceCeiling] = strconv.Itoa(DefaultSequenceBlock)
@@ -401,7 +401,7 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 			// No concurrency limit applies, so no recount can overturn
 			// the verdict: the create itself records the decision, and
 			// the reply does not wait for a second write.
-			hs.Annotations[v1alpha1.AnnotationAdmitted] = "true"
+			hs.Annotations[v1alpha1.AnnotationAdmitted] = annotationTrue
 			hs.Labels[v1alpha1.LabelSessionState] = string(v1alpha1.SessionRunning)
 		}
 	}

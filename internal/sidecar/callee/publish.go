@@ -132,15 +132,6 @@ func (ss *sess) emitTyped(ctx context.Context, d session.EventData) (*pending, e
 	return ss.emitLocked(ctx, d.EventType(), raw)
 }
 
-// resultLocked publishes task_completed or task_failed. Called with lock.
-func (ss *sess) resultLocked(ctx context.Context, t envelope.MessageType, payload any) (*pending, error) {
-	pub, err := envelope.NewPublishing(ss.sc.clk.Now(), t, ss.id, payload, ss.sc.username)
-	if err != nil {
-		return nil, err
-	}
-	return ss.publishLocked(ctx, t, pub, 0, "")
-}
-
 func resultSummary(tc *task.TaskCompleted) *v1alpha1.SessionResult {
 	r := &v1alpha1.SessionResult{}
 	if len(tc.Result) > 0 && string(tc.Result) != "null" {

@@ -61,7 +61,7 @@ func rawSubmit(t *testing.T, now time.Time, layout string, ts *task.TaskSubmit, 
 	stamp = now.Format(layout)
 	body = replaceOnce(t, body, `"timestamp":"`+envelope.FormatTimestamp(now)+`"`, `"timestamp":"`+stamp+`"`)
 	if dl := ts.Constraints.Deadline; dl != nil {
-		body = replaceOnce(t, body, `"deadline":"`+envelope.FormatTimestamp(dl.Time)+`"`, `"deadline":"`+dl.Time.Format(layout)+`"`)
+		body = replaceOnce(t, body, `"deadline":"`+envelope.FormatTimestamp(dl.Time)+`"`, `"deadline":"`+dl.Format(layout)+`"`)
 	}
 	return envelope.ToPublishing(env, body, userID), stamp
 }

@@ -110,7 +110,7 @@ func sign(k ed25519.PrivateKey, msg []byte) string {
 // with one of the accepted keys, and decodes it.
 func (s *Store) verify(cm *corev1.ConfigMap, o Owner) (*Record, error) {
 	if legacy(cm) && cm.Labels[v1alpha1.LabelCalleeID] == s.CalleeID && len(cm.OwnerReferences) == 1 &&
-		cm.OwnerReferences[0].Kind == "HCPSession" && cm.OwnerReferences[0].UID == o.UID {
+		cm.OwnerReferences[0].Kind == kindHCPSession && cm.OwnerReferences[0].UID == o.UID {
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
@@ -124,7 +124,7 @@ func (s *Store) verify(cm *corev1.ConfigMap, o Owner) (*Record, error) {
 	if c, id := cm.Labels[v1alpha1.LabelCallee], cm.Labels[v1alpha1.LabelCalleeID]; c != s.CalleeName || id != s.CalleeID {
 		return nil, fmt.Errorf("%w: it is labelled for Callee %q (id %q), not %q (id %q)", ErrUnverified, c, id, s.CalleeName, s.CalleeID)
 	}
-	if refs := cm.OwnerReferences; len(refs) != 1 || refs[0].Kind != "HCPSession" || refs[0].Name != o.Name || refs[0].UID != o.UID ||
+	if refs := cm.OwnerReferences; len(refs) != 1 || refs[0].Kind != kindHCPSession || refs[0].Name != o.Name || refs[0].UID != o.UID ||
 		!strings.HasPrefix(refs[0].APIVersion, v1alpha1.GroupVersion.Group+"/") {
 		return nil, fmt.Errorf("%w: its owner references %s are not exactly HCPSession %s (uid %s)", ErrUnverified, ownersOf(cm), o.Name, o.UID)
 	}
@@ -155,7 +155,7 @@ func (s *Store) verify(cm *corev1.ConfigMap, o Owner) (*Record, error) {
 }
 
 func ownersOf(cm *corev1.ConfigMap) string {
-	var out []string
+	out := make([]string, 0, len(cm.OwnerReferences))
 	for _, r := range cm.OwnerReferences {
 		out = append(out, fmt.Sprintf("%s/%s %s (uid %s)", r.APIVersion, r.Kind, r.Name, r.UID))
 	}

@@ -43,6 +43,9 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 )
 
+// kindHCPSession is the kind of a record's one owner.
+const kindHCPSession = "HCPSession"
+
 // MaxState is the largest checkpoint blob.
 const MaxState = 64 << 10
 
@@ -188,7 +191,7 @@ func (s *Store) build(o Owner, epoch int64, task []byte, cp Checkpoint) (*corev1
 				labelPurpose:            labelPurposeV,
 			},
 			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: v1alpha1.GroupVersion.String(), Kind: "HCPSession",
+				APIVersion: v1alpha1.GroupVersion.String(), Kind: kindHCPSession,
 				Name: o.Name, UID: o.UID, BlockOwnerDeletion: ptr.To(false),
 			}},
 		},

@@ -16,6 +16,9 @@ import (
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 )
 
+// opAdd is the JSON patch operation that sets a member.
+const opAdd = "add"
+
 // Owner-epoch guarded writes. A session whose desired status carries an
 // ownerEpoch (the callee sidecar's, which claimed it with that epoch) is
 // written only while the stored status.ownerEpoch is still that epoch: each
@@ -92,7 +95,7 @@ func statusOps(base, target v1alpha1.HCPSessionStatus, whole bool) ([]jsonOp, er
 		return nil, err
 	}
 	if whole {
-		return []jsonOp{{Op: "add", Path: "/status", Value: t}}, nil
+		return []jsonOp{{Op: opAdd, Path: "/status", Value: t}}, nil
 	}
 	var bm, tm map[string]json.RawMessage
 	b, err := json.Marshal(base)
@@ -108,7 +111,7 @@ func statusOps(base, target v1alpha1.HCPSessionStatus, whole bool) ([]jsonOp, er
 	var ops []jsonOp
 	for k, v := range tm {
 		if string(bm[k]) != string(v) {
-			ops = append(ops, jsonOp{Op: "add", Path: "/status/" + escape(k), Value: v})
+			ops = append(ops, jsonOp{Op: opAdd, Path: "/status/" + escape(k), Value: v})
 		}
 	}
 	for k := range bm {
@@ -169,7 +172,7 @@ func (w *Writer) writeGuarded(ctx context.Context, name string, base, target v1a
 // writeLabelGuarded sets the state label, conditional on the owner epoch.
 func (w *Writer) writeLabelGuarded(ctx context.Context, name, key string, state v1alpha1.SessionState, epoch int64) error {
 	v, _ := json.Marshal(string(state))
-	patch, err := json.Marshal([]jsonOp{testEpoch(epoch), {Op: "add", Path: "/metadata/labels/" + escape(key), Value: v}})
+	patch, err := json.Marshal([]jsonOp{testEpoch(epoch), {Op: opAdd, Path: "/metadata/labels/" + escape(key), Value: v}})
 	if err != nil {
 		return err
 	}
