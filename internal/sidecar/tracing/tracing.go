@@ -14,7 +14,9 @@ package tracing
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -95,8 +97,16 @@ func validParent(s string) (string, bool) {
 	if !isHex(tid) || !isHex(sid) || !isHex(flags) || allZero(tid) || allZero(sid) {
 		return "", false
 	}
+	f, _ := strconv.ParseUint(flags, 16, 8)
 	if s[0:2] != "00" {
-		return "00" + s[2:55], true
+		// A later version, read as 00: of its flags, only sampled is known.
+		return fmt.Sprintf("00%s%02x", s[2:53], f&0x01), true
+	}
+	// Version 00 defines sampled (01) and, in Level 2, random (02); a
+	// header with other flags set is refused, as the OpenTelemetry SDK's
+	// propagator refuses it (a fuzz finding: we accepted 10).
+	if f > 0x02 {
+		return "", false
 	}
 	return s, true
 }
