@@ -68,16 +68,18 @@ func newCaller(ns, name, vhost string) *hcpv1alpha1.Caller {
 // (the garbage collector would delete children of a missing owner).
 
 // sharedObjects are the vhost's shared objects, in home: the copy of the
-// connection Secret, the Vhost, the two Exchanges and the default event
-// limits Policy.
+// connection Secret, the Vhost, the two Exchanges and the dead-letter
+// exchange, the default event and command limits Policies and the
+// dead-letter queues' limits Policy.
 func sharedObjects(home string, b resource.Broker, conn *corev1.Secret) []client.Object {
 	ref := resource.SharedReference(home, home, b)
 	cmd, evt := resource.Exchanges(home, b, ref)
 	return []client.Object{
 		resource.SharedConnectionSecret(home, b.Key(), conn),
 		resource.Vhost(home, b, ref, resource.DeletionPolicyRetain),
-		cmd, evt,
+		cmd, evt, resource.DeadLetterExchange(home, b, ref),
 		resource.DefaultEventLimitsPolicy(home, b, ref),
+		resource.DefaultCommandLimitsPolicy(home, b, ref), resource.DeadLetterLimitsPolicy(home, b, ref),
 	}
 }
 
@@ -87,9 +89,9 @@ func generateKey() (ed25519.PrivateKey, error) {
 }
 
 // calleeChildren is what CalleeReconciler applies for c: credentials and
-// token Secrets, Queue, Binding, User, Permission, the limits Policy when
-// the spec sets limits, then ServiceAccount, Role, RoleBinding and the
-// Deployment.
+// token Secrets, Queue, Binding, the dead-letter Queue and Binding, User,
+// Permission, the limits Policy when the spec sets limits, then
+// ServiceAccount, Role, RoleBinding and the Deployment.
 func calleeChildren(c *hcpv1alpha1.Callee, b resource.Broker, password string) ([]client.Object, error) {
 	sub := resource.ForCallee(c)
 	creds, err := resource.CredentialsSecret(sub, b, password)
@@ -101,7 +103,8 @@ func calleeChildren(c *hcpv1alpha1.Callee, b resource.Broker, password string) (
 		return nil, err
 	}
 	objs := []client.Object{creds, resource.TokenSecret(sub, keys),
-		resource.CalleeQueue(c, b), resource.Binding(sub, b), resource.User(sub, b), resource.Permission(sub, b)}
+		resource.CalleeQueue(c, b), resource.Binding(sub, b), resource.DeadLetterQueue(sub, b), resource.DeadLetterBinding(sub, b),
+		resource.User(sub, b), resource.Permission(sub, b)}
 	if p := resource.CalleeLimitsPolicy(c, b); p != nil {
 		objs = append(objs, p)
 	}
@@ -123,7 +126,8 @@ func callerChildren(c *hcpv1alpha1.Caller, b resource.Broker, password string) (
 	if err != nil {
 		return nil, err
 	}
-	objs := []client.Object{creds, q, resource.Binding(sub, b), resource.User(sub, b), resource.Permission(sub, b)}
+	objs := []client.Object{creds, q, resource.Binding(sub, b), resource.DeadLetterQueue(sub, b), resource.DeadLetterBinding(sub, b),
+		resource.User(sub, b), resource.Permission(sub, b)}
 	p, err := resource.CallerLimitsPolicy(c, b)
 	if err != nil {
 		return nil, err
