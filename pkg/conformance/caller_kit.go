@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -133,24 +132,13 @@ func (k *ckit) logf(format string, args ...any) {
 
 func (k *ckit) connect() error {
 	k.changed = make(chan struct{})
-	conn, err := amqp.DialConfig(k.cfg.uri.String(), amqp.Config{
-		Heartbeat: 10 * time.Second, Locale: "en_US",
-		Properties: amqp.Table{"connection_name": "hcp-conformance caller kit as callee " + k.cfg.CalleeID},
-		Dial:       amqp.DefaultDial(15 * time.Second),
-	})
+	conn, pub, err := dialWithConfirms(k.cfg.uri, k.cfg.username, "hcp-conformance caller kit as callee "+k.cfg.CalleeID)
 	if err != nil {
-		return fmt.Errorf("connect to %s as %q: %w", k.cfg.uri.Host, k.cfg.username, err)
+		return err
 	}
 	fail := func(what string, err error) error {
 		_ = conn.Close()
 		return fmt.Errorf("%s: %w", what, err)
-	}
-	pub, err := conn.Channel()
-	if err != nil {
-		return fail("open the publishing channel", err)
-	}
-	if err := pub.Confirm(false); err != nil {
-		return fail("enable publisher confirms", err)
 	}
 	cons, err := conn.Channel()
 	if err != nil {

@@ -102,25 +102,13 @@ func (k *kit) logf(format string, args ...any) {
 // connect opens a new connection (the next generation) and starts
 // consuming.
 func (k *kit) connect() error {
-	conn, err := amqp.DialConfig(k.cfg.uri.String(), amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-		Properties: amqp.Table{"connection_name": "hcp-conformance " + k.cfg.CallerID},
-		Dial:       amqp.DefaultDial(15 * time.Second),
-	})
+	conn, pub, err := dialWithConfirms(k.cfg.uri, k.cfg.username, "hcp-conformance "+k.cfg.CallerID)
 	if err != nil {
-		return fmt.Errorf("connect to %s as %q: %w", k.cfg.uri.Host, k.cfg.username, err)
+		return err
 	}
 	fail := func(what string, err error) error {
 		_ = conn.Close()
 		return fmt.Errorf("%s: %w", what, err)
-	}
-	pub, err := conn.Channel()
-	if err != nil {
-		return fail("open the publishing channel", err)
-	}
-	if err := pub.Confirm(false); err != nil {
-		return fail("enable publisher confirms", err)
 	}
 	returns := pub.NotifyReturn(make(chan amqp.Return, 64))
 	go func() {
@@ -354,4 +342,32 @@ func closed(msgs []*Message, sessionID string) bool {
 		}
 	}
 	return false
+}
+
+// dialWithConfirms connects as username, naming the connection name, and
+// opens a publishing channel in confirm mode: how both kits start a
+// connection generation.
+func dialWithConfirms(uri amqp.URI, username, name string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqp.DialConfig(uri.String(), amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: amqp.Table{"connection_name": name},
+		Dial:       amqp.DefaultDial(15 * time.Second),
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to %s as %q: %w", uri.Host, username, err)
+	}
+	pub, err := conn.Channel()
+	if err == nil {
+		if err = pub.Confirm(false); err != nil {
+			err = fmt.Errorf("enable publisher confirms: %w", err)
+		}
+	} else {
+		err = fmt.Errorf("open the publishing channel: %w", err)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return conn, pub, nil
 }
