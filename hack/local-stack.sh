@@ -32,7 +32,9 @@
 #   kube-controller-manager  deployments, replicasets, GC, namespaces, service accounts and tokens, ...
 #   kube-scheduler           binds Pods to the node
 #   the node "hcp-local"     kubelet, containerd, runc, CNI bridge $HCP_POD_BRIDGE ($HCP_POD_CIDR;
-#                            the node is its first address), kube-proxy (iptables);
+#                            the node is its first address), kube-proxy (iptables),
+#                            NetworkPolicy enforced by kube-router's policy controller
+#                            (hack/lib/netpol.sh; HCP_STACK_NETPOL=0: none);
 #                            configuration in hack/node/, see hack/lib/node.sh. Pods
 #                            reach the API server through the kubernetes Service and
 #                            RabbitMQ at <node address>:5672 (translated to 127.0.0.1:5672).
@@ -136,6 +138,7 @@ build_all() {
   build_k8s_bin kubelet; kubelet=$bin_path
   build_k8s_bin kube-proxy; kube_proxy=$bin_path
   build_crictl
+  build_kube_router
   with_progress topology-operator "$root/hack/testbed-mto.sh" build >/dev/null || die "hack/testbed-mto.sh build failed"
   build_images
   kubectl=$assets/kubectl
@@ -199,12 +202,14 @@ make_pki() {
   cert node "system:node:$node_name" system:nodes clientAuth
   cert kubelet "system:node:$node_name" system:nodes serverAuth "DNS:$node_name,IP:$node_ip"
   cert kube-proxy system:kube-proxy "" clientAuth
+  cert kube-router system:kube-router "" clientAuth
   cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters clientAuth
   write_kubeconfig "$kubeconfig" admin
   write_kubeconfig "$stack/controller-manager.kubeconfig" controller-manager
   write_kubeconfig "$stack/scheduler.kubeconfig" scheduler
   write_kubeconfig "$stack/node.kubeconfig" node
   write_kubeconfig "$stack/kube-proxy.kubeconfig" kube-proxy
+  write_kubeconfig "$stack/kube-router.kubeconfig" kube-router
 }
 
 # ---------------------------------------------------------------- processes
@@ -280,6 +285,8 @@ https_healthz() { curl -skf --max-time 3 "https://127.0.0.1:$1/healthz"; }
 
 # shellcheck source=hack/lib/node.sh
 source "$root/hack/lib/node.sh"
+# shellcheck source=hack/lib/netpol.sh
+source "$root/hack/lib/netpol.sh"
 
 # ---------------------------------------------------------------- up
 
@@ -346,6 +353,7 @@ up() {
   k apply --server-side --force-conflicts --field-manager=hcp-local-stack -f "$root/hack/node/pull-policy.yaml" >/dev/null ||
     die "applying hack/node/pull-policy.yaml failed"
   start_node
+  start_netpol
   wait_until "default service account" kube-controller-manager k get serviceaccount default -n default
 
   log "installing the topology operator's CRDs and RabbitmqCluster's"
@@ -389,6 +397,7 @@ down() {
   # The node's tools as built by `up` (down never builds).
   kube_proxy=$(find "$cache/bin" -maxdepth 1 -name 'kube-proxy-v*' 2>/dev/null | sort | tail -n1)
   crictl=$cache/bin/crictl-$crictl_version
+  stop_netpol
   stop_node
   stop kube-scheduler 10
   stop kube-controller-manager 10
@@ -405,7 +414,8 @@ down() {
 
 status() {
   local ok=0
-  for n in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy messaging-topology-operator; do
+  for n in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy kube-router messaging-topology-operator; do
+    if [ "$n" = kube-router ] && ! netpol_enabled; then continue; fi
     if running "$n"; then
       printf '%-30s running (pid %s)\n' "$n" "$(pid_of "$n")"
     else

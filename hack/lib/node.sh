@@ -7,7 +7,7 @@
 # $node_dir; everything the node keeps is under $node_dir, so `down` removes
 # it all. Uses the variables and helpers of local-stack.sh.
 
-# ensure_node_packages: containerd, runc, the CNI plugins and iptables, from
+# ensure_node_packages: containerd, runc, the CNI plugins, iptables and ipset, from
 # Debian's packages when missing.
 ensure_node_packages() {
   local missing=()
@@ -15,6 +15,7 @@ ensure_node_packages() {
   command -v runc >/dev/null || missing+=(runc)
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   command -v iptables >/dev/null || missing+=(iptables)
+  if netpol_enabled; then command -v ipset >/dev/null || missing+=(ipset); fi
   command -v envsubst >/dev/null || missing+=(gettext-base)
   [ ${#missing[@]} -eq 0 ] && return
   log "installing ${missing[*]} from Debian's packages"

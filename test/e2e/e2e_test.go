@@ -70,6 +70,7 @@ func TestHCP(t *testing.T) {
 	}{
 		{"SamplesReady", r.samplesReady},
 		{"Node", r.node},
+		{"NetworkPolicy", r.networkPolicy},
 		{"BrokerTopology", r.brokerTopology},
 		{"ConcurrentSessions", r.concurrentSessions},
 		{"Rejections", r.rejections},
