@@ -4,20 +4,17 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -364,124 +361,6 @@ func (r *samplesRun) judgeSessions(t *testing.T, fault string, ids []string, sna
 	return res
 }
 
-// streamMeasure is what one session's stream shows.
-type streamMeasure struct {
-	lost, renumbered, twice int
-	pause                   time.Duration
-	notes                   []string
-}
-
-var stepRE = regexp.MustCompile(`^step (\d+)/`)
-
-func measure(s *samplecaller.SessionLog, fault time.Time) streamMeasure {
-	var m streamMeasure
-	seqs := map[int64]string{} // sequence → event type
-	var last time.Time
-	maxStep, ckpt, resumed := 0, false, false
-	for _, msg := range s.Messages {
-		if msg.Type != "event" {
-			continue
-		}
-		seqs[msg.Sequence] = msg.EventType
-		if !last.IsZero() && msg.At.After(fault) {
-			from := last
-			if from.Before(fault) {
-				from = fault
-			}
-			m.pause = max(m.pause, msg.At.Sub(from))
-		}
-		last = msg.At
-		switch msg.EventType {
-		case "checkpoint":
-			ckpt = true
-		case "state_changed":
-			var sc struct {
-				To     string `json:"to_state"`
-				Reason string `json:"reason"`
-			}
-			_ = json.Unmarshal(msg.Data, &sc)
-			if sc.To == string(hcpv1alpha1.SessionRunning) && sc.Reason == "recovered_from_checkpoint" {
-				resumed = true
-			}
-			if sc.To == string(hcpv1alpha1.SessionPaused) {
-				m.notes = append(m.notes, "PAUSED "+sc.Reason)
-			}
-		case "progress":
-			var p struct{ Stage string }
-			_ = json.Unmarshal(msg.Data, &p)
-			sm := stepRE.FindStringSubmatch(p.Stage)
-			if sm == nil {
-				continue
-			}
-			step, _ := strconv.Atoi(sm[1])
-			switch {
-			case resumed:
-				// A resumed run repeats the steps after its checkpoint.
-				if step == 1 && ckpt && maxStep > 1 {
-					m.twice++ // resumed from scratch although checkpointed
-				}
-				resumed, maxStep = false, step
-			case step <= maxStep:
-				m.twice++ // another run of the same task at the same time
-			default:
-				maxStep = step
-			}
-		}
-	}
-	// A gap closed by a state change is a renumbering the new owner
-	// announced (a lost pod's last numbers are unknown; L2 lets a recovery
-	// skip them); any other gap is lost events.
-	for seq := int64(1); seq <= s.LastSequence; seq++ {
-		if _, ok := seqs[seq]; ok {
-			continue
-		}
-		next := seq + 1
-		for ; next <= s.LastSequence; next++ {
-			if _, ok := seqs[next]; ok {
-				break
-			}
-		}
-		if seqs[next] == "state_changed" {
-			m.renumbered += int(next - seq)
-		} else {
-			m.lost += int(next - seq)
-		}
-		seq = next
-	}
-	return m
-}
-
-// gapProblem is how the sample app reports a sequence gap.
-var gapProblem = regexp.MustCompile(`^event sequence \d+ after \d+ \(want \d+\)$`)
-
-// unexplained drops the sample app's gap reports when the gaps are an
-// announced renumbering.
-func unexplained(problems []string, renumbered int) []string {
-	var out []string
-	for _, p := range problems {
-		if renumbered > 0 && gapProblem.MatchString(p) {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-func describeStream(s *samplecaller.SessionLog) string {
-	var parts []string
-	for _, m := range s.Messages {
-		p := m.Type
-		if m.Type == "event" {
-			p = fmt.Sprintf("%d:%s", m.Sequence, m.EventType)
-			if m.EventType == "state_changed" || m.EventType == "progress" {
-				p += string(m.Data)
-			}
-		}
-		parts = append(parts, p)
-	}
-	return strings.Join(parts, " ")
-}
-
 // finishedWithin waits up to d for every session to be closed at the app,
 // with before (what an earlier caller app received) joined to its record.
 func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration, before samplecaller.Snapshot) samplecaller.Snapshot {
@@ -501,95 +380,6 @@ func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration,
 		return nil
 	})
 	return snap
-}
-
-// recordUntilGone reads the caller app's record every 50 ms until its app
-// container no longer runs (or its pod is gone) and sends the last one. The
-// caller sidecar drains before the app is stopped, so nothing reaches the
-// app after the last read that answered.
-func (r *samplesRun) recordUntilGone(t *testing.T) <-chan samplecaller.Snapshot {
-	out := make(chan samplecaller.Snapshot, 1)
-	app, pod := r.app, r.callerPod.DeepCopy()
-	url := fmt.Sprintf("http://127.0.0.1:%d/received", appPort)
-	go func() {
-		var last samplecaller.Snapshot
-		defer func() { out <- last }()
-		stop := func() {}
-		defer func() { stop() }()
-		for deadline := time.Now().Add(chaosTimeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			var snap samplecaller.Snapshot
-			err := getJSON(ctx, app, url, &snap)
-			cancel()
-			if err == nil {
-				last = snap
-				continue
-			}
-			// Gone only when its app container is: a failed request may be
-			// the port-forward ending (kubectl's ends with the first broken
-			// connection), then a new one reaches the app again.
-			if !r.appRunning(pod) {
-				return
-			}
-			stop()
-			if hc, s, err := r.openPodHTTP(pod, appPort); err == nil {
-				app, stop = hc, s
-			}
-		}
-	}()
-	return out
-}
-
-// appRunning: the pod exists and its app container runs.
-func (r *samplesRun) appRunning(pod *corev1.Pod) bool {
-	p := &corev1.Pod{}
-	if err := r.c.Get(context.Background(), client.ObjectKeyFromObject(pod), p); err != nil {
-		return !apierrors.IsNotFound(err)
-	}
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == pod.Spec.Containers[0].Name {
-			return cs.State.Running != nil
-		}
-	}
-	return false
-}
-
-// joinRecords replays what the old and then the new caller app received
-// through one recorder, so duplicates and gaps across the move count. Each
-// message keeps the time it was received (its n-th copy the n-th time).
-func joinRecords(before, after samplecaller.Snapshot) samplecaller.Snapshot {
-	rec := samplecaller.NewRecorder()
-	at := map[string][]time.Time{}
-	for _, snap := range []samplecaller.Snapshot{before, after} {
-		for id, s := range snap.Sessions {
-			all := append(append([]samplecaller.Received(nil), s.Messages...), s.Repeated...)
-			sort.SliceStable(all, func(i, j int) bool { return all[i].At.Before(all[j].At) })
-			for _, m := range all {
-				at[m.MessageID] = append(at[m.MessageID], m.At)
-				rec.Record(samplecaller.Message{
-					SessionID: id, CalleeID: s.CalleeID, TaskMessageID: s.TaskMessageID, MessageID: m.MessageID, Type: m.Type,
-					Sequence: m.Sequence, EventType: m.EventType, Data: m.Data, Redelivered: m.Redelivered, Lost: m.Lost, Payload: m.Payload,
-				})
-			}
-		}
-	}
-	joined := rec.Snapshot()
-	for _, s := range joined.Sessions {
-		seen := map[string]int{}
-		stamp := func(r *samplecaller.Received) {
-			if ts := at[r.MessageID]; seen[r.MessageID] < len(ts) {
-				r.At = ts[seen[r.MessageID]]
-			}
-			seen[r.MessageID]++
-		}
-		for i := range s.Messages {
-			stamp(&s.Messages[i])
-		}
-		for i := range s.Repeated {
-			stamp(&s.Repeated[i])
-		}
-	}
-	return joined
 }
 
 // chaosSessionMatches waits until the HCPSession is COMPLETED with the
