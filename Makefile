@@ -33,8 +33,10 @@ OBSERVABILITY_GO := cd test/observability && export GOWORK=off
 
 # Test settings.
 GO_TEST_FLAGS ?= -count=1
-# CHAOS_REPORT receives the fault table of `make chaos`.
+# CHAOS_REPORT receives the fault table of `make chaos`; CHAOS_RUNS is how
+# many times it runs each fault, each run with fresh sessions.
 CHAOS_REPORT ?= $(CURDIR)/test/e2e/_artifacts/chaos.md
+CHAOS_RUNS ?= 5
 TEST_TIMEOUT ?= 40m
 
 .PHONY: all
@@ -179,9 +181,9 @@ conformance-kit: ## Run the conformance kit (cmd/hcp-conformance; docs/conforman
 	HCP_CONFORMANCE_REPORT=$(CONFORMANCE_REPORT) go test -tags e2e -count=1 -timeout 30m -run '^TestConformanceKit$$' -v ./test/e2e/...
 
 .PHONY: chaos
-chaos: ## Run the end-to-end suite with every chaos fault (sidecar kills and an OOM kill by the kernel, app and pod kills, rollouts, an operator upgrade, caller faults, a broker restart, the API server down 30 s); the table goes to CHAOS_REPORT.
+chaos: ## Run the end-to-end suite with every chaos fault, each CHAOS_RUNS (5) times, etcd fsyncing (sidecar kills and an OOM kill, app and pod kills, rollouts and a kill during a hand-over, an operator upgrade, caller faults, a broker restart, the API server down 30 s and 120 s, an owner cut off from the API server, paused past its Lease, or deleted while it runs on); the table goes to CHAOS_REPORT.
 	HCP_ETCD_FSYNC=1 hack/local-stack.sh up
-	HCP_ETCD_FSYNC=1 HCP_CHAOS=full HCP_CHAOS_REPORT=$(CHAOS_REPORT) go test -tags e2e -count=1 -timeout 60m -run '^TestHCP$$' -v ./test/e2e/...
+	HCP_ETCD_FSYNC=1 HCP_CHAOS=full HCP_CHAOS_RUNS=$(CHAOS_RUNS) HCP_CHAOS_REPORT=$(CHAOS_REPORT) go test -tags e2e -count=1 -timeout 150m -run '^TestHCP$$' -v ./test/e2e/...
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 60s) each.

@@ -19,7 +19,15 @@
 #   local-stack.sh pid NAMESPACE/POD CONTAINER
 #                           the host pid of a container's first process
 #   local-stack.sh freeze PROCESS SECONDS
-#                           SIGSTOP a stack process (e.g. kube-apiserver), SIGCONT after
+#                           SIGSTOP a stack process (kube-apiserver, kubelet, etcd, ...),
+#                           SIGCONT after SECONDS or when the command is ended (TERM, INT)
+#   local-stack.sh pause NAMESPACE/POD CONTAINER SECONDS
+#                           SIGSTOP a container's first process, SIGCONT after SECONDS or
+#                           when the command is ended (the kubelet's probes still run)
+#   local-stack.sh cut-api NAMESPACE/POD SECONDS
+#                           cut a pod off from the API server (its Service and its real
+#                           address, established connections too) and nothing else, for
+#                           SECONDS or until the command is ended; then heal
 #   local-stack.sh ctr ARGS...
 #                           containerd's ctr on the node (namespace k8s.io)
 #   local-stack.sh crictl ARGS...
@@ -449,19 +457,113 @@ pod_kill() {
   log "sent SIG$sig to $ref container $container (pid $pid)"
 }
 
-# freeze NAME SECONDS: stops a stack process (e.g. kube-apiserver) with
-# SIGSTOP and resumes it after SECONDS: it accepts connections but answers
-# nothing, as a hung or partitioned server does.
+# seconds_arg WHAT VALUE: VALUE is a whole number of seconds.
+seconds_arg() {
+  [[ $2 =~ ^[0-9]+$ ]] || die "$1: want a whole number of seconds, got '$2'"
+}
+
+# hold SECONDS: waits SECONDS, or less if this script is ended (TERM, INT,
+# HUP): bash runs a trap only between commands, and `wait` is one it
+# interrupts, where a foreground `sleep` would delay it to the end.
+hold() {
+  sleep "$1" &
+  held=$!
+  wait "$held" || true
+}
+
+# on_end CMD: runs CMD once when this script ends, however (an exit, TERM,
+# INT, HUP; not KILL, which nothing survives), each of its commands even
+# when one fails.
+on_end() {
+  # shellcheck disable=SC2064 # expanded now, on purpose
+  trap "trap - EXIT; set +e; [ -z \"\${held:-}\" ] || kill \"\$held\" 2>/dev/null; $1" EXIT
+  trap 'exit 143' TERM
+  trap 'exit 130' INT
+  trap 'exit 129' HUP
+}
+
+# freeze NAME SECONDS: stops a stack process (e.g. kube-apiserver, kubelet)
+# with SIGSTOP and resumes it after SECONDS, or as soon as this command is
+# ended: it accepts connections but answers nothing, as a hung or
+# partitioned server does. A frozen kubelet neither probes nor stops its
+# pods' containers; they keep running. "froze NAME" on stderr says the
+# process is stopped.
 freeze() {
   local name=${1:-} secs=${2:-}
   [ -n "$name" ] && [ -n "$secs" ] || die "usage: $0 freeze PROCESS SECONDS (e.g. kube-apiserver 30)"
+  seconds_arg freeze "$secs"
   running "$name" || die "$name is not running"
   local pid; pid=$(pid_of "$name")
+  on_end "kill -CONT $pid 2>/dev/null; log 'resumed $name (pid $pid)'"
   kill -STOP "$pid"
-  log "froze $name (pid $pid) for ${secs}s"
-  sleep "$secs"
-  kill -CONT "$pid"
-  log "resumed $name"
+  log "froze $name (pid $pid) for at most ${secs}s"
+  hold "$secs"
+}
+
+# pause_container NS/POD CONTAINER SECONDS: stops a container's first
+# process with SIGSTOP and resumes it after SECONDS, or as soon as this
+# command is ended; "paused NS/POD" on stderr says it is stopped. The
+# kubelet still probes the container: a liveness probe that fails its
+# threshold meanwhile gets it killed and restarted (freeze the kubelet too
+# to keep it).
+pause_container() {
+  local ref=${1:-} container=${2:-} secs=${3:-}
+  [ -n "$ref" ] && [ -n "$container" ] && [ -n "$secs" ] || die "usage: $0 pause NAMESPACE/POD CONTAINER SECONDS"
+  seconds_arg pause "$secs"
+  local pid; pid=$(container_pid "$ref" "$container")
+  on_end "kill -CONT $pid 2>/dev/null; log 'resumed $ref container $container (pid $pid)'"
+  kill -STOP "$pid"
+  log "paused $ref container $container (pid $pid) for at most ${secs}s"
+  hold "$secs"
+}
+
+# api_server_addresses: "IP PORT" lines of everything a pod may reach the
+# API server at: the kubernetes Service and its endpoints (the API
+# server's own address and port).
+api_server_addresses() {
+  k get service kubernetes -n default -o jsonpath='{.spec.clusterIP}{" "}{.spec.ports[?(@.name=="https")].port}{"\n"}'
+  k get endpointslices -n default -l kubernetes.io/service-name=kubernetes \
+    -o jsonpath='{range .items[*]}{range .endpoints[*].addresses[*]}{@}{" "}{end}{"|"}{.ports[?(@.name=="https")].port}{"\n"}{end}' |
+    awk -F'|' '{n = split($1, a, " "); for (i = 1; i <= n; i++) print a[i], $2}'
+}
+
+# cut_api NS/POD SECONDS: in the pod's network namespace, drops every
+# packet to and from the API server (its Service address and its real
+# address and port, so established connections too) and nothing else (the
+# broker stays reachable), for SECONDS or until this command is ended;
+# then removes the rules. "cut NS/POD" on stderr says the cut is in place:
+# checked by a connection that now fails, and one to the broker that
+# still works.
+cut_api() {
+  local ref=${1:-} secs=${2:-}
+  [ -n "$ref" ] && [ -n "$secs" ] || die "usage: $0 cut-api NAMESPACE/POD SECONDS"
+  seconds_arg cut-api "$secs"
+  command -v nsenter >/dev/null || die "nsenter (util-linux) is required"
+  [[ $ref == */* ]] || die "cut-api: want NAMESPACE/POD, got '$ref'"
+  local pid addrs ip port rules=() r first
+  # Any container of the pod: they share its network namespace.
+  first=$(k get pod -n "${ref%%/*}" "${ref#*/}" -o jsonpath='{.spec.containers[0].name}') || die "no pod $ref"
+  pid=$(container_pid "$ref" "$first")
+  addrs=$(api_server_addresses) || die "cannot read the kubernetes Service and its endpoints"
+  [ "$(echo "$addrs" | grep -c .)" -ge 2 ] || die "want the kubernetes Service and at least one endpoint, got: $addrs"
+  while read -r ip port; do
+    [ -n "$ip" ] && [ -n "$port" ] || continue
+    rules+=("OUTPUT -p tcp -d $ip --dport $port -j DROP -m comment --comment hcp-cut-api")
+    rules+=("INPUT -p tcp -s $ip --sport $port -j DROP -m comment --comment hcp-cut-api")
+  done <<<"$addrs"
+  on_end "for r in $(printf '%q ' "${rules[@]}"); do nsenter -t $pid -n iptables -w -D \$r 2>/dev/null; done; log 'healed $ref: the API server is reachable again'"
+  for r in "${rules[@]}"; do
+    # shellcheck disable=SC2086 # a rule is words
+    nsenter -t "$pid" -n iptables -w -I ${r%% *} 1 ${r#* } || die "iptables in the network namespace of $ref (pid $pid) failed"
+  done
+  while read -r ip port; do
+    if nsenter -t "$pid" -n curl -sk -o /dev/null --max-time 2 "https://$ip:$port/livez"; then
+      die "$ref still reaches the API server at $ip:$port"
+    fi
+  done <<<"$addrs"
+  nsenter -t "$pid" -n timeout 3 bash -c ": </dev/tcp/$node_ip/5672" || die "$ref no longer reaches the broker at $node_ip:5672"
+  log "cut $ref off from the API server ($(echo "$addrs" | tr '\n' ' ' | sed 's/ $//')) for at most ${secs}s; the broker stays reachable"
+  hold "$secs"
 }
 
 cmd=${1:-}
@@ -480,7 +582,9 @@ case "$cmd" in
   oom) find_kubectl; container_oom "$@" ;;
   pid) find_kubectl; container_pid "$@" ;;
   freeze) freeze "$@" ;;
+  pause) find_kubectl; pause_container "$@" ;;
+  cut-api) find_kubectl; cut_api "$@" ;;
   ctr) ctr_k8s "$@" ;;
   crictl) build_crictl; crictl_node "$@" ;;
-  *) die "usage: $0 up|down|status|env|images [ARCHIVE...]|kill NS/POD CONTAINER [SIGNAL]|oom NS/POD CONTAINER|pid NS/POD CONTAINER|freeze PROCESS SECONDS|ctr ARGS...|crictl ARGS..." ;;
+  *) die "usage: $0 up|down|status|env|images [ARCHIVE...]|kill NS/POD CONTAINER [SIGNAL]|oom NS/POD CONTAINER|pid NS/POD CONTAINER|freeze PROCESS SECONDS|pause NS/POD CONTAINER SECONDS|cut-api NS/POD SECONDS|ctr ARGS...|crictl ARGS..." ;;
 esac

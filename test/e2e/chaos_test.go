@@ -4,24 +4,17 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -29,16 +22,19 @@ import (
 )
 
 // The chaos step: faults injected while sessions stream, and what each
-// cost. HCP_CHAOS picks the faults: "smoke" (the default; a sidecar kill,
-// a sidecar OOM kill, a pod move, for make test), "full" (every fault; make chaos) or
+// cost. HCP_CHAOS picks the faults (faults_test.go): "smoke" (the default;
+// those marked smoke, for make test), "full" (every fault; make chaos) or
 // "off"; HCP_CHAOS_ONLY, a regular expression, narrows them to the faults
-// it matches. HCP_CHAOS_REPORT names a file for the result table
-// (docs/reliability.md shows the last one).
+// it matches. HCP_CHAOS_RUNS (default 1; make chaos: 5) runs each selected
+// fault that many times, each run with fresh sessions. HCP_CHAOS_REPORT
+// names a file for the result table (docs/reliability.md shows the last
+// one).
 //
-// Each fault runs against chaosSessions fresh sessions, injected once every
-// session has streamed chaosWarmSteps progress events. Then every session
-// must end COMPLETED at the app and in its HCPSession, and the stream the
-// app received is measured:
+// Each run of a fault starts chaosSessions fresh sessions and injects the
+// fault once every session has streamed chaosWarmSteps progress events.
+// Then every session must end COMPLETED at the app and in its HCPSession,
+// the independent checker (observe_test.go, test/checker) must find no
+// violation in the history, and the stream the app received is measured:
 //   - lost: sequence numbers missing from 1..last;
 //   - duplicates: events the app received twice without redelivered=true
 //     (deduplicated: with it, which an app recognises; counted apart);
@@ -49,16 +45,29 @@ import (
 //   - failed: sessions that did not complete;
 //   - recovery: the longest pause between two events of a session after
 //     the fault, the slowest session's.
+//
+// The table has one row per fault: the runs, their sessions, the sums of
+// violations and counts, and the median and the longest of the runs'
+// recoveries.
 
 const (
 	chaosSessions  = 3
-	chaosSteps     = 60
-	chaosStepMS    = 250
 	chaosWarmSteps = 4
-	// chaosTimeout bounds one fault's sessions: a lost pod's sessions wait
-	// for its Lease to expire (60 s) before another replica takes them.
+	// chaosTimeout bounds the wait for one run's sessions once the
+	// injection returned: a lost pod's sessions wait for its Lease to
+	// expire (60 s) before another replica takes them. A fault that lasts
+	// (a pause, an outage) returns when it is over, so its length does not
+	// count.
 	chaosTimeout = 4 * time.Minute
 )
+
+// chaosTask is the sample task each session runs.
+type chaosTask struct {
+	steps, stepMS, checkpointEvery int
+}
+
+// defaultTask: 60 steps of 250 ms (15 s), a checkpoint every 2 steps.
+var defaultTask = chaosTask{steps: 60, stepMS: 250, checkpointEvery: 2}
 
 type fault struct {
 	name string
@@ -74,62 +83,26 @@ type fault struct {
 	// minRecovery: no session may go on sooner (fencing: a lost owner must
 	// have stopped itself before another replica resumes its sessions).
 	minRecovery time.Duration
-	inject      func(t *testing.T, r *samplesRun, owner *corev1.Pod)
+	// settle: once the sessions ended, the run waits this long before the
+	// checker reads the history, so that an owner that came back (a
+	// partition healed, a process resumed) has the time to publish what it
+	// still would, and the checker sees it.
+	settle time.Duration
+	// task is what the sessions run (defaultTask when zero).
+	task chaosTask
+	// inject injects the fault; owner is the pod running the first of
+	// the sessions ids. It may return while the fault lasts, or after.
+	inject func(t *testing.T, r *samplesRun, owner *corev1.Pod, ids []string)
 }
 
-var faults = []fault{
-	{name: "callee sidecar SIGKILL", smoke: true, replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
-		r.stack(t, "kill", owner.Namespace+"/"+owner.Name, "hcp-sidecar", "KILL")
-	}},
-	{name: "callee sidecar OOM-killed at its memory limit", smoke: true, replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
-		r.stack(t, "oom", owner.Namespace+"/"+owner.Name, "hcp-sidecar")
-		r.waitOOMKilled(t, owner, "hcp-sidecar")
-	}},
-	{name: "callee app SIGKILL", replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
-		r.stack(t, "kill", owner.Namespace+"/"+owner.Name, owner.Spec.Containers[0].Name, "KILL")
-	}},
-	{name: "callee pod deleted (2 replicas)", smoke: true, replicas: 2, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
-		if err := r.c.Delete(t.Context(), owner); err != nil {
-			t.Fatal(err)
-		}
-	}},
-	{name: "callee pod lost: frozen, then force-deleted (2 replicas)", replicas: 2, localOnly: true, minRecovery: 50 * time.Second, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod) {
-		// As a node that vanished: the pod's processes stop at once (no
-		// drain, no last status write), then the pod object goes.
-		ref := owner.Namespace + "/" + owner.Name
-		r.stack(t, "kill", ref, "hcp-sidecar", "STOP")
-		r.stack(t, "kill", ref, owner.Spec.Containers[0].Name, "STOP")
-		if err := r.c.Delete(t.Context(), owner, client.GracePeriodSeconds(0)); err != nil {
-			t.Fatal(err)
-		}
-	}},
-	{name: "Callee rolling update (template change, 2 replicas)", replicas: 2, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
-		r.patchCallee(t, fmt.Sprintf(`{"spec":{"harness":{"template":{"metadata":{"annotations":{"chaos.hcp.io/rollout":%q}}}}}}`, time.Now().Format(time.RFC3339Nano)))
-	}},
-	{name: "operator upgrade changing the sidecar (2 replicas)", replicas: 2, localOnly: true, callerMoves: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
-		r.upgradeSidecarImage(t)
-	}},
-	{name: "caller sidecar SIGKILL", replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
-		r.stack(t, "kill", r.callerPod.Namespace+"/"+r.callerPod.Name, "hcp-sidecar", "KILL")
-	}},
-	{name: "caller pod moved", replicas: 1, callerMoves: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
-		if err := r.c.Delete(t.Context(), r.callerPod); err != nil {
-			t.Fatal(err)
-		}
-	}},
-	{name: "broker restart", replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
-		for _, args := range [][]string{{"stop_app"}, {"start_app"}} {
-			if out, err := exec.CommandContext(t.Context(), "rabbitmqctl", args...).CombinedOutput(); err != nil {
-				t.Fatalf("rabbitmqctl %s: %v\n%s", args[0], err, out)
-			}
-		}
-	}},
-	{name: "API server unavailable for 30 s", replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod) {
-		r.stack(t, "freeze", "kube-apiserver", "30")
-	}},
+func (f fault) sessionTask() chaosTask {
+	if f.task == (chaosTask{}) {
+		return defaultTask
+	}
+	return f.task
 }
 
-// chaosResult is one fault's row.
+// chaosResult is what one run of a fault cost.
 type chaosResult struct {
 	fault                                          string
 	lost, renumbered, dups, deduped, twice, failed int
@@ -137,6 +110,58 @@ type chaosResult struct {
 	violations int
 	recovery   time.Duration
 	notes      []string
+}
+
+// faultRow is a fault's row of the table: its runs summed up.
+type faultRow struct {
+	fault                                  string
+	runs, sessions, violations, failed     int
+	lost, renumbered, dups, deduped, twice int
+	recoveries                             []time.Duration
+	notes                                  []string
+}
+
+// add counts one run; judged is false when the run stopped before its
+// sessions were judged (an error), and then all of them count as failed.
+func (w *faultRow) add(run int, res chaosResult, judged bool) {
+	w.runs++
+	w.sessions += chaosSessions
+	if !judged {
+		w.failed += chaosSessions
+		w.notes = append(w.notes, fmt.Sprintf("run %d stopped before its sessions were judged", run))
+		return
+	}
+	w.violations += res.violations
+	w.failed += res.failed
+	w.lost += res.lost
+	w.renumbered += res.renumbered
+	w.dups += res.dups
+	w.deduped += res.deduped
+	w.twice += res.twice
+	w.recoveries = append(w.recoveries, res.recovery)
+	for _, n := range res.notes {
+		w.notes = append(w.notes, fmt.Sprintf("run %d: %s", run, n))
+	}
+}
+
+// recovery is the median (the lower middle one of an even count) and the
+// longest of the judged runs' recoveries.
+func (w *faultRow) recovery() (p50, maxRec time.Duration) {
+	if len(w.recoveries) == 0 {
+		return 0, 0
+	}
+	s := slices.Sorted(slices.Values(w.recoveries))
+	return s[(len(s)-1)/2], s[len(s)-1]
+}
+
+// chaosRuns is HCP_CHAOS_RUNS: how many times each fault runs.
+func chaosRuns(t *testing.T) int {
+	v := envOr("HCP_CHAOS_RUNS", "1")
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("HCP_CHAOS_RUNS=%q: want a whole number of runs, at least 1", v)
+	}
+	return n
 }
 
 func (r *samplesRun) chaos(t *testing.T) {
@@ -148,7 +173,8 @@ func (r *samplesRun) chaos(t *testing.T) {
 	if o := os.Getenv("HCP_CHAOS_ONLY"); o != "" {
 		only = regexp.MustCompile(o)
 	}
-	var results []chaosResult
+	runs := chaosRuns(t)
+	var rows []faultRow
 	tp := r.startTap(t)
 	for _, f := range faults {
 		if (mode != "full" && !f.smoke) || (only != nil && !only.MatchString(f.name)) {
@@ -158,17 +184,31 @@ func (r *samplesRun) chaos(t *testing.T) {
 			t.Logf("%s: needs the local stack's processes; skipped on an existing cluster", f.name)
 			continue
 		}
+		row := faultRow{fault: f.name}
 		t.Run(f.name, func(t *testing.T) {
-			res := r.runFault(t, f, tp)
-			results = append(results, res)
-			t.Logf("%s: lost %d, renumbered %d, duplicates %d (deduplicated %d), executed twice %d, failed %d, recovery %s %s",
-				f.name, res.lost, res.renumbered, res.dups, res.deduped, res.twice, res.failed, res.recovery.Round(100*time.Millisecond), strings.Join(res.notes, "; "))
+			for i := 1; i <= runs; i++ {
+				var res chaosResult
+				judged := false
+				t.Run(fmt.Sprintf("run %d", i), func(t *testing.T) {
+					res = r.runFault(t, f, tp)
+					judged = true
+					t.Logf("%s, run %d: checker violations %d, lost %d, renumbered %d, duplicates %d (deduplicated %d), executed twice %d, failed %d, recovery %s %s",
+						f.name, i, res.violations, res.lost, res.renumbered, res.dups, res.deduped, res.twice, res.failed, res.recovery.Round(100*time.Millisecond), strings.Join(res.notes, "; "))
+				})
+				row.add(i, res, judged)
+			}
 		})
+		rows = append(rows, row)
 	}
 	r.setCalleeReplicas(t, 1)
 	r.calleePod = r.readyPod(t, "hcp.io/callee="+calleeID)
-	table := chaosTable(results)
-	t.Logf("chaos (%s):\n%s", mode, table)
+	table := chaosTable(rows)
+	t.Logf("chaos (%s, %d runs per fault):\n%s", mode, runs, table)
+	for _, w := range rows {
+		if len(w.notes) > 0 {
+			t.Logf("%s: %s", w.fault, strings.Join(w.notes, "; "))
+		}
+	}
 	if path := os.Getenv("HCP_CHAOS_REPORT"); path != "" {
 		_ = os.MkdirAll(filepath.Dir(path), 0o755)
 		if err := os.WriteFile(path, []byte(table), 0o644); err != nil {
@@ -177,24 +217,29 @@ func (r *samplesRun) chaos(t *testing.T) {
 	}
 }
 
-func chaosTable(results []chaosResult) string {
+// chaosTableHeader is the table's header, as docs/reliability.md has it.
+const chaosTableHeader = "| fault | runs | sessions | checker violations | failed | lost | renumbered | duplicates (deduplicated) | executed twice | recovery p50 | recovery max |\n" +
+	"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+
+func chaosTable(rows []faultRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| fault | sessions | checker violations | lost | renumbered | duplicates (deduplicated) | executed twice | failed | recovery |\n")
-	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-	for _, x := range results {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d (%d) | %d | %d | %.1f s |\n",
-			x.fault, chaosSessions, x.violations, x.lost, x.renumbered, x.dups, x.deduped, x.twice, x.failed, x.recovery.Seconds())
+	b.WriteString(chaosTableHeader)
+	for _, x := range rows {
+		p50, longest := x.recovery()
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d (%d) | %d | %.1f s | %.1f s |\n",
+			x.fault, x.runs, x.sessions, x.violations, x.failed, x.lost, x.renumbered, x.dups, x.deduped, x.twice, p50.Seconds(), longest.Seconds())
 	}
 	return b.String()
 }
 
-// runFault runs sessions, injects the fault, waits for the sessions and
-// measures them. The fault must cost nothing: no loss, no duplicate, no
-// second execution, no failure.
+// runFault runs one run of f: fresh sessions, the fault, the wait for the
+// sessions, and the judgement. The fault must cost nothing: no violation,
+// no loss, no duplicate, no second execution, no failure.
 func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	r.setCalleeReplicas(t, f.replicas)
+	task := f.sessionTask()
 	// The fault hits the pod running the first session.
-	ids := r.streamingSessions(t, "chaos: "+f.name, chaosSteps)
+	ids := r.streamingSessions(t, "chaos: "+f.name, task)
 	owner := &corev1.Pod{}
 	eventually(t, 30*time.Second, "the pod running session "+ids[0], func(ctx context.Context) error {
 		hs, err := r.session(ctx, ids[0])
@@ -209,7 +254,7 @@ func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	}
 	at := time.Now()
 	t.Logf("injecting %q (sessions %v, pod %s)", f.name, ids, owner.Name)
-	f.inject(t, r, owner)
+	f.inject(t, r, owner, ids)
 
 	// A session may end at the old caller app (the new pod is Ready only
 	// after it): what each app received counts, joined.
@@ -219,24 +264,50 @@ func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 		r.refreshCaller(t)
 	}
 	snap := r.finishedWithin(t, ids, chaosTimeout, before)
+	if f.settle > 0 {
+		// Not a wait for something to happen: the window in which a
+		// returned zombie would publish, for the checker to see it.
+		t.Logf("sessions closed; watching %s more for late messages of pod %s", f.settle, owner.Name)
+		time.Sleep(f.settle)
+	}
 	res := r.judgeSessions(t, f.name, ids, snap, at)
-	res.violations = r.judge(t, tp, ids, snap, chaosSteps)
+	res.violations = r.judge(t, tp, ids, snap, task.steps)
+	res.notes = append(res.notes, r.endedOn(t, ids, owner.Name))
 	if f.minRecovery > 0 && res.recovery < f.minRecovery {
 		t.Errorf("%s: sessions went on after %s; a lost owner fences itself only %s after its last renewal, so no replica may resume its sessions sooner",
 			f.name, res.recovery.Round(100*time.Millisecond), f.minRecovery)
 	}
-	// The next fault starts from a settled Caller.
+	// The next run starts from a settled Caller.
 	r.refreshCaller(t)
 	return res
 }
 
-// streamingSessions submits chaosSessions tasks of steps steps each and
-// waits until every session has streamed chaosWarmSteps progress events.
-func (r *samplesRun) streamingSessions(t *testing.T, intent string, steps int) []string {
+// endedOn says which pod each session ended on, relative to the pod the
+// fault hit (a note of the table: whether the fault moved the sessions).
+func (r *samplesRun) endedOn(t *testing.T, ids []string, owner string) string {
+	t.Helper()
+	var parts []string
+	for _, id := range ids {
+		hs, err := r.session(t.Context(), id)
+		switch {
+		case err != nil:
+			parts = append(parts, id+" ?")
+		case hs.Status.PodName == owner:
+			parts = append(parts, id+" on the pod hit")
+		default:
+			parts = append(parts, id+" moved to "+hs.Status.PodName)
+		}
+	}
+	return "ended " + strings.Join(parts, ", ")
+}
+
+// streamingSessions submits chaosSessions tasks and waits until every
+// session has streamed chaosWarmSteps progress events.
+func (r *samplesRun) streamingSessions(t *testing.T, intent string, task chaosTask) []string {
 	t.Helper()
 	ids := make([]string, chaosSessions)
 	for i := range ids {
-		in := fmt.Sprintf(`{"recipe":"s3://lab/recipes/chaos-%d.yaml","steps":%d,"step_ms":%d,"log_every":5,"checkpoint_every":2}`, i, steps, chaosStepMS)
+		in := fmt.Sprintf(`{"recipe":"s3://lab/recipes/chaos-%d.yaml","steps":%d,"step_ms":%d,"log_every":5,"checkpoint_every":%d}`, i, task.steps, task.stepMS, task.checkpointEvery)
 		ids[i] = r.submit(t, synthesis, intent, in, samplecaller.Constraints{DataClassification: "T2"}).SessionID
 	}
 	eventually(t, sessionTimeout, "every session streams", func(ctx context.Context) error {
@@ -290,124 +361,6 @@ func (r *samplesRun) judgeSessions(t *testing.T, fault string, ids []string, sna
 	return res
 }
 
-// streamMeasure is what one session's stream shows.
-type streamMeasure struct {
-	lost, renumbered, twice int
-	pause                   time.Duration
-	notes                   []string
-}
-
-var stepRE = regexp.MustCompile(`^step (\d+)/`)
-
-func measure(s *samplecaller.SessionLog, fault time.Time) streamMeasure {
-	var m streamMeasure
-	seqs := map[int64]string{} // sequence → event type
-	var last time.Time
-	maxStep, ckpt, resumed := 0, false, false
-	for _, msg := range s.Messages {
-		if msg.Type != "event" {
-			continue
-		}
-		seqs[msg.Sequence] = msg.EventType
-		if !last.IsZero() && msg.At.After(fault) {
-			from := last
-			if from.Before(fault) {
-				from = fault
-			}
-			m.pause = max(m.pause, msg.At.Sub(from))
-		}
-		last = msg.At
-		switch msg.EventType {
-		case "checkpoint":
-			ckpt = true
-		case "state_changed":
-			var sc struct {
-				To     string `json:"to_state"`
-				Reason string `json:"reason"`
-			}
-			_ = json.Unmarshal(msg.Data, &sc)
-			if sc.To == string(hcpv1alpha1.SessionRunning) && sc.Reason == "recovered_from_checkpoint" {
-				resumed = true
-			}
-			if sc.To == string(hcpv1alpha1.SessionPaused) {
-				m.notes = append(m.notes, "PAUSED "+sc.Reason)
-			}
-		case "progress":
-			var p struct{ Stage string }
-			_ = json.Unmarshal(msg.Data, &p)
-			sm := stepRE.FindStringSubmatch(p.Stage)
-			if sm == nil {
-				continue
-			}
-			step, _ := strconv.Atoi(sm[1])
-			switch {
-			case resumed:
-				// A resumed run repeats the steps after its checkpoint.
-				if step == 1 && ckpt && maxStep > 1 {
-					m.twice++ // resumed from scratch although checkpointed
-				}
-				resumed, maxStep = false, step
-			case step <= maxStep:
-				m.twice++ // another run of the same task at the same time
-			default:
-				maxStep = step
-			}
-		}
-	}
-	// A gap closed by a state change is a renumbering the new owner
-	// announced (a lost pod's last numbers are unknown; L2 lets a recovery
-	// skip them); any other gap is lost events.
-	for seq := int64(1); seq <= s.LastSequence; seq++ {
-		if _, ok := seqs[seq]; ok {
-			continue
-		}
-		next := seq + 1
-		for ; next <= s.LastSequence; next++ {
-			if _, ok := seqs[next]; ok {
-				break
-			}
-		}
-		if seqs[next] == "state_changed" {
-			m.renumbered += int(next - seq)
-		} else {
-			m.lost += int(next - seq)
-		}
-		seq = next
-	}
-	return m
-}
-
-// gapProblem is how the sample app reports a sequence gap.
-var gapProblem = regexp.MustCompile(`^event sequence \d+ after \d+ \(want \d+\)$`)
-
-// unexplained drops the sample app's gap reports when the gaps are an
-// announced renumbering.
-func unexplained(problems []string, renumbered int) []string {
-	var out []string
-	for _, p := range problems {
-		if renumbered > 0 && gapProblem.MatchString(p) {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-func describeStream(s *samplecaller.SessionLog) string {
-	var parts []string
-	for _, m := range s.Messages {
-		p := m.Type
-		if m.Type == "event" {
-			p = fmt.Sprintf("%d:%s", m.Sequence, m.EventType)
-			if m.EventType == "state_changed" || m.EventType == "progress" {
-				p += string(m.Data)
-			}
-		}
-		parts = append(parts, p)
-	}
-	return strings.Join(parts, " ")
-}
-
 // finishedWithin waits up to d for every session to be closed at the app,
 // with before (what an earlier caller app received) joined to its record.
 func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration, before samplecaller.Snapshot) samplecaller.Snapshot {
@@ -427,95 +380,6 @@ func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration,
 		return nil
 	})
 	return snap
-}
-
-// recordUntilGone reads the caller app's record every 50 ms until its app
-// container no longer runs (or its pod is gone) and sends the last one. The
-// caller sidecar drains before the app is stopped, so nothing reaches the
-// app after the last read that answered.
-func (r *samplesRun) recordUntilGone(t *testing.T) <-chan samplecaller.Snapshot {
-	out := make(chan samplecaller.Snapshot, 1)
-	app, pod := r.app, r.callerPod.DeepCopy()
-	url := fmt.Sprintf("http://127.0.0.1:%d/received", appPort)
-	go func() {
-		var last samplecaller.Snapshot
-		defer func() { out <- last }()
-		stop := func() {}
-		defer func() { stop() }()
-		for deadline := time.Now().Add(chaosTimeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			var snap samplecaller.Snapshot
-			err := getJSON(ctx, app, url, &snap)
-			cancel()
-			if err == nil {
-				last = snap
-				continue
-			}
-			// Gone only when its app container is: a failed request may be
-			// the port-forward ending (kubectl's ends with the first broken
-			// connection), then a new one reaches the app again.
-			if !r.appRunning(pod) {
-				return
-			}
-			stop()
-			if hc, s, err := r.openPodHTTP(pod, appPort); err == nil {
-				app, stop = hc, s
-			}
-		}
-	}()
-	return out
-}
-
-// appRunning: the pod exists and its app container runs.
-func (r *samplesRun) appRunning(pod *corev1.Pod) bool {
-	p := &corev1.Pod{}
-	if err := r.c.Get(context.Background(), client.ObjectKeyFromObject(pod), p); err != nil {
-		return !apierrors.IsNotFound(err)
-	}
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == pod.Spec.Containers[0].Name {
-			return cs.State.Running != nil
-		}
-	}
-	return false
-}
-
-// joinRecords replays what the old and then the new caller app received
-// through one recorder, so duplicates and gaps across the move count. Each
-// message keeps the time it was received (its n-th copy the n-th time).
-func joinRecords(before, after samplecaller.Snapshot) samplecaller.Snapshot {
-	rec := samplecaller.NewRecorder()
-	at := map[string][]time.Time{}
-	for _, snap := range []samplecaller.Snapshot{before, after} {
-		for id, s := range snap.Sessions {
-			all := append(append([]samplecaller.Received(nil), s.Messages...), s.Repeated...)
-			sort.SliceStable(all, func(i, j int) bool { return all[i].At.Before(all[j].At) })
-			for _, m := range all {
-				at[m.MessageID] = append(at[m.MessageID], m.At)
-				rec.Record(samplecaller.Message{
-					SessionID: id, CalleeID: s.CalleeID, TaskMessageID: s.TaskMessageID, MessageID: m.MessageID, Type: m.Type,
-					Sequence: m.Sequence, EventType: m.EventType, Data: m.Data, Redelivered: m.Redelivered, Lost: m.Lost, Payload: m.Payload,
-				})
-			}
-		}
-	}
-	joined := rec.Snapshot()
-	for _, s := range joined.Sessions {
-		seen := map[string]int{}
-		stamp := func(r *samplecaller.Received) {
-			if ts := at[r.MessageID]; seen[r.MessageID] < len(ts) {
-				r.At = ts[seen[r.MessageID]]
-			}
-			seen[r.MessageID]++
-		}
-		for i := range s.Messages {
-			stamp(&s.Messages[i])
-		}
-		for i := range s.Repeated {
-			stamp(&s.Repeated[i])
-		}
-	}
-	return joined
 }
 
 // chaosSessionMatches waits until the HCPSession is COMPLETED with the
@@ -538,60 +402,6 @@ func (r *samplesRun) chaosSessionMatches(t *testing.T, s *samplecaller.SessionLo
 		}
 		return nil
 	})
-}
-
-// stack runs hack/local-stack.sh with args.
-func (r *samplesRun) stack(t *testing.T, args ...string) {
-	t.Helper()
-	out, err := output(t.Context(), filepath.Join(r.cfg.root, "hack", "local-stack.sh"), args...)
-	if err != nil {
-		t.Fatalf("hack/local-stack.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-// waitOOMKilled waits until the kubelet reports that the pod's container
-// (a native sidecar: an init container) was OOM-killed and restarted in
-// place: the same pod, a higher restart count, last state OOMKilled.
-func (r *samplesRun) waitOOMKilled(t *testing.T, pod *corev1.Pod, container string) {
-	t.Helper()
-	status := func(p *corev1.Pod) *corev1.ContainerStatus {
-		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
-			if cs.Name == container {
-				return &cs
-			}
-		}
-		return nil
-	}
-	var before int32
-	if cs := status(pod); cs != nil {
-		before = cs.RestartCount
-	}
-	eventually(t, time.Minute, fmt.Sprintf("pod %s container %s restarted after an OOM kill", pod.Name, container), func(ctx context.Context) error {
-		p := &corev1.Pod{}
-		if err := r.c.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil {
-			return err
-		}
-		cs := status(p)
-		if cs == nil {
-			return fmt.Errorf("no status of container %s", container)
-		}
-		if cs.RestartCount <= before || cs.LastTerminationState.Terminated == nil {
-			return fmt.Errorf("restart count %d (was %d), last state %+v", cs.RestartCount, before, cs.LastTerminationState)
-		}
-		if reason := cs.LastTerminationState.Terminated.Reason; reason != "OOMKilled" {
-			t.Fatalf("container %s ended with reason %q (exit %d), want OOMKilled", container, reason, cs.LastTerminationState.Terminated.ExitCode)
-		}
-		return nil
-	})
-	t.Logf("pod %s: container %s was OOMKilled by the kernel and restarted in place", pod.Name, container)
-}
-
-func (r *samplesRun) patchCallee(t *testing.T, patch string) {
-	t.Helper()
-	cl := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: calleeID}}
-	if err := r.c.Patch(t.Context(), cl, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
-		t.Fatalf("patching Callee %s with %s: %v", calleeID, patch, err)
-	}
 }
 
 // setCalleeReplicas scales the Callee and waits until exactly n pods are
@@ -624,53 +434,30 @@ func (r *samplesRun) setCalleeReplicas(t *testing.T, n int32) {
 
 // refreshCaller points the suite's clients at the caller's Ready pod (a
 // fault may have replaced it).
-func (r *samplesRun) refreshCaller(t *testing.T) {
+func (r *samplesRun) refreshCaller(t *testing.T) { r.connectCaller(t, false) }
+
+// reconnectCaller opens a new port-forward to the caller's Ready pod, the
+// same pod too: kubectl port-forward runs through the API server and the
+// kubelet, and one that was frozen may have ended it.
+func (r *samplesRun) reconnectCaller(t *testing.T) { r.connectCaller(t, true) }
+
+func (r *samplesRun) connectCaller(t *testing.T, always bool) {
 	t.Helper()
 	p := r.readyPod(t, "hcp.io/caller="+callerID)
-	if r.callerPod != nil && p.UID == r.callerPod.UID {
+	if !always && r.callerPod != nil && p.UID == r.callerPod.UID {
 		return
 	}
+	hc, stop, err := r.openPodHTTP(p, sidecarPort, appPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.parent.Cleanup(stop)
+	if r.stopCallerForward != nil {
+		r.stopCallerForward()
+	}
+	r.stopCallerForward = stop
 	r.callerPod = p
-	hc := r.podHTTP(r.parent, p, sidecarPort, appPort)
 	r.sidecar = samplecaller.NewClient(fmt.Sprintf("http://127.0.0.1:%d", sidecarPort))
 	r.sidecar.HTTP = hc
 	r.app = hc
-}
-
-// upgradeSidecarImage does what an operator upgrade that changes the
-// injected sidecar does: the manager restarts with another --sidecar-image
-// (the local stack maps every tag to the same binary) and rolls the
-// harness pods.
-func (r *samplesRun) upgradeSidecarImage(t *testing.T) {
-	t.Helper()
-	var deps appsv1.DeploymentList
-	if err := r.c.List(t.Context(), &deps, client.InNamespace(r.opNS)); err != nil {
-		t.Fatal(err)
-	}
-	for i := range deps.Items {
-		d := &deps.Items[i]
-		if !isManager(d) {
-			continue
-		}
-		args := d.Spec.Template.Spec.Containers[0].Args
-		for j, a := range args {
-			if img, ok := strings.CutPrefix(a, "--sidecar-image="); ok {
-				repo, _, _ := strings.Cut(img, "@")
-				if k := strings.LastIndex(repo, ":"); k > strings.LastIndex(repo, "/") {
-					repo = repo[:k]
-				}
-				next := repo + ":chaos-" + strconv.FormatInt(time.Now().Unix(), 10)
-				// The same image under a new tag, as a release would push
-				// it: the node has no registry, so it is tagged there.
-				r.stack(t, "ctr", "images", "tag", img, next)
-				args[j] = "--sidecar-image=" + next
-				t.Logf("manager %s: %s → %s", d.Name, a, args[j])
-			}
-		}
-		if err := r.c.Update(t.Context(), d); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Fatalf("no manager Deployment in %s", r.opNS)
 }

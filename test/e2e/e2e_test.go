@@ -105,7 +105,10 @@ type samplesRun struct {
 	// app (GET /received).
 	sidecar *samplecaller.Client
 	app     *http.Client
-	history *history
+	// stopCallerForward ends the port-forward behind sidecar and app when
+	// the chaos step opened it (connectCaller).
+	stopCallerForward func()
+	history           *history
 	// stepLog is the file on the node where the sample harness records
 	// every step it executes (observe_test.go); "" on an existing cluster.
 	stepLog string

@@ -52,7 +52,9 @@ func TestUpgrade(t *testing.T) {
 	start := time.Now()
 	res := r.sessionsAcrossUpgrade(t, s.helmUpgrade)
 	record("upgrade: sessions across helm upgrade", time.Since(start))
-	t.Logf("sessions across the upgrade:\n%s", chaosTable([]chaosResult{res}))
+	row := faultRow{fault: res.fault}
+	row.add(1, res, true)
+	t.Logf("sessions across the upgrade:\n%s", chaosTable([]faultRow{row}))
 	s.crdsUpgraded(t)
 }
 
@@ -80,7 +82,9 @@ const upgradeSteps = 240
 func (r *samplesRun) sessionsAcrossUpgrade(t *testing.T, upgrade func(*testing.T)) chaosResult {
 	t.Helper()
 	r.setCalleeReplicas(t, 2)
-	ids := r.streamingSessions(t, "upgrade", upgradeSteps)
+	task := defaultTask
+	task.steps = upgradeSteps
+	ids := r.streamingSessions(t, "upgrade", task)
 	old := r.recordUntilGone(t)
 	at := time.Now()
 	t.Logf("upgrading while sessions %v stream", ids)

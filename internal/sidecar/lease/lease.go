@@ -51,8 +51,12 @@ type Options struct {
 
 // Keeper holds the Lease of this sidecar's pod.
 type Keeper struct {
-	o          Options
-	validUntil atomic.Int64 // unix nanos; 0 = never acquired
+	o Options
+	// validUntil is a reading of the Keeper's clock (nil: never
+	// acquired). Compared with later readings of the same clock, never
+	// as wall time: a real clock's readings carry a monotonic part,
+	// which a step of the system clock does not move.
+	validUntil atomic.Pointer[time.Time]
 	// gen counts the renewals that made the Keeper valid again after it
 	// had lapsed (the first acquisition included). A sidecar vouches for
 	// a session only under the generation in which it last read the
@@ -97,7 +101,8 @@ func (k *Keeper) Duration() time.Duration { return k.o.Duration }
 // Valid reports whether this sidecar may act as the owner of its sessions:
 // its last renewal is younger than Duration - Margin.
 func (k *Keeper) Valid() bool {
-	return k.o.Clock.Now().UnixNano() < k.validUntil.Load()
+	u := k.validUntil.Load()
+	return u != nil && k.o.Clock.Now().Before(*u)
 }
 
 // Acquire creates or takes the pod's Lease (a restarted sidecar in the same
@@ -119,7 +124,11 @@ func (k *Keeper) Run(ctx context.Context) {
 		}
 		if err := k.renew(ctx); err != nil {
 			if !failing {
-				k.o.Log.Error(err, "Failed to renew the sidecar's Lease; sessions stop emitting if it lapses", "validFor", time.Until(time.Unix(0, k.validUntil.Load())).Round(time.Second))
+				var validFor time.Duration
+				if u := k.validUntil.Load(); u != nil {
+					validFor = max(0, u.Sub(k.o.Clock.Now()))
+				}
+				k.o.Log.Error(err, "Failed to renew the sidecar's Lease; sessions stop emitting if it lapses", "validFor", validFor.Round(time.Second))
 			}
 			failing = true
 			continue
@@ -168,13 +177,14 @@ func (k *Keeper) renew(ctx context.Context) error {
 	// Lapsed at any moment before this renewal lands: a new generation,
 	// counted before the Keeper turns valid, so no session can pass the
 	// fence under the old one in between.
-	lapsed := k.o.Clock.Now().UnixNano() >= k.validUntil.Load()
+	lapsed := !k.Valid()
 	if lapsed {
 		k.gen.Add(1)
 	}
 	// Measured from before the request: the API server may have stored a
 	// renewal time later than start, never earlier.
-	k.validUntil.Store(start.Add(k.o.Duration - k.o.Margin).UnixNano())
+	until := start.Add(k.o.Duration - k.o.Margin)
+	k.validUntil.Store(&until)
 	if lapsed {
 		select {
 		case k.regained <- struct{}{}:
