@@ -67,6 +67,11 @@ func appStreams(pub, got []Message) []Violation {
 		epoch    int64
 		finished bool
 		seen     map[string]bool // digests of unsequenced messages delivered
+		// gap is a gap not yet excused: only state transitions may
+		// follow it until one announces the recovery (a new owner first
+		// pauses the session, RUNNING → PAUSED, then resumes it from its
+		// checkpoint, PAUSED → RUNNING recovered_from_checkpoint).
+		gap string
 	}
 	streams := map[string]*state{}
 	var out []Violation
@@ -75,6 +80,13 @@ func appStreams(pub, got []Message) []Violation {
 		if st == nil {
 			st = &state{seen: map[string]bool{}}
 			streams[m.Session] = st
+		}
+		if st.gap != "" && m.Reason != RecoveryReason && (m.Type != typeStateChanged || m.Seq == 0) {
+			out = append(out, Violation{"gap", m.Session, fmt.Sprintf("%s, and %s came before any recovery was announced", st.gap, describe(m))})
+			st.gap = ""
+		}
+		if m.Reason == RecoveryReason {
+			st.gap = ""
 		}
 		if m.Seq == 0 {
 			out = append(out, unsequenced(st.seen, published[key{m.Session, 0}], m, st.finished)...)
@@ -96,7 +108,12 @@ func appStreams(pub, got []Message) []Violation {
 			expected = st.last + 1
 		}
 		if m.Seq > expected && m.Reason != RecoveryReason {
-			out = append(out, Violation{"gap", m.Session, fmt.Sprintf("sequences %d..%d never delivered, and %d (%s) announces no recovery", expected, m.Seq-1, m.Seq, m.Type)})
+			gap := fmt.Sprintf("sequences %d..%d never delivered", expected, m.Seq-1)
+			if m.Type == typeStateChanged {
+				st.gap = gap // excused if the transitions that follow announce a recovery
+			} else {
+				out = append(out, Violation{"gap", m.Session, fmt.Sprintf("%s, and %s announces no recovery", gap, describe(m))})
+			}
 		}
 		match, ok := matching(published[key{m.Session, m.Seq}], m.Digest)
 		switch {
@@ -112,7 +129,22 @@ func appStreams(pub, got []Message) []Violation {
 			st.finished = true
 		}
 	}
+	for id, st := range streams {
+		if st.gap != "" {
+			out = append(out, Violation{"gap", id, st.gap + ", and no recovery was announced after it"})
+		}
+	}
 	return out
+}
+
+// typeStateChanged is the L2 event type of a state transition.
+const typeStateChanged = "state_changed"
+
+func describe(m Message) string {
+	if m.Seq == 0 {
+		return m.Type
+	}
+	return fmt.Sprintf("%d (%s)", m.Seq, m.Type)
 }
 
 // unsequenced judges a message without a sequence (task_accepted, the

@@ -74,6 +74,13 @@ func TestEachViolationIsFound(t *testing.T) {
 		"the app misses events with no recovery announced": {"gap", func(h *History) {
 			h.Delivered = append(append([]Message{}, h.Delivered[:1]...), h.Delivered[2:]...)
 		}, nil},
+		"a new owner pauses after a gap, then goes on with no recovery": {"gap", func(h *History) {
+			pause := msg(11, 2, "state_changed")
+			pause.Reason, pause.Publisher = "harness_moved", "pod-b"
+			d := append([]Message{}, h.Delivered[:4]...)
+			h.Delivered = append(append(d, pause), h.Delivered[5:]...)
+			h.Published = append(h.Published[:4:4], h.Delivered[4:]...)
+		}, nil},
 		"the app gets an event twice": {"duplicate", func(h *History) {
 			h.Delivered = append(append([]Message{}, h.Delivered[:2]...), h.Delivered[1:]...)
 		}, nil},
@@ -148,6 +155,25 @@ func TestEachViolationIsFound(t *testing.T) {
 			}
 			t.Logf("found: %s", strings.Join(kinds, ", "))
 		})
+	}
+}
+
+// A new owner may pause the session (RUNNING → PAUSED) right after the gap
+// and announce the recovery with the next transition: excused.
+func TestRecoveryAnnouncedAfterThePause(t *testing.T) {
+	h := clean()
+	pause := msg(11, 2, "state_changed")
+	pause.Reason, pause.Publisher = "harness_moved", "pod-b"
+	rec := h.Delivered[4]
+	rec.Seq, rec.Digest = 12, "b12r"
+	ev := h.Delivered[5]
+	ev.Seq, ev.Digest = 13, "b13"
+	closed := h.Delivered[7]
+	closed.Seq, closed.Digest = 14, "b14"
+	h.Delivered = append(h.Delivered[:4:4], pause, rec, ev, h.Delivered[6], closed)
+	h.Published = h.Delivered
+	if v := Check(h); len(v) != 0 {
+		t.Fatalf("violations: %v", v)
 	}
 }
 
