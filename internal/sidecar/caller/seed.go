@@ -34,11 +34,12 @@ const ReasonUnsolicitedSession = "unsolicited_session"
 // it.
 //
 // A session that cannot be verified (the API server cannot be reached, or
-// refuses a read: a grant the operator has not applied yet) is held, never delivered unverified and never dropped: its
-// deliveries stay unacked in the worker (past its share of the prefetch
-// window they go back to the queue, as for a failing app: the session is
-// marked stalled) and the read is retried with backoff, however long the
-// outage lasts; SeedTimeout only logs a warning. seed returns false if the
+// refuses a read: a grant the operator has not applied yet) is held, never
+// delivered unverified and never dropped: its deliveries stay unacked in
+// the worker (past its share of the prefetch window they go back to the
+// queue, as for a failing app: the session is marked stalled) and the read
+// is retried with backoff, however long the outage lasts; SeedTimeout only
+// logs a warning. seed returns false if the
 // sidecar stopped meanwhile (what the worker holds stays unsettled).
 func (w *stream) seed() bool {
 	s := w.s
