@@ -45,7 +45,7 @@ func SessionReaderLabels(s Subject) map[string]string {
 
 // SessionReaderRules: get HCPSessions, nothing else.
 func SessionReaderRules() []rbacv1.PolicyRule {
-	return []rbacv1.PolicyRule{{APIGroups: []string{hcpv1alpha1.GroupVersion.Group}, Resources: []string{"hcpsessions"}, Verbs: []string{"get"}}}
+	return []rbacv1.PolicyRule{{APIGroups: []string{hcpv1alpha1.GroupVersion.Group}, Resources: []string{resourceSessions}, Verbs: []string{"get"}}}
 }
 
 // SessionReaderRole is s's Role in namespace ns.

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/validation/path"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
@@ -41,7 +41,7 @@ func TestSessionReader(t *testing.T) {
 	}
 
 	long := Subject{Role: topology.RoleCaller, Name: strings.Repeat("a.b", 80), Namespace: strings.Repeat("n", 63)}
-	if n := SessionReaderName(long); len(n) > maxNameLength || len(path.IsValidPathSegmentName(n)) != 0 {
+	if n := SessionReaderName(long); len(n) > maxNameLength || len(content.IsPathSegmentName(n)) != 0 {
 		t.Errorf("bad name %q (%d)", n, len(n))
 	}
 	other := s
