@@ -73,11 +73,13 @@ func (c *core) grantSessionReads(ctx context.Context, caller *hcpv1alpha1.Caller
 		if want, err = c.admittingNamespaces(ctx, caller, key); err != nil {
 			return out, err
 		}
+		looked := map[string]bool{}
 		for _, o := range have {
 			ns := o.GetNamespace()
-			if want[ns] {
+			if want[ns] || looked[ns] {
 				continue
 			}
+			looked[ns] = true
 			remain, err := c.sessionsRemain(ctx, ns, caller.ID(), key)
 			if err != nil {
 				return out, err
