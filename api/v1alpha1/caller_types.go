@@ -181,6 +181,18 @@ type CallerStatus struct {
 	// readyReplicas is the number of caller harness pods ready.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// sessionNamespaces are the namespaces other than the Caller's own in
+	// which the operator lets the caller sidecar's ServiceAccount get
+	// HCPSessions by name (a Role and RoleBinding hcp-sessions.{namespace}.{name}
+	// in each): those where a CapabilityPolicy names the caller id (or "*")
+	// for a Callee on the Caller's vhost and broker, and those where
+	// HCPSessions of the caller still exist. A sidecar that replaced
+	// another pod verifies the sessions of Callees there with it
+	// (docs/multi-tenancy.md, "Callers and Callees in different
+	// namespaces"). With a harness only.
+	// +optional
+	// +listType=set
+	SessionNamespaces []string `json:"sessionNamespaces,omitempty"`
 }
 
 // Caller is a caller harness (an agent or workflow that hands tasks to

@@ -87,6 +87,11 @@ const (
 	LabelCallee = "hcp.io/callee"
 	// LabelCaller marks objects belonging to a Caller (value: Caller name).
 	LabelCaller = "hcp.io/caller"
+	// LabelCallerNamespace marks the objects of a Caller that live outside
+	// its namespace (value: the Caller's namespace; with LabelCaller, they
+	// name the Caller): the Roles and RoleBindings that let its sidecar
+	// read HCPSessions where its Callees are (status.sessionNamespaces).
+	LabelCallerNamespace = "hcp.io/caller-namespace"
 	// LabelCalleeID is set on HCPSessions to the session's callee id.
 	LabelCalleeID = "hcp.io/callee-id"
 	// LabelCallerID is set on HCPSessions to the session's caller id.

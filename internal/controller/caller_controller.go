@@ -64,6 +64,10 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		return ctrl.Result{}, err
 	}
 	if holder != nil {
+		st.SessionNamespaces = nil
+		if err := r.core.revokeSessionReads(ctx, v); err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{}, &problem{hcpv1alpha1.ReasonIDConflict, fmt.Sprintf(
 			"callerID %q is already used in vhost %q on this broker by %s (ids are unique per vhost and broker; the first claim wins); set another spec.callerID, or delete the other object",
 			caller.ID(), b.Vhost, describe(holder))}
@@ -116,6 +120,14 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 	st.Username = v.sub.Username(b.Vhost)
 	st.CredentialsSecret = creds.Name
 
+	// The sidecar's reads of HCPSessions where its Callees are
+	// (caller_grants.go); none for an external Caller.
+	reads, err := r.core.grantSessionReads(ctx, caller, key)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st.SessionNamespaces = reads.namespaces
+
 	if caller.Spec.Harness == nil {
 		// External: remove a harness the Caller used to have (no
 		// harness: every harness child is unwanted).
@@ -154,6 +166,9 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		st.Replicas, st.ReadyReplicas = h.dep.Status.Replicas, h.dep.Status.ReadyReplicas
 		st.Selector = podSelector(h.dep)
 	}
+	if reads.recheck > 0 && (res.RequeueAfter == 0 || reads.recheck < res.RequeueAfter) {
+		res.RequeueAfter = reads.recheck
+	}
 	return res, nil
 }
 
@@ -162,7 +177,7 @@ func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCaller)
 	r.core.claims = r.claims
 	r.loop = &harnessReconciler[*hcpv1alpha1.Caller]{core: r.core, newObject: func() *hcpv1alpha1.Caller { return &hcpv1alpha1.Caller{} }, build: r.reconcile}
-	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{}, builder.WithPredicates(ownUpdate(r.core.memo)))).
+	return r.watchSessionReads(r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{}, builder.WithPredicates(ownUpdate(r.core.memo))))).
 		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers), builder.WithPredicates(ownUpdate(nil))).
 		Named("caller").
 		Complete(r)

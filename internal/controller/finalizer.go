@@ -17,6 +17,7 @@ import (
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // finalize runs when a Callee or Caller that holds its id is deleted. It
@@ -24,11 +25,19 @@ import (
 // operator has removed them from the broker; then, if no other Callee or
 // Caller uses the (broker, vhost) pair, it deletes the pair's shared
 // objects everywhere; then it lets the object go. The Deployment, Secrets
-// and RBAC objects go by garbage collection.
+// and RBAC objects of its namespace go by garbage collection; a Caller's
+// Roles and RoleBindings in other namespaces are deleted first.
 func (c *core) finalize(ctx context.Context, v view, owned []client.Object) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	if !controllerutil.ContainsFinalizer(v.obj, TopologyFinalizer) {
 		return ctrl.Result{}, nil
+	}
+	// A Caller's reads of HCPSessions in other namespaces have no owner
+	// reference to go by: deleted first (caller_grants.go).
+	if c.role == topology.RoleCaller {
+		if err := c.revokeSessionReads(ctx, v); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	key := v.obj.GetLabels()[hcpv1alpha1.LabelVhostKey]
 

@@ -7,6 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/policy"
 	"github.com/hcp-io/hcp-operator/internal/resource"
 )
 
@@ -36,6 +37,10 @@ const (
 	indexCalleeID = "hcp.io/callee-id"
 	// indexSessionCallee: an HCPSession's spec.calleeID.
 	indexSessionCallee = "spec.calleeID"
+	// indexPolicyCallerID: the caller ids, "*" included, a CapabilityPolicy
+	// lists in its valid rules (policy.NamedCallerIDs): the policies that
+	// can admit a caller of another namespace (caller_grants.go).
+	indexPolicyCallerID = "hcp.io/policy-caller-id"
 )
 
 func idVhost(id string, spec hcpv1alpha1.BrokerSpec) string {
@@ -136,6 +141,9 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		}},
 		{&hcpv1alpha1.Callee{}, indexCalleeID, func(o client.Object) []string {
 			return []string{o.(*hcpv1alpha1.Callee).ID()}
+		}},
+		{&hcpv1alpha1.CapabilityPolicy{}, indexPolicyCallerID, func(o client.Object) []string {
+			return policy.NamedCallerIDs(o.(*hcpv1alpha1.CapabilityPolicy))
 		}},
 		{&hcpv1alpha1.HCPSession{}, indexSessionCallee, func(o client.Object) []string {
 			return []string{o.(*hcpv1alpha1.HCPSession).Spec.CalleeID}

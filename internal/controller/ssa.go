@@ -381,6 +381,9 @@ func (c *core) noteChange(ctx context.Context, owner, obj client.Object, kind, v
 		return
 	}
 	what := kind + " " + obj.GetName()
+	if ns := obj.GetNamespace(); ns != "" && ns != owner.GetNamespace() {
+		what = kind + " " + ns + "/" + obj.GetName()
+	}
 	if l, ok := ctx.Value(changeLogKey{}).(*changeLog); ok {
 		l.byVerb[verb] = append(l.byVerb[verb], what)
 		if l.first[verb] == nil {

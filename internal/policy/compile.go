@@ -107,7 +107,7 @@ func compileRule(policy string, i int, r *hcpv1alpha1.PolicyRule, path *field.Pa
 		maxRisk:  task.RiskLevel(r.MaxRiskLevel),
 	}
 	for _, id := range r.Callers.IDs {
-		if id == "*" {
+		if id == AnyCallerID {
 			cr.anyCaller = true
 		}
 		cr.ids[id] = true

@@ -8,6 +8,9 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
+// resourceSessions is the HCPSession resource in RBAC rules.
+const resourceSessions = "hcpsessions"
+
 // ServiceAccount is the harness pods' identity.
 func ServiceAccount(s Subject) *corev1.ServiceAccount {
 	return &corev1.ServiceAccount{ObjectMeta: s.meta(s.BaseName())}
@@ -39,7 +42,7 @@ func RoleRules(s Subject) []rbacv1.PolicyRule {
 	}
 	if s.Role == topology.RoleCallee {
 		return append([]rbacv1.PolicyRule{
-			{APIGroups: []string{group}, Resources: []string{"hcpsessions"}, Verbs: all},
+			{APIGroups: []string{group}, Resources: []string{resourceSessions}, Verbs: all},
 			{APIGroups: []string{group}, Resources: []string{"hcpsessions/status"}, Verbs: subStatus},
 			{APIGroups: []string{group}, Resources: []string{"callees"}, ResourceNames: []string{s.Name}, Verbs: read},
 			{APIGroups: []string{group}, Resources: []string{"capabilitypolicies"}, Verbs: read},
@@ -61,7 +64,7 @@ func RoleRules(s Subject) []rbacv1.PolicyRule {
 		}, events...)
 	}
 	return append([]rbacv1.PolicyRule{
-		{APIGroups: []string{group}, Resources: []string{"hcpsessions"}, Verbs: read},
+		{APIGroups: []string{group}, Resources: []string{resourceSessions}, Verbs: read},
 		{APIGroups: []string{group}, Resources: []string{"hcpsessions/status"}, Verbs: subStatus},
 		{APIGroups: []string{group}, Resources: []string{"callers"}, ResourceNames: []string{s.Name}, Verbs: read},
 		// /drain checks that the sidecar's own pod is being deleted.

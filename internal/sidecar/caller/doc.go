@@ -167,14 +167,15 @@
 //     deliveries returned to the queue past its share of the window) and the
 //     read retried with backoff until it succeeds, however long the outage
 //     (SeedTimeout only logs a warning): never delivered unverified, never
-//     dropped. Not in this namespace, the HCPSession is looked for in every
-//     namespace the sidecar may list (label hcp.io/caller-id, name: a
-//     Callee in another namespace keeps its sessions there; findElsewhere).
+//     dropped. Not in this namespace, the HCPSession is read by name in
+//     each namespace of its Caller's status.sessionNamespaces, where the
+//     operator lets the sidecar get HCPSessions (a Callee in another
+//     namespace keeps its sessions there; findElsewhere); a refusal there
+//     (Forbidden) holds the session like an outage.
 //     The callee and task come from its spec (the session is verified, its
 //     task adopted: adoptTask); a session whose HCPSession names another
 //     caller is refused (ReasonForeignSession), and so is one with no
-//     HCPSession of this caller anywhere the sidecar may look
-//     (ReasonUnsolicitedSession);
+//     HCPSession in any of those namespaces (ReasonUnsolicitedSession);
 //   - a local record: the higher of the record and the HCPSession (one
 //     best-effort read, stream.refresh). The HCPSession can only be higher
 //     when another pod of this caller delivered the session meanwhile: with
@@ -187,13 +188,10 @@
 // callee's namespace, which the status writer (bound to the sidecar's
 // namespace) does not write: for a Callee in another namespace the
 // guarantee falls back to the local store alone (exact across a container
-// restart; a new pod finds the session through findElsewhere, if it may
-// list HCPSessions there, and starts it from scratch: the first event is
-// delivered with Lost and copies of events the previous pod delivered that
-// are still queued are delivered again). Without permission to list
-// HCPSessions beyond its namespace (the operator's Role does not grant it
-// yet) or outside the cluster, a new pod refuses such sessions as
-// unsolicited. A session whose HCPSession is not found yet (a cached
+// restart; a new pod finds the session through findElsewhere and starts it
+// from scratch: the first event is delivered with Lost and copies of events
+// the previous pod delivered that are still queued are delivered again).
+// A session whose HCPSession is not found yet (a cached
 // client may not have seen it) keeps its sequence and retries on its next
 // ack and tick, and re-reads the HCPSession at its terminal message, at
 // stop and before its worker exits, so the final value lands.

@@ -34,10 +34,10 @@ type lookup struct {
 	err error
 }
 
-// errAbsent says that the API server has no HCPSession of that name in
-// the sidecar's namespace, or that the sidecar may not read it (its callee
-// runs in another namespace): definitive, unlike a read failure.
-var errAbsent = errors.New("no readable HCPSession in the sidecar's namespace")
+// errAbsent says that the API server has no HCPSession of that name where
+// the sidecar looked: definitive, unlike a read failure or a refusal
+// (Forbidden), which say nothing about the session.
+var errAbsent = errors.New("no HCPSession of that name")
 
 // readHCPSession reads the HCPSession sid. fresh prefers the uncached
 // Reader (a position must not come from a cache that has not seen the last
@@ -45,8 +45,9 @@ var errAbsent = errors.New("no readable HCPSession in the sidecar's namespace")
 // reached: a cached callerAckedSequence is older, so lower, never higher
 // than the stored one, which is safe to resume from. Otherwise the cache is
 // asked first and a miss is checked through the Reader (a new HCPSession may
-// not be in the cache yet). It returns errAbsent when the session is
-// definitely not readable here.
+// not be in the cache yet). It returns errAbsent when the API server has
+// no HCPSession sid in the sidecar's namespace, and its Forbidden error
+// when the sidecar may not read it.
 func (s *Sidecar) readHCPSession(ctx context.Context, sid string, fresh bool) (*v1alpha1.HCPSession, error) {
 	key := types.NamespacedName{Namespace: s.cfg.Namespace, Name: sid}
 	var readers []client.Reader
@@ -75,6 +76,9 @@ func (s *Sidecar) readHCPSession(ctx context.Context, sid string, fresh bool) (*
 		case err == nil:
 			return &hs, nil
 		case apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
+			if authoritative[i] && apierrors.IsForbidden(err) {
+				return nil, err
+			}
 			if authoritative[i] {
 				return nil, fmt.Errorf("%w (%s)", errAbsent, apierrors.ReasonForError(err))
 			}
@@ -113,7 +117,7 @@ func (s *Sidecar) lookupSession(sid string, fresh bool) lookup {
 	switch {
 	case err == nil:
 		l = s.lookupOf(hs)
-	case errors.Is(err, errAbsent):
+	case errors.Is(err, errAbsent) || apierrors.IsForbidden(err):
 		l = lookup{at: s.clk.Now()}
 		s.elsewhere.Do(func() {
 			s.log.Info("An HCPSession is not readable in this namespace (its callee runs in another namespace, or RBAC does not allow it); for such sessions callerAckedSequence is not recorded and positions are durable in the local store only",
@@ -139,45 +143,4 @@ func (s *Sidecar) lookupOf(hs *v1alpha1.HCPSession) lookup {
 	s.lookups[hs.Name] = l
 	s.mu.Unlock()
 	return l
-}
-
-// findElsewhere looks for the HCPSession sid of this caller in every
-// namespace the sidecar may list (label hcp.io/caller-id, name sid): a
-// Callee in another namespace keeps its sessions there. Read through the
-// uncached Reader (a field selector on metadata.name); without one, through
-// Client by label. It returns errAbsent when the API server answers that
-// there is none, or that the sidecar may not list HCPSessions beyond its
-// namespace (the operator grants its own namespace only), and any
-// other error when it cannot tell. An HCPSession found elsewhere verifies
-// the session and gives its callee and task; this caller does not write
-// its callerAckedSequence (the status writer writes in the sidecar's
-// namespace), so it resumes from whatever that field holds, usually 0.
-func (s *Sidecar) findElsewhere(ctx context.Context, sid string) (*v1alpha1.HCPSession, error) {
-	r := s.o.Reader
-	opts := []client.ListOption{client.MatchingLabels{v1alpha1.LabelCallerID: s.cfg.ID}}
-	if r != nil {
-		opts = append(opts, client.MatchingFields{"metadata.name": sid})
-	} else if s.o.Client != nil {
-		r = s.o.Client
-	} else {
-		return nil, errAbsent
-	}
-	var list v1alpha1.HCPSessionList
-	if err := r.List(ctx, &list, opts...); err != nil {
-		if apierrors.IsForbidden(err) {
-			s.crossNamespace.Do(func() {
-				s.log.Info("This sidecar may not list HCPSessions beyond its namespace: sessions of Callees in other namespaces cannot be verified after a pod replacement and are refused",
-					"error", err.Error())
-			})
-			return nil, fmt.Errorf("%w (forbidden beyond the namespace)", errAbsent)
-		}
-		return nil, err
-	}
-	for i := range list.Items {
-		hs := &list.Items[i]
-		if hs.Name == sid && hs.Spec.CallerID == s.cfg.ID {
-			return hs, nil
-		}
-	}
-	return nil, errAbsent
 }

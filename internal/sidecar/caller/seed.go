@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 )
 
@@ -24,18 +26,20 @@ const ReasonUnsolicitedSession = "unsolicited_session"
 // is delivered: last_processed_sequence from status.callerAckedSequence, the
 // callee and task from spec, and the task record (adoptTask). The
 // HCPSession is looked up in this namespace, then, if it is not there, in
-// every namespace the sidecar may list (a Callee in another namespace keeps
-// its sessions there: findElsewhere). A session whose HCPSession names
-// another caller is refused (ReasonForeignSession), and so is one with no
-// HCPSession of this caller anywhere the sidecar may look
-// (ReasonUnsolicitedSession): nothing shows this caller submitted it.
+// the namespaces the operator lets the sidecar read (a Callee in another
+// namespace keeps its sessions there: findElsewhere). A session whose
+// HCPSession names another caller is refused (ReasonForeignSession), and
+// so is one whose HCPSession every one of those namespaces answers it does
+// not have (ReasonUnsolicitedSession): nothing shows this caller submitted
+// it.
 //
-// A session that cannot be verified because the API server cannot be
-// reached is held, never delivered unverified and never dropped: its
-// deliveries stay unacked in the worker (past its share of the prefetch
-// window they go back to the queue, as for a failing app: the session is
-// marked stalled) and the read is retried with backoff, however long the
-// outage lasts; SeedTimeout only logs a warning. seed returns false if the
+// A session that cannot be verified (the API server cannot be reached, or
+// refuses a read: a grant the operator has not applied yet) is held, never
+// delivered unverified and never dropped: its deliveries stay unacked in
+// the worker (past its share of the prefetch window they go back to the
+// queue, as for a failing app: the session is marked stalled) and the read
+// is retried with backoff, however long the outage lasts; SeedTimeout only
+// logs a warning. seed returns false if the
 // sidecar stopped meanwhile (what the worker holds stays unsettled).
 func (w *stream) seed() bool {
 	s := w.s
@@ -58,8 +62,11 @@ func (w *stream) seed() bool {
 	for {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), lookupTimeout)
 		hs, err := s.readHCPSession(ctx, w.id, true)
-		if errors.Is(err, errAbsent) {
+		if here := err; errors.Is(here, errAbsent) || apierrors.IsForbidden(here) {
 			hs, err = s.findElsewhere(ctx, w.id)
+			if errors.Is(err, errAbsent) && apierrors.IsForbidden(here) {
+				err = here // absent elsewhere, unreadable here: nothing known
+			}
 		}
 		cancel()
 		switch {
@@ -71,7 +78,7 @@ func (w *stream) seed() bool {
 			s.lookups[w.id] = lookup{at: s.clk.Now()}
 			s.mu.Unlock()
 			w.refused = ReasonUnsolicitedSession
-			w.log.Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession naming it in any namespace this sidecar may read)",
+			w.log.Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession of it in this namespace nor in the Caller's status.sessionNamespaces)",
 				"reason", err.Error())
 			return true
 		case !warned && s.clk.Since(start) >= s.o.SeedTimeout:

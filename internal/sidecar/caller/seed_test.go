@@ -42,57 +42,6 @@ func (a *apiBed) hcpSessionIn(ns, calleeID, callerID, taskID string, acked int64
 	return hs
 }
 
-// TestCrossNamespaceSessionAfterPodReplacement: the Callee runs in namespace
-// A, the Caller in B, so the session's HCPSession is in A. The caller pod
-// delivers the first events, is replaced (a new pod, an empty state
-// directory), and the new pod delivers every remaining event: it finds the
-// HCPSession naming it in A instead of refusing the session as one it
-// never submitted.
-func TestCrossNamespaceSessionAfterPodReplacement(t *testing.T) {
-	if testing.Short() {
-		t.Skip("envtest and RabbitMQ")
-	}
-	a := newAPIBed(t)
-	calleeNS := a.env.CreateNamespace(t, "callee-")
-	b := newBed(t, "lab")
-	w := a.writer(b)
-	r1 := b.start(a.withAPI(w))
-	const n = 8
-	s := newScript(t, "lab", r1.submit(t, taskReq("lab")).MessageID, n)
-	a.hcpSessionIn(calleeNS, "lab", b.callerID, s.taskID, 0)
-	c := b.callee("lab")
-	for _, m := range s.msgs[:4] { // task_accepted, events 1..3
-		c.publish(m)
-	}
-	eventually(t, 20*time.Second, "events 1..3", func() error {
-		if got := b.lastSeq(s.sessionID); got != 3 {
-			return fmt.Errorf("last sequence %d", got)
-		}
-		return nil
-	})
-	r1.stop(t)
-	b.start(a.withAPI(w), withStateDir(t.TempDir()))
-	for _, m := range s.msgs[4:] {
-		c.publish(m)
-	}
-	eventually(t, 20*time.Second, "every remaining event at the app", func() error {
-		l, _ := b.app.Session(s.sessionID)
-		if l.LastSequence != n || l.Terminal != "task_completed" {
-			return fmt.Errorf("last sequence %d, terminal %q; unsolicited %.0f", l.LastSequence, l.Terminal,
-				testutil.ToFloat64(b.metrics.Rejects.WithLabelValues(ReasonUnsolicitedSession)))
-		}
-		return nil
-	})
-	for seq := int64(4); seq <= n; seq++ {
-		if b.messageOf(s.sessionID, seq) == "" && seq < n {
-			t.Errorf("event %d never reached the app", seq)
-		}
-	}
-	if got := testutil.ToFloat64(b.metrics.Rejects.WithLabelValues(ReasonUnsolicitedSession)); got != 0 {
-		t.Errorf("%s = %.0f, want 0", ReasonUnsolicitedSession, got)
-	}
-}
-
 // downReader is a client.Reader whose API server can be taken down.
 type downReader struct {
 	client.Reader

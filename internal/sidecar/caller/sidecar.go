@@ -77,9 +77,6 @@ type Sidecar struct {
 	submitMu sync.Mutex
 	// elsewhere logs once that HCPSessions are not in this namespace.
 	elsewhere sync.Once
-	// crossNamespace logs once that HCPSessions of other namespaces cannot
-	// be listed.
-	crossNamespace sync.Once
 }
 
 // New validates opts and opens the state store.
