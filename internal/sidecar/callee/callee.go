@@ -54,21 +54,6 @@ const (
 // the first block at creation), one metadata write per block.
 const AnnotationSequenceCeiling = "hcp.io/event-sequence-ceiling"
 
-// AnnotationDecidingPod names, on an HCPSession created as a claim, the pod
-// deciding its task, until status.podName says who owns it: a duplicate on
-// another replica waits for that pod while it lives, and the recovery sweep
-// removes the claim of a pod that is gone. Set at creation, so that the
-// create is the only write before the decision.
-const AnnotationDecidingPod = "hcp.io/deciding-pod"
-
-// decidingPod is the pod that owns hs, or decides its task.
-func decidingPod(hs *v1alpha1.HCPSession) string {
-	if hs.Status.PodName != "" {
-		return hs.Status.PodName
-	}
-	return hs.Annotations[AnnotationDecidingPod]
-}
-
 // Topology is what the sidecar needs of its AMQP connection besides
 // publishing and consuming.
 type Topology interface {
@@ -241,24 +226,6 @@ type Sidecar struct {
 	// goneSince is when a replica was first seen with neither a pod nor a
 	// Lease (ownerAlive); under mu.
 	goneSince map[string]time.Time
-}
-
-type flag struct {
-	mu  sync.Mutex
-	on  bool
-	err error
-}
-
-func (f *flag) set(on bool, err error) {
-	f.mu.Lock()
-	f.on, f.err = on, err
-	f.mu.Unlock()
-}
-
-func (f *flag) get() (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.on, f.err
 }
 
 // New validates the options and returns the sidecar; Run starts it.

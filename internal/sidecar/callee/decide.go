@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
@@ -365,78 +363,4 @@ func (s *Sidecar) afterCASFailure(ctx context.Context, c *command, err error, de
 	}
 	c.log.Error(err, "Failed to record the decision; the command will be retried")
 	s.retryLater(ctx, c.d)
-}
-
-// newHCPSession builds the HCPSession recording a decision.
-func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string, ts *task.TaskSubmit, v policy.Verdict) *v1alpha1.HCPSession {
-	hs := &v1alpha1.HCPSession{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      sid,
-			Namespace: s.ns,
-			Labels: map[string]string{
-				v1alpha1.LabelCalleeID:  s.id,
-				v1alpha1.LabelCallerID:  callerID,
-				v1alpha1.LabelCallee:    s.cfg.ObjectName,
-				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue,
-				// The status writer keeps it in step from here on.
-				v1alpha1.LabelSessionState: string(v1alpha1.SessionPending),
-			},
-		},
-		Spec: v1alpha1.HCPSessionSpec{
-			SessionID:          sid,
-			CalleeID:           s.id,
-			CallerID:           callerID,
-			Capability:         truncateRunes(ts.Capability, 128),
-			TaskMessageID:      msgID,
-			RiskLevel:          v1alpha1.RiskLevel(v.Risk),
-			DataClassification: v1alpha1.DataClass(ts.Constraints.DataClassification),
-			Intent:             truncateRunes(ts.Intent, 1024),
-		},
-	}
-	hs.Annotations = map[string]string{AnnotationDecidingPod: s.pod, AnnotationSignedCheckpoints: annotationTrue}
-	if v.Admitted {
-		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
-		hs.Annotations[AnnotationSequenceCeiling] = strconv.Itoa(DefaultSequenceBlock)
-		if !v.Counted {
-			// No concurrency limit applies, so no recount can overturn
-			// the verdict: the create itself records the decision, and
-			// the reply does not wait for a second write.
-			hs.Annotations[v1alpha1.AnnotationAdmitted] = annotationTrue
-			hs.Labels[v1alpha1.LabelSessionState] = string(v1alpha1.SessionRunning)
-		}
-	}
-	if cl != nil {
-		hs.OwnerReferences = []metav1.OwnerReference{{
-			APIVersion: v1alpha1.GroupVersion.String(),
-			Kind:       "Callee",
-			Name:       cl.Name,
-			UID:        cl.UID,
-			Controller: ptr.To(true),
-		}}
-	}
-	return hs
-}
-
-// casStatus patches the status of hs with an optimistic lock: it fails with
-// Conflict when anyone changed the object since hs was read. hs is updated
-// from the response.
-func (s *Sidecar) casStatus(ctx context.Context, hs *v1alpha1.HCPSession, mutate func(*v1alpha1.HCPSessionStatus)) error {
-	base := hs.DeepCopy()
-	mutate(&hs.Status)
-	status.SetConditions(&hs.Status, s.clk.Now())
-	err := s.c.Status().Patch(ctx, hs, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(status.FieldOwner))
-	if s.m != nil {
-		switch {
-		case err == nil:
-			s.m.StatusWrites.WithLabelValues("ok").Inc()
-		case apierrors.IsConflict(err):
-			s.m.StatusWrites.WithLabelValues("conflict").Inc()
-		default:
-			s.m.StatusWrites.WithLabelValues("error").Inc()
-		}
-	}
-	if err != nil {
-		*hs = *base
-	}
-	return err
 }
