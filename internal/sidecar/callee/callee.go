@@ -44,6 +44,7 @@ const (
 	DefaultSequenceBlock   = 1000
 	DefaultHarnessAttempts = 3
 	DefaultHarnessCheck    = 5 * time.Second
+	DefaultRecordWait      = 30 * time.Second
 )
 
 // AnnotationSequenceCeiling records on an HCPSession the highest event
@@ -93,6 +94,10 @@ type Timeouts struct {
 	// is still taken for alive (see ownerAlive). Defaults to the Lease
 	// duration.
 	LostOwnerGrace time.Duration
+	// RecordWait bounds how long an accepted task's HCPSession create is
+	// retried while the API server cannot take it (accept.go); then the
+	// session ends, task_failed session_not_recorded.
+	RecordWait time.Duration
 }
 
 func (t *Timeouts) defaults() {
@@ -116,6 +121,9 @@ func (t *Timeouts) defaults() {
 	}
 	if t.HarnessCheck <= 0 {
 		t.HarnessCheck = DefaultHarnessCheck
+	}
+	if t.RecordWait <= 0 {
+		t.RecordWait = DefaultRecordWait
 	}
 }
 
@@ -160,6 +168,10 @@ type Options struct {
 	// Recorder records Kubernetes Events on the Callee (rejections);
 	// optional. The standard broadcaster aggregates and rate-limits them.
 	Recorder record.EventRecorder
+	// RecordBeforeReply creates every admitted task's HCPSession before
+	// task_accepted goes out, as releases before the reply-first
+	// acceptance did (accept.go): a benchmark's baseline.
+	RecordBeforeReply bool
 }
 
 // Sidecar is the callee-mode sidecar.
@@ -168,6 +180,12 @@ type Sidecar struct {
 	// gate rejected without a record (see rejectUnrecorded).
 	rec        record.EventRecorder
 	rejections *lru.Cache
+	// recordFirst: Options.RecordBeforeReply; issuedAtDropped is set once
+	// the API server dropped spec.issuedAt from a create (a CRD of an
+	// earlier release, checkIssuedAt): from then on every admission is
+	// recorded first.
+	recordFirst                      bool
+	issuedAtChecked, issuedAtDropped atomic.Bool
 
 	cfg      *config.Config
 	id       string
@@ -318,9 +336,10 @@ func New(o Options) (*Sidecar, error) {
 		leases:      lease.NewObserver(o.Clock),
 		ckpt: &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID, CalleeName: o.Config.ObjectName,
 			Signer: keys.signer, Verifiers: keys.verifiers},
-		drained:    make(chan struct{}),
-		rec:        o.Recorder,
-		rejections: lru.New(rejectionsRemembered),
+		drained:     make(chan struct{}),
+		rec:         o.Recorder,
+		rejections:  lru.New(rejectionsRemembered),
+		recordFirst: o.RecordBeforeReply,
 	}
 	s.setupStatusWriter(o.Status)
 	s.life, s.stopLife = context.WithCancel(context.Background())

@@ -31,7 +31,8 @@ func decidingPod(hs *v1alpha1.HCPSession) string {
 }
 
 // newHCPSession builds the HCPSession recording a decision.
-func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string, ts *task.TaskSubmit, v policy.Verdict) *v1alpha1.HCPSession {
+func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, c *command, v policy.Verdict) *v1alpha1.HCPSession {
+	sid, callerID, msgID, ts := c.sid, c.callerID, c.msgID, c.ts
 	hs := &v1alpha1.HCPSession{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      sid,
@@ -60,6 +61,9 @@ func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string
 	if v.Admitted {
 		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
 		hs.Annotations[AnnotationSequenceCeiling] = strconv.Itoa(DefaultSequenceBlock)
+		if !c.iat.IsZero() {
+			hs.Spec.IssuedAt = &metav1.Time{Time: c.iat}
+		}
 		if !v.Counted {
 			// No concurrency limit applies, so no recount can overturn
 			// the verdict: the create itself records the decision, and
