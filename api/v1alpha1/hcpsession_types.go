@@ -94,6 +94,14 @@ type HCPSessionSpec struct {
 	// +optional
 	MaxDuration ISO8601Duration `json:"maxDuration,omitempty"`
 
+	// issuedAt is the session token's iat: the task_submit's envelope
+	// timestamp, whole seconds, so that every replica answering a copy of
+	// the submit issues the same token, also before this object exists.
+	// Unset on sessions whose iat is their creationTimestamp (earlier
+	// releases, and a submit stamped ahead of the callee's clock).
+	// +optional
+	IssuedAt *metav1.Time `json:"issuedAt,omitempty"`
+
 	// intent of the task, for humans (truncated to 1024 characters).
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
@@ -251,6 +259,7 @@ type HCPSessionStatus struct {
 // +kubebuilder:validation:XValidation:rule="has(self.spec.riskLevel) == has(oldSelf.spec.riskLevel) && (!has(self.spec.riskLevel) || self.spec.riskLevel == oldSelf.spec.riskLevel)",message="spec.riskLevel is immutable",fieldPath=`.spec.riskLevel`
 // +kubebuilder:validation:XValidation:rule="has(self.spec.dataClassification) == has(oldSelf.spec.dataClassification) && (!has(self.spec.dataClassification) || self.spec.dataClassification == oldSelf.spec.dataClassification)",message="spec.dataClassification is immutable",fieldPath=`.spec.dataClassification`
 // +kubebuilder:validation:XValidation:rule="has(self.spec.maxDuration) == has(oldSelf.spec.maxDuration) && (!has(self.spec.maxDuration) || self.spec.maxDuration == oldSelf.spec.maxDuration)",message="spec.maxDuration is immutable",fieldPath=`.spec.maxDuration`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.issuedAt) == has(oldSelf.spec.issuedAt) && (!has(self.spec.issuedAt) || self.spec.issuedAt == oldSelf.spec.issuedAt)",message="spec.issuedAt is immutable",fieldPath=`.spec.issuedAt`
 // +kubebuilder:validation:XValidation:rule="has(self.spec.intent) == has(oldSelf.spec.intent) && (!has(self.spec.intent) || self.spec.intent == oldSelf.spec.intent)",message="spec.intent is immutable",fieldPath=`.spec.intent`
 type HCPSession struct {
 	metav1.TypeMeta   `json:",inline"`

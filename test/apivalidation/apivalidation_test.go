@@ -398,6 +398,8 @@ func TestHCPSessionSpecImmutable(t *testing.T) {
 		{name: "dataClassification", mutate: func(s *hcpv1.HCPSessionSpec) { s.DataClassification = hcpv1.DataT4 }, wantErr: "spec.dataClassification: Invalid value: spec.dataClassification is immutable"},
 		{name: "maxDuration", mutate: func(s *hcpv1.HCPSessionSpec) { s.MaxDuration = "PT1H" }, wantErr: "spec.maxDuration: Invalid value: spec.maxDuration is immutable"},
 		{name: "intent added", mutate: func(s *hcpv1.HCPSessionSpec) { s.Intent = "something else" }, wantErr: "spec.intent: Invalid value: spec.intent is immutable"},
+		{name: "issuedAt changed", mutate: func(s *hcpv1.HCPSessionSpec) { s.IssuedAt = &metav1.Time{Time: s.IssuedAt.Add(time.Hour)} }, wantErr: "spec.issuedAt: Invalid value: spec.issuedAt is immutable"},
+		{name: "issuedAt removed", mutate: func(s *hcpv1.HCPSessionSpec) { s.IssuedAt = nil }, wantErr: "spec.issuedAt: Invalid value: spec.issuedAt is immutable"},
 		{name: "two changes, two messages", mutate: func(s *hcpv1.HCPSessionSpec) { s.Capability = "x"; s.RiskLevel = hcpv1.RiskR1 },
 			wantErr: "spec.capability: Invalid value: \"x\": spec.capability is immutable", alsoErr: "spec.riskLevel: Invalid value: spec.riskLevel is immutable"},
 	}
@@ -409,7 +411,7 @@ func TestHCPSessionSpecImmutable(t *testing.T) {
 				Spec: hcpv1.HCPSessionSpec{
 					SessionID: id, CalleeID: "lab-cvd", CallerID: "alpha", Capability: "cvd.run-synthesis",
 					TaskMessageID: "0b7d8b8e-8d0b-4e5a-9f7c-3a1d2c4b5e6f", RiskLevel: hcpv1.RiskR3, DataClassification: hcpv1.DataT2,
-					MaxDuration: "PT72H", AbortRequested: tc.aborted,
+					MaxDuration: "PT72H", AbortRequested: tc.aborted, IssuedAt: &metav1.Time{Time: time.Date(2026, 1, 15, 8, 30, 0, 0, time.UTC)},
 				},
 			}
 			if err := env.Client.Create(t.Context(), s); err != nil {

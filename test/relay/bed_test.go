@@ -118,6 +118,9 @@ type bedOptions struct {
 	// AppMaxBatch is the caller sidecar's caller.Options.AppMaxBatch (0:
 	// one event per request).
 	AppMaxBatch int
+	// RecordBeforeReply is the callee sidecar's
+	// callee.Options.RecordBeforeReply (the acceptance's baseline).
+	RecordBeforeReply bool
 }
 
 // bed is one callee pod (harness + callee sidecar) and one caller pod
@@ -381,7 +384,8 @@ func (b *bed) startCallee(o bedOptions) {
 	sc, err := callee.New(callee.Options{
 		Config: cfg, Client: kc, Reader: b.env.Client, Cache: objCache, Conn: conn, Publisher: pub, Consumer: conn,
 		Status: sw, Metrics: b.CalleeMetrics, Log: log, SigningKey: key,
-		Timeouts: callee.Timeouts{ShutdownDrain: 2 * time.Second, PendingWait: 5 * time.Second},
+		Timeouts:          callee.Timeouts{ShutdownDrain: 2 * time.Second, PendingWait: 5 * time.Second},
+		RecordBeforeReply: o.RecordBeforeReply,
 	})
 	must(tb, err)
 	b.CalleeSC = sc

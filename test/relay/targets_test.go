@@ -182,10 +182,11 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 	p99 := targetLine{id: "task acceptance p99", target: "≤ raw round-trip p99 + " + ms(acceptanceSlack), anchor: anchorLatency}
 	if a := r.acceptance; a != nil && len(a.relay) > 0 {
 		v := a.relay.Percentile(0.5)
-		p50.value, p50.ok, p50.measured = fmt.Sprintf("%s (%d tasks; the acceptance floor %s)", ms(v), len(a.relay), ms(a.floor.Percentile(0.5))), v <= acceptanceP50Target, true
+		p50.value, p50.ok, p50.measured = fmt.Sprintf("%s (%d tasks; in the same run the create on the path %s, under a concurrency limit %s)",
+			ms(v), len(a.relay), ms(a.onPath.Percentile(0.5)), ms(a.counted.Percentile(0.5))), v <= acceptanceP50Target, true
 		v, budget := a.relay.Percentile(0.99), a.raw.Percentile(0.99)+acceptanceSlack
-		p99.value, p99.ok, p99.measured = fmt.Sprintf("%s (limit %s: raw round trip p99 %s + %s; the acceptance floor %s)", ms(v), ms(budget),
-			ms(a.raw.Percentile(0.99)), ms(acceptanceSlack), ms(a.floor.Percentile(0.99))), v <= budget, true
+		p99.value, p99.ok, p99.measured = fmt.Sprintf("%s (limit %s: raw round trip p99 %s + %s; the create on the path %s, under a concurrency limit %s)", ms(v), ms(budget),
+			ms(a.raw.Percentile(0.99)), ms(acceptanceSlack), ms(a.onPath.Percentile(0.99)), ms(a.counted.Percentile(0.99))), v <= budget, true
 	} else {
 		p50.value, p99.value = "the acceptance benchmark did not run", "the acceptance benchmark did not run"
 	}

@@ -3,6 +3,7 @@ package callee
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -54,11 +55,19 @@ func (s *Sidecar) abortCommand(ctx context.Context, d amqp.Delivery, env *envelo
 	}
 	var hs v1alpha1.HCPSession
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: sid}, &hs); err != nil {
-		if err := s.reader.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: sid}, &hs); err != nil {
-			if apierrors.IsNotFound(err) {
-				refuse("no such session")
-				return
+		err = s.reader.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: sid}, &hs)
+		if apierrors.IsNotFound(err) {
+			// Accepted a moment ago, its create still under way?
+			var got *v1alpha1.HCPSession
+			if got, err = s.awaitRecord(ctx, callerID, sid, a.SessionToken); err == nil {
+				hs = *got
 			}
+		}
+		if errors.Is(err, errNotRecorded) {
+			refuse("no such session")
+			return
+		}
+		if err != nil {
 			log.Error(err, "Failed to read the session of an abort; the command will be retried")
 			s.retryLater(ctx, d)
 			return

@@ -44,6 +44,7 @@ const (
 	DefaultSequenceBlock   = 1000
 	DefaultHarnessAttempts = 3
 	DefaultHarnessCheck    = 5 * time.Second
+	DefaultRecordWait      = 30 * time.Second
 )
 
 // AnnotationSequenceCeiling records on an HCPSession the highest event
@@ -53,21 +54,6 @@ const (
 // caller has already seen. It is reserved in blocks (DefaultSequenceBlock,
 // the first block at creation), one metadata write per block.
 const AnnotationSequenceCeiling = "hcp.io/event-sequence-ceiling"
-
-// AnnotationDecidingPod names, on an HCPSession created as a claim, the pod
-// deciding its task, until status.podName says who owns it: a duplicate on
-// another replica waits for that pod while it lives, and the recovery sweep
-// removes the claim of a pod that is gone. Set at creation, so that the
-// create is the only write before the decision.
-const AnnotationDecidingPod = "hcp.io/deciding-pod"
-
-// decidingPod is the pod that owns hs, or decides its task.
-func decidingPod(hs *v1alpha1.HCPSession) string {
-	if hs.Status.PodName != "" {
-		return hs.Status.PodName
-	}
-	return hs.Annotations[AnnotationDecidingPod]
-}
 
 // Topology is what the sidecar needs of its AMQP connection besides
 // publishing and consuming.
@@ -108,6 +94,10 @@ type Timeouts struct {
 	// is still taken for alive (see ownerAlive). Defaults to the Lease
 	// duration.
 	LostOwnerGrace time.Duration
+	// RecordWait bounds how long an accepted task's HCPSession create is
+	// retried while the API server cannot take it (accept.go); then the
+	// session ends, task_failed session_not_recorded.
+	RecordWait time.Duration
 }
 
 func (t *Timeouts) defaults() {
@@ -131,6 +121,9 @@ func (t *Timeouts) defaults() {
 	}
 	if t.HarnessCheck <= 0 {
 		t.HarnessCheck = DefaultHarnessCheck
+	}
+	if t.RecordWait <= 0 {
+		t.RecordWait = DefaultRecordWait
 	}
 }
 
@@ -175,6 +168,10 @@ type Options struct {
 	// Recorder records Kubernetes Events on the Callee (rejections);
 	// optional. The standard broadcaster aggregates and rate-limits them.
 	Recorder record.EventRecorder
+	// RecordBeforeReply creates every admitted task's HCPSession before
+	// task_accepted goes out, as releases before the reply-first
+	// acceptance did (accept.go): a benchmark's baseline.
+	RecordBeforeReply bool
 }
 
 // Sidecar is the callee-mode sidecar.
@@ -183,6 +180,12 @@ type Sidecar struct {
 	// gate rejected without a record (see rejectUnrecorded).
 	rec        record.EventRecorder
 	rejections *lru.Cache
+	// recordFirst: Options.RecordBeforeReply; issuedAtDropped is set once
+	// the API server dropped spec.issuedAt from a create (a CRD of an
+	// earlier release, checkIssuedAt): from then on every admission is
+	// recorded first.
+	recordFirst                      bool
+	issuedAtChecked, issuedAtDropped atomic.Bool
 
 	cfg      *config.Config
 	id       string
@@ -241,24 +244,6 @@ type Sidecar struct {
 	// goneSince is when a replica was first seen with neither a pod nor a
 	// Lease (ownerAlive); under mu.
 	goneSince map[string]time.Time
-}
-
-type flag struct {
-	mu  sync.Mutex
-	on  bool
-	err error
-}
-
-func (f *flag) set(on bool, err error) {
-	f.mu.Lock()
-	f.on, f.err = on, err
-	f.mu.Unlock()
-}
-
-func (f *flag) get() (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.on, f.err
 }
 
 // New validates the options and returns the sidecar; Run starts it.
@@ -351,9 +336,10 @@ func New(o Options) (*Sidecar, error) {
 		leases:      lease.NewObserver(o.Clock),
 		ckpt: &checkpoint.Store{C: o.Client, R: o.Reader, Namespace: o.Config.Namespace, CalleeID: o.Config.ID, CalleeName: o.Config.ObjectName,
 			Signer: keys.signer, Verifiers: keys.verifiers},
-		drained:    make(chan struct{}),
-		rec:        o.Recorder,
-		rejections: lru.New(rejectionsRemembered),
+		drained:     make(chan struct{}),
+		rec:         o.Recorder,
+		rejections:  lru.New(rejectionsRemembered),
+		recordFirst: o.RecordBeforeReply,
 	}
 	s.setupStatusWriter(o.Status)
 	s.life, s.stopLife = context.WithCancel(context.Background())

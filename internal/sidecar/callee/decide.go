@@ -4,20 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/policy"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 )
@@ -187,19 +185,17 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 		s.rejectUnrecorded(ctx, c, v)
 		return
 	}
+	if s.replyFirst(c, v) {
+		s.acceptFirst(ctx, c, cl, v, depth)
+		return
+	}
 	d, log, callerID, sid, msgID, ts := c.d, c.log, c.callerID, c.sid, c.msgID, c.ts
 	now := s.clk.Now().UTC().Truncate(time.Second)
-	hs := s.newHCPSession(cl, sid, callerID, msgID, ts, v)
+	hs := s.newHCPSession(cl, c, v)
 	traceAnnotations(hs, c.trace)
 	if err := s.c.Create(ctx, hs, client.FieldOwner(status.FieldOwner)); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			s.duplicate(ctx, c, depth)
-			return
-		}
-		if !v.Admitted && !apierrors.IsInvalid(err) {
-			// The rejection stands without its record.
-			log.Error(err, "Failed to record a rejected task as an HCPSession; replying anyway")
-			s.replyRejected(ctx, d, callerID, sid, msgID, now, v.Reason, v.Message)
 			return
 		}
 		if apierrors.IsInvalid(err) {
@@ -242,81 +238,102 @@ func (s *Sidecar) decideAndReply(ctx context.Context, c *command, cl *v1alpha1.C
 			msgID, callerID, ts.Capability, v.Reason, oneLine(v.Message, 300))
 		s.countReject(string(v.Reason))
 		s.m.TaskRejected(cl, ts.Capability)
-		pub, err := s.rejectedReply(hs)
-		if err != nil {
-			log.Error(err, "Failed to build task_rejected")
-			s.settle(d, true, false)
-			return
-		}
-		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
+		s.refuseRecorded(ctx, c, hs)
 		s.forgetWhenWritten(sid)
 		return
 	}
 
-	// The claims come from the object's immutable part (creation time,
-	// spec), so every later duplicate re-issues this very token.
-	claims, err := sessionClaims(s.id, hs)
-	var tok string
-	if err == nil {
-		tok, err = token.Issue(s.keys.signer(), claims)
-	}
+	// The claims come from the object's immutable part (spec.issuedAt or
+	// the creation time, spec), so every later duplicate re-issues this
+	// very token.
+	a, err := s.admit(c, hs)
 	if err != nil {
-		log.Error(err, "Failed to issue the session token")
-		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not issue a session token", depth)
+		log.Error(err, "Failed to issue the session token or encode the harness task")
+		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not issue a session token or encode the task for its harness", depth)
 		return
 	}
-	body, err := s.taskBody(sid, msgID, tok, callerID, v.Risk, claims.IssuedAt, claims.ExpiresAt, ts)
-	if err != nil {
-		log.Error(err, "Failed to encode the harness task")
-		s.casReject(ctx, c, hs, task.ReasonInternal, "the callee could not encode the task for its harness", depth)
-		return
-	}
-	ss := s.newSession(hs, cl, tok, claims, body)
+	ss := s.newSession(hs, cl, a.tok, a.claims, a.body)
 	s.register(ss)
-	admit := func(st *v1alpha1.HCPSessionStatus) {
-		st.State = v1alpha1.SessionRunning
-		st.PodName = s.pod
-		st.OwnerEpoch = 1 // the first claim (epoch.go)
-		st.Reason = "accepted"
-		st.Message = truncate(v.Message, 1024)
-		// For people and dashboards only: replies never read them back.
-		st.StartedAt = &metav1.Time{Time: claims.IssuedAt}
-		st.TokenExpiresAt = &metav1.Time{Time: claims.ExpiresAt}
-	}
 	if admittedAtCreation(hs) {
-		// The create was the decision, and its label and annotation say
-		// RUNNING already: the status follows through the status writer
-		// after admittedStatusLinger, in the same write as the session's
-		// end if that comes first, while the reply goes out.
-		s.st.Seed(sid, hs.Status, time.Time{})
-		s.st.SeedLabel(sid, v1alpha1.SessionRunning)
-		s.st.UpdateAfter(sid, admittedStatusLinger, admit)
-		admit(&hs.Status)
+		s.seedAdmitted(hs, v, a)
 	} else {
-		if err := s.casStatus(ctx, hs, admit); err != nil {
+		if err := s.casStatus(ctx, hs, admittedStatus(s.pod, v, a)); err != nil {
 			s.unregister(ss)
 			s.afterCASFailure(ctx, c, err, depth)
 			return
 		}
 		s.st.Seed(sid, hs.Status, s.clk.Now())
 	}
-	log.Info("Accepted a task", "capability", ts.Capability, "risk", v.Risk, "maxDuration", task.FormatDuration(v.MaxDuration))
-	s.event(corev1.EventTypeNormal, EventTaskAccepted, "Accepted task %s of caller %s (capability %q, risk %s, at most %s): session %s",
-		msgID, callerID, ts.Capability, v.Risk, task.FormatDuration(v.MaxDuration), sid)
-
 	reply, err := s.acceptedReply(hs)
 	if err != nil { // cannot happen: the same inputs just issued a token
 		log.Error(err, "Failed to build task_accepted")
 	}
+	// Acknowledge once the reply is confirmed.
+	s.settleAfter(ctx, d, log, s.startAdmitted(c, ss, hs, v, &reply))
+}
+
+// admission is what an admitted session starts with: its token's claims,
+// the token, and the harness task.
+type admission struct {
+	claims token.Claims
+	tok    string
+	body   []byte
+}
+
+func (s *Sidecar) admit(c *command, hs *v1alpha1.HCPSession) (admission, error) {
+	claims, err := sessionClaims(s.id, hs)
+	if err != nil {
+		return admission{}, err
+	}
+	tok, err := token.Issue(s.keys.signer(), claims)
+	if err != nil {
+		return admission{}, err
+	}
+	body, err := s.taskBody(c.sid, c.msgID, tok, c.callerID, claims.Risk, claims.IssuedAt, claims.ExpiresAt, c.ts)
+	return admission{claims: claims, tok: tok, body: body}, err
+}
+
+// admittedStatus is the RUNNING status of an admission.
+func admittedStatus(pod string, v policy.Verdict, a admission) func(*v1alpha1.HCPSessionStatus) {
+	return func(st *v1alpha1.HCPSessionStatus) {
+		st.State = v1alpha1.SessionRunning
+		st.PodName = pod
+		st.OwnerEpoch = 1 // the first claim (epoch.go)
+		st.Reason = "accepted"
+		st.Message = truncate(v.Message, 1024)
+		// For people and dashboards only: replies never read them back.
+		st.StartedAt = &metav1.Time{Time: a.claims.IssuedAt}
+		st.TokenExpiresAt = &metav1.Time{Time: a.claims.ExpiresAt}
+	}
+}
+
+// seedAdmitted: the create was the decision (AnnotationAdmitted), and its
+// label says RUNNING already: the status follows through the status
+// writer after admittedStatusLinger, in the same write as the session's
+// end if that comes first.
+func (s *Sidecar) seedAdmitted(hs *v1alpha1.HCPSession, v policy.Verdict, a admission) {
+	admit := admittedStatus(s.pod, v, a)
+	s.st.Seed(hs.Name, hs.Status, time.Time{})
+	s.st.SeedLabel(hs.Name, v1alpha1.SessionRunning)
+	s.st.UpdateAfter(hs.Name, admittedStatusLinger, admit)
+	admit(&hs.Status)
+}
+
+// startAdmitted starts a recorded admission: session_created and
+// state_changed (after reply, when not nil: task_accepted), then the
+// harness gets the task. It returns the pending reply.
+func (s *Sidecar) startAdmitted(c *command, ss *sess, hs *v1alpha1.HCPSession, v policy.Verdict, reply *amqp.Publishing) *pending {
+	c.log.Info("Accepted a task", "capability", c.ts.Capability, "risk", v.Risk, "maxDuration", task.FormatDuration(v.MaxDuration))
+	s.event(corev1.EventTypeNormal, EventTaskAccepted, "Accepted task %s of caller %s (capability %q, risk %s, at most %s): session %s",
+		c.msgID, c.callerID, c.ts.Capability, v.Risk, task.FormatDuration(v.MaxDuration), c.sid)
 	accepted := ss.start(reply, hs.Spec.AbortRequested)
 	go ss.deliver()
-	// Acknowledge once the reply is confirmed.
-	s.settleAfter(ctx, d, log, accepted)
+	return accepted
 }
 
 // casReject turns a PENDING session REJECTED (optimistic lock) and replies.
 func (s *Sidecar) casReject(ctx context.Context, c *command, hs *v1alpha1.HCPSession, code task.ReasonCode, msg string, depth int) {
-	d, log, callerID, sid := c.d, c.log, c.callerID, c.sid
+	sid := c.sid
 	now := s.clk.Now().UTC().Truncate(time.Second)
 	if err := s.casStatus(ctx, hs, func(st *v1alpha1.HCPSessionStatus) {
 		st.State = v1alpha1.SessionRejected
@@ -334,12 +351,7 @@ func (s *Sidecar) casReject(ctx context.Context, c *command, hs *v1alpha1.HCPSes
 	s.countReject(string(code))
 	cl, _ := s.callee(ctx) // nil if unreadable: capability ""
 	s.m.TaskRejected(cl, hs.Spec.Capability)
-	pub, err := s.rejectedReply(hs)
-	if err != nil {
-		s.settle(d, true, false)
-		return
-	}
-	s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
+	s.refuseRecorded(ctx, c, hs)
 }
 
 // forgetWhenWritten drops a session this replica decided but does not run
@@ -365,78 +377,4 @@ func (s *Sidecar) afterCASFailure(ctx context.Context, c *command, err error, de
 	}
 	c.log.Error(err, "Failed to record the decision; the command will be retried")
 	s.retryLater(ctx, c.d)
-}
-
-// newHCPSession builds the HCPSession recording a decision.
-func (s *Sidecar) newHCPSession(cl *v1alpha1.Callee, sid, callerID, msgID string, ts *task.TaskSubmit, v policy.Verdict) *v1alpha1.HCPSession {
-	hs := &v1alpha1.HCPSession{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      sid,
-			Namespace: s.ns,
-			Labels: map[string]string{
-				v1alpha1.LabelCalleeID:  s.id,
-				v1alpha1.LabelCallerID:  callerID,
-				v1alpha1.LabelCallee:    s.cfg.ObjectName,
-				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue,
-				// The status writer keeps it in step from here on.
-				v1alpha1.LabelSessionState: string(v1alpha1.SessionPending),
-			},
-		},
-		Spec: v1alpha1.HCPSessionSpec{
-			SessionID:          sid,
-			CalleeID:           s.id,
-			CallerID:           callerID,
-			Capability:         truncateRunes(ts.Capability, 128),
-			TaskMessageID:      msgID,
-			RiskLevel:          v1alpha1.RiskLevel(v.Risk),
-			DataClassification: v1alpha1.DataClass(ts.Constraints.DataClassification),
-			Intent:             truncateRunes(ts.Intent, 1024),
-		},
-	}
-	hs.Annotations = map[string]string{AnnotationDecidingPod: s.pod, AnnotationSignedCheckpoints: annotationTrue}
-	if v.Admitted {
-		hs.Spec.MaxDuration = v1alpha1.ISO8601Duration(task.FormatDuration(v.MaxDuration))
-		hs.Annotations[AnnotationSequenceCeiling] = strconv.Itoa(DefaultSequenceBlock)
-		if !v.Counted {
-			// No concurrency limit applies, so no recount can overturn
-			// the verdict: the create itself records the decision, and
-			// the reply does not wait for a second write.
-			hs.Annotations[v1alpha1.AnnotationAdmitted] = annotationTrue
-			hs.Labels[v1alpha1.LabelSessionState] = string(v1alpha1.SessionRunning)
-		}
-	}
-	if cl != nil {
-		hs.OwnerReferences = []metav1.OwnerReference{{
-			APIVersion: v1alpha1.GroupVersion.String(),
-			Kind:       "Callee",
-			Name:       cl.Name,
-			UID:        cl.UID,
-			Controller: ptr.To(true),
-		}}
-	}
-	return hs
-}
-
-// casStatus patches the status of hs with an optimistic lock: it fails with
-// Conflict when anyone changed the object since hs was read. hs is updated
-// from the response.
-func (s *Sidecar) casStatus(ctx context.Context, hs *v1alpha1.HCPSession, mutate func(*v1alpha1.HCPSessionStatus)) error {
-	base := hs.DeepCopy()
-	mutate(&hs.Status)
-	status.SetConditions(&hs.Status, s.clk.Now())
-	err := s.c.Status().Patch(ctx, hs, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(status.FieldOwner))
-	if s.m != nil {
-		switch {
-		case err == nil:
-			s.m.StatusWrites.WithLabelValues("ok").Inc()
-		case apierrors.IsConflict(err):
-			s.m.StatusWrites.WithLabelValues("conflict").Inc()
-		default:
-			s.m.StatusWrites.WithLabelValues("error").Inc()
-		}
-	}
-	if err != nil {
-		*hs = *base
-	}
-	return err
 }

@@ -29,14 +29,17 @@ func (c apiDown) Create(ctx context.Context, obj client.Object, opts ...client.C
 	return c.Client.Create(ctx, obj, opts...)
 }
 
-// A task_submit that cannot be decided (the API server is down) is
-// retried through the queue, and at the queue's delivery limit, where the
-// broker would drop it without a word, it is rejected to its caller
-// instead. Once the API server is back, tasks are accepted again.
+// A task_submit that cannot be decided (the API server is down; under a
+// concurrency limit the record comes before the answer) is retried
+// through the queue, and at the queue's delivery limit, where the broker
+// would drop it without a word, it is rejected to its caller instead.
+// Once the API server is back, tasks are accepted again. (Without a
+// limit the answer comes first: TestUnrecordableSessionFailsAfterRecordWait.)
 func TestSubmitRejectedNotDroppedAtTheDeliveryLimit(t *testing.T) {
 	var down atomic.Bool
 	down.Store(true)
 	b := newBed(t, bedOptions{
+		sessions:     v1alpha1.SessionsSpec{MaxConcurrent: new(int32(5))},
 		commandQueue: v1alpha1.CommandQueueSpec{DeliveryLimit: new(int32(2))},
 		wrapClient:   func(c client.Client) client.Client { return apiDown{Client: c, down: &down} },
 	})

@@ -41,14 +41,8 @@ func (s *Sidecar) duplicate(ctx context.Context, c *command, depth int) {
 	}
 	switch st := hs.DecidedState(); {
 	case st == v1alpha1.SessionRejected:
-		pub, err := s.rejectedReply(&hs)
-		if err != nil {
-			log.Error(err, "Failed to rebuild task_rejected")
-			s.settle(d, true, false)
-			return
-		}
 		log.Info("Answered a duplicate task_submit with its original rejection")
-		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
+		s.refuseRecorded(ctx, c, &hs)
 	case st == "" || st == v1alpha1.SessionPending: // being decided somewhere, or orphaned
 		s.pendingDuplicate(ctx, c, &hs, depth)
 	case hs.Spec.MaxDuration != "": // admitted (set at creation only then), and decided
@@ -64,14 +58,21 @@ func (s *Sidecar) duplicate(ctx context.Context, c *command, depth int) {
 		// Past PENDING without having been admitted: only a hand-written
 		// status gets here. The immutable spec says the gate refused it.
 		log.Info("A session that was never admitted has a non-PENDING state; answering with a rejection", "state", st)
-		pub, err := s.rejectedReply(&hs)
-		if err != nil {
-			log.Error(err, "Failed to rebuild task_rejected")
-			s.settle(d, true, false)
-			return
-		}
-		s.sendReply(ctx, d, log, callerID, sid, envelope.TypeTaskRejected, pub)
+		s.refuseRecorded(ctx, c, &hs)
 	}
+}
+
+// refuseRecorded answers with the rejection hs records (refuse: with a
+// task_failed when the caller may hold an acceptance of the task).
+func (s *Sidecar) refuseRecorded(ctx context.Context, c *command, hs *v1alpha1.HCPSession) {
+	pub, err := s.rejectedReply(hs)
+	if err != nil {
+		c.log.Error(err, "Failed to rebuild task_rejected")
+		s.settle(c.d, true, false)
+		return
+	}
+	at, code, msg := recordedRejection(hs)
+	s.refuse(ctx, c, pub, at, code, msg)
 }
 
 // pendingDuplicate handles a duplicate whose session is still PENDING.

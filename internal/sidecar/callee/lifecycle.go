@@ -16,10 +16,12 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 )
 
-// start publishes task_accepted, session_created and state_changed
+// start publishes task_accepted (unless reply is nil: published before
+// the session was recorded, accept.go), session_created and state_changed
 // (PENDING → RUNNING), and arms the max-duration timer. It returns the
-// pending task_accepted, whose confirm acknowledges the command.
-func (ss *sess) start(reply amqp.Publishing, abortRequested bool) *pending {
+// pending task_accepted (nil without reply), whose confirm acknowledges
+// the command.
+func (ss *sess) start(reply *amqp.Publishing, abortRequested bool) *pending {
 	_ = ss.acquire(context.Background())
 	defer ss.release()
 	ctx := ss.sc.life
@@ -27,9 +29,12 @@ func (ss *sess) start(reply amqp.Publishing, abortRequested bool) *pending {
 	if err := ss.sc.wal.Open(ss.id, ss.task); err != nil {
 		ss.log.Error(err, "Failed to record the session in the write-ahead log")
 	}
-	accepted, err := ss.publishLocked(ctx, envelope.TypeTaskAccepted, reply, 0, "")
-	if err != nil {
-		ss.log.Error(err, "Failed to publish task_accepted")
+	var accepted *pending
+	if reply != nil {
+		var err error
+		if accepted, err = ss.publishLocked(ctx, envelope.TypeTaskAccepted, *reply, 0, ""); err != nil {
+			ss.log.Error(err, "Failed to publish task_accepted")
+		}
 	}
 	// The session is created PENDING (the L3 decision is recorded), and
 	// the state_changed right after it takes it to RUNNING: the two agree.

@@ -117,7 +117,10 @@ const panicMessage = "the callee failed while processing the task (internal erro
 
 // rejectAfterPanic answers a task without a record with task_rejected
 // (internal), remembered like the gate's rejections so that a redelivered
-// copy gets the same reply.
+// copy gets the same reply, and task_failed with the same reason (the
+// failure may have come after its task_accepted, before its create: the
+// caller then keeps the acceptance and ends the session; one without it
+// keeps the rejection).
 func (s *Sidecar) rejectAfterPanic(ctx context.Context, d amqp.Delivery, callerID, sid, msgID string) {
 	r := rejection{at: s.clk.Now().UTC().Truncate(time.Second), code: task.ReasonInternal, msg: panicMessage}
 	if v, ok := s.rejections.Get(sid); ok {
@@ -125,7 +128,17 @@ func (s *Sidecar) rejectAfterPanic(ctx context.Context, d amqp.Delivery, callerI
 	} else {
 		s.rejections.Add(sid, r)
 	}
-	s.sendRejected(ctx, d, callerID, sid, msgID, r.at, r.code, r.msg)
+	pub, err := s.rejectedPublishing(sid, msgID, r.at, r.code, r.msg)
+	if err == nil {
+		err = s.publishConfirmed(s.life, topology.EventRoutingKey(callerID, sid, envelope.TypeTaskRejected), traced(pub, d))
+		s.countOut(string(envelope.TypeTaskRejected))
+	}
+	if err == nil {
+		// It may have failed after its task_accepted went out, before its
+		// create (accept.go): end that acceptance too.
+		err = s.sendFailed(callerID, sid, r.at, string(r.code), r.msg, true)
+	}
+	s.settleReply(ctx, d, s.log.WithValues("caller", callerID, "session", sid), topology.EventRoutingKey(callerID, sid, envelope.TypeTaskRejected), err)
 }
 
 // answerRecorded answers a task whose HCPSession exists with the decision

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/hcp-io/hcp-operator/internal/policy"
@@ -20,6 +21,11 @@ type rejection struct {
 	at   time.Time
 	code task.ReasonCode
 	msg  string
+	// accepted is set for a task accepted but never recorded (accept.go):
+	// its task_accepted, answered again with task_failed (code, msg,
+	// recoverable).
+	accepted    *amqp.Publishing
+	recoverable bool
 }
 
 // rejectUnrecorded answers a task that the first decision refuses (the
@@ -44,18 +50,36 @@ func (s *Sidecar) rejectUnrecorded(ctx context.Context, c *command, v policy.Ver
 	c.log.Info("Rejected a task", "reasonCode", v.Reason, "message", v.Message)
 	s.event(corev1.EventTypeWarning, EventTaskRejected, "Rejected task %s of caller %s (capability %q): %s: %s",
 		c.msgID, c.callerID, c.ts.Capability, v.Reason, oneLine(v.Message, 300))
-	s.replyRejected(ctx, c.d, c.callerID, c.sid, c.msgID, r.at, r.code, r.msg)
+	s.countReject(string(v.Reason))
+	s.answerRejection(ctx, c, r)
+}
+
+// answerRejection sends r's task_rejected (refuse: with a task_failed
+// when the caller may hold an acceptance).
+func (s *Sidecar) answerRejection(ctx context.Context, c *command, r rejection) {
+	pub, err := s.rejectedPublishing(c.sid, c.msgID, r.at, r.code, r.msg)
+	if err != nil {
+		c.log.Error(err, "Failed to build task_rejected")
+		s.settle(c.d, true, false)
+		return
+	}
+	s.refuse(ctx, c, pub, r.at, r.code, r.msg)
 }
 
 // rejectedBefore answers a copy of a task this replica rejected without a
-// record, with the same reply; it reports false if it knows of none.
+// record, or accepted and could not record, with the same replies; it
+// reports false if it knows of none.
 func (s *Sidecar) rejectedBefore(ctx context.Context, c *command) bool {
 	v, ok := s.rejections.Get(c.sid)
 	if !ok {
 		return false
 	}
 	r := v.(rejection)
-	c.log.V(1).Info("A task rejected before; answering again with the same reply", "reasonCode", r.code)
-	s.sendRejected(ctx, c.d, c.callerID, c.sid, c.msgID, r.at, r.code, r.msg) // not counted again: a copy
+	c.log.V(1).Info("A task answered before without a record; answering again with the same replies", "reasonCode", r.code)
+	if r.accepted != nil {
+		s.answerNotRecorded(ctx, c, r, true)
+	} else {
+		s.answerRejection(ctx, c, r) // not counted again: a copy
+	}
 	return true
 }

@@ -23,16 +23,23 @@ import (
 )
 
 // sessionClaims are the session token's claims, derived only from what
-// nobody can change after the HCPSession's creation: its creation time
-// (iat, whole seconds, set by the API server) and its spec (callee id,
+// nobody can change after the HCPSession's creation: spec.issuedAt (iat:
+// the task_submit's timestamp, whole seconds), or for a session without it
+// its creation time (set by the API server), and its spec (callee id,
 // caller, capability, risk, and maxDuration for exp; CEL keeps them
 // immutable). Nothing comes from status, which the sidecar's
 // ServiceAccount (and so anyone who holds its token) may write: a
 // re-issued token is the original byte for byte, and writing
-// status.tokenExpiresAt cannot extend it.
+// status.tokenExpiresAt cannot extend it. With spec.issuedAt the claims
+// exist before the object does: the reply can go out before the create
+// (accept.go).
 func sessionClaims(calleeID string, hs *v1alpha1.HCPSession) (token.Claims, error) {
-	if hs.CreationTimestamp.IsZero() {
-		return token.Claims{}, errors.New("the HCPSession has no creationTimestamp")
+	iat := hs.CreationTimestamp.Time
+	if hs.Spec.IssuedAt != nil {
+		iat = hs.Spec.IssuedAt.Time
+	}
+	if iat.IsZero() {
+		return token.Claims{}, errors.New("the HCPSession has neither spec.issuedAt nor a creationTimestamp")
 	}
 	if hs.Spec.MaxDuration == "" {
 		return token.Claims{}, errors.New("the HCPSession has no spec.maxDuration: it was not admitted")
@@ -41,7 +48,7 @@ func sessionClaims(calleeID string, hs *v1alpha1.HCPSession) (token.Claims, erro
 	if err != nil {
 		return token.Claims{}, fmt.Errorf("spec.maxDuration: %w", err)
 	}
-	return token.NewClaims(calleeID, hs.Spec.CallerID, hs.Name, hs.Spec.Capability, task.RiskLevel(hs.Spec.RiskLevel), hs.CreationTimestamp.Time, d), nil
+	return token.NewClaims(calleeID, hs.Spec.CallerID, hs.Name, hs.Spec.Capability, task.RiskLevel(hs.Spec.RiskLevel), iat, d), nil
 }
 
 // acceptedReply rebuilds the task_accepted of an accepted session from the
@@ -74,15 +81,21 @@ func (s *Sidecar) acceptedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error
 
 // rejectedReply rebuilds the task_rejected of a rejected session.
 func (s *Sidecar) rejectedReply(hs *v1alpha1.HCPSession) (amqp.Publishing, error) {
-	code, msg := task.ReasonInternal, "rejected"
+	at, code, msg := recordedRejection(hs)
+	return s.rejectedPublishing(hs.Name, hs.Spec.TaskMessageID, at, code, msg)
+}
+
+// recordedRejection is when and why a rejected session was rejected.
+func recordedRejection(hs *v1alpha1.HCPSession) (at time.Time, code task.ReasonCode, msg string) {
+	code, msg = task.ReasonInternal, "rejected"
 	if e := hs.Status.Error; e != nil {
 		code, msg = task.ReasonCode(e.Code), e.Message
 	}
-	at := hs.CreationTimestamp.Time
+	at = hs.CreationTimestamp.Time
 	if hs.Status.CompletedAt != nil {
 		at = hs.Status.CompletedAt.Time
 	}
-	return s.rejectedPublishing(hs.Name, hs.Spec.TaskMessageID, at, code, msg)
+	return at, code, msg
 }
 
 func (s *Sidecar) rejectedPublishing(sid, msgID string, at time.Time, code task.ReasonCode, msg string) (amqp.Publishing, error) {
@@ -146,18 +159,28 @@ func (s *Sidecar) sendRejected(ctx context.Context, d amqp.Delivery, callerID, s
 }
 
 // sendReply publishes a reply to the authenticated caller and settles the
-// command: ack once confirmed; ack too when the caller's queue does not
-// exist (retrying cannot help and would block the queue); requeue after a
-// pause on transient failures.
+// command (settleReply).
 func (s *Sidecar) sendReply(ctx context.Context, d amqp.Delivery, log logr.Logger, callerID, sid string, t envelope.MessageType, pub amqp.Publishing) {
+	rk := topology.EventRoutingKey(callerID, sid, t)
+	err := s.publishConfirmed(s.life, rk, traced(pub, d))
+	s.countOut(string(t))
+	s.settleReply(ctx, d, log, rk, err)
+}
+
+// traced gives a reply without a session (no headers: a rejection) the
+// trace of the command it answers.
+func traced(pub amqp.Publishing, d amqp.Delivery) amqp.Publishing {
 	if pub.Headers == nil {
-		// A reply without a session (a rejection) stays in the trace of
-		// the command it answers.
 		pub.Headers = tracing.FromAMQP(d.Headers).AMQPHeaders()
 	}
-	rk := topology.EventRoutingKey(callerID, sid, t)
-	err := s.publishConfirmed(s.life, rk, pub)
-	s.countOut(string(t))
+	return pub
+}
+
+// settleReply settles a command once its reply (routing key rk) was
+// published with result err: ack once confirmed; ack too when the
+// caller's queue does not exist (retrying cannot help and would block the
+// queue); requeue after a pause on transient failures.
+func (s *Sidecar) settleReply(ctx context.Context, d amqp.Delivery, log logr.Logger, rk string, err error) {
 	switch {
 	case err == nil:
 		s.settle(d, true, false)
@@ -201,8 +224,10 @@ func (s *Sidecar) settleAfter(ctx context.Context, d amqp.Delivery, log logr.Log
 // 8 times: a reply that cannot be sent is retried through the command
 // queue (retryLater) instead.
 func (s *Sidecar) publishConfirmed(ctx context.Context, rk string, pub amqp.Publishing) error {
-	return transport.Retry{Max: 8, After: s.clk.After}.Publish(ctx, s.pub, topology.EventsExchange, rk, pub)
+	return s.retry().Publish(ctx, s.pub, topology.EventsExchange, rk, pub)
 }
+
+func (s *Sidecar) retry() transport.Retry { return transport.Retry{Max: 8, After: s.clk.After} }
 
 // retryLater returns the command to the queue after a pause, so a transient
 // failure (API server, broker) is retried, unless returning it would exceed
@@ -268,10 +293,16 @@ func (s *Sidecar) giveUp(d amqp.Delivery, limit int64) {
 	sid := topology.SessionID(s.id, callerID, msgID)
 	msg := fmt.Sprintf("the callee could not process the task within its command queue's delivery limit (%d deliveries; "+
 		"its Kubernetes API or the broker was unavailable); submit it again with a new message_id", limit)
-	pub, err := s.rejectedPublishing(sid, msgID, s.clk.Now(), task.ReasonInternal, msg)
+	now := s.clk.Now()
+	pub, err := s.rejectedPublishing(sid, msgID, now, task.ReasonInternal, msg)
 	if err == nil {
 		err = s.publishConfirmed(s.life, topology.EventRoutingKey(callerID, sid, envelope.TypeTaskRejected), pub)
 		s.countOut(string(envelope.TypeTaskRejected))
+	}
+	if err == nil && s.session(sid) == nil && !s.admittedRecord(sid) {
+		// A replica may have accepted it and stopped before its create
+		// (accept.go): end that acceptance too.
+		err = s.sendFailed(callerID, sid, now, string(task.ReasonInternal), msg, true)
 	}
 	s.countReject(string(task.ReasonInternal))
 	if err != nil {

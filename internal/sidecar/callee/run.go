@@ -157,3 +157,22 @@ func (s *Sidecar) active() []*sess {
 }
 
 func (s *Sidecar) activeCount() int { return len(s.active()) }
+
+// flag is the consumer's state, for Ready.
+type flag struct {
+	mu  sync.Mutex
+	on  bool
+	err error
+}
+
+func (f *flag) set(on bool, err error) {
+	f.mu.Lock()
+	f.on, f.err = on, err
+	f.mu.Unlock()
+}
+
+func (f *flag) get() (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.on, f.err
+}

@@ -1,6 +1,7 @@
 package callee
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -114,6 +115,12 @@ type command struct {
 	// task_submit's, or with tracing on the gate span's (span).
 	trace tracing.Context
 	span  tracing.Span
+	// iat is the session token's iat if the task is admitted: the
+	// submit's timestamp (submitIAT); zero: the HCPSession's creation.
+	iat time.Time
+	// replied is set once a task_accepted went out for this command
+	// before its HCPSession existed (accept.go).
+	replied bool
 }
 
 // submit runs the gate for one task_submit.
@@ -136,7 +143,8 @@ func (s *Sidecar) submit(ctx context.Context, d amqp.Delivery, env *envelope.Env
 		s.replyRejected(ctx, d, callerID, sid, msgID, s.clk.Now(), task.ReasonMalformed, oneLine(err.Error(), 1000))
 		return
 	}
-	c := &command{d: d, ts: ts, callerID: callerID, sid: sid, msgID: msgID, log: log, trace: tracing.FromAMQP(d.Headers)}
+	c := &command{d: d, ts: ts, callerID: callerID, sid: sid, msgID: msgID, log: log, trace: tracing.FromAMQP(d.Headers),
+		iat: submitIAT(env.Timestamp, s.clk.Now())}
 
 	// A copy of this task_submit being decided on this replica right now:
 	// wait for that decision and answer with it.
@@ -213,14 +221,16 @@ func (s *Sidecar) decideTask(ctx context.Context, c *command, depth int) {
 		return
 	}
 
-	in, cl, err := s.gateInput(ctx, c.callerID, ts, now)
+	// The session's duration counts from its iat, which a deadline cuts
+	// short: the same maximum duration for every copy of the submit.
+	in, cl, err := s.gateInput(ctx, c.callerID, ts, cmp.Or(c.iat, now))
 	if err != nil {
 		log.Error(err, "Failed to read what the gate needs")
 		s.decideAndReply(ctx, c, cl, policy.Verdict{Reason: task.ReasonInternal, Message: "the callee could not evaluate the task: " + oneLine(err.Error(), 300)}, depth)
 		return
 	}
 	c.gate = &in
-	v := policy.Gate(in)
+	v := outlived(policy.Gate(in), c.iat, now)
 	if ts.Constraints.DataClassification == "" {
 		// The class the gate judged by is the session's (HCPSession spec,
 		// the harness's task).
