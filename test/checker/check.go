@@ -7,7 +7,10 @@ import (
 )
 
 // kindTerminal names the violations of how a session ends.
-const kindTerminal = "terminal"
+const (
+	kindTerminal = "terminal"
+	kindGap      = "gap"
+)
 
 // Check returns every violation of the model in h, in a stable order.
 func Check(h History) []Violation {
@@ -82,7 +85,7 @@ func appStreams(pub, got []Message) []Violation {
 			streams[m.Session] = st
 		}
 		if st.gap != "" && m.Reason != RecoveryReason && (m.Type != typeStateChanged || m.Seq == 0) {
-			out = append(out, Violation{"gap", m.Session, fmt.Sprintf("%s, and %s came before any recovery was announced", st.gap, describe(m))})
+			out = append(out, Violation{kindGap, m.Session, fmt.Sprintf("%s, and %s came before any recovery was announced", st.gap, describe(m))})
 			st.gap = ""
 		}
 		if m.Reason == RecoveryReason {
@@ -112,7 +115,7 @@ func appStreams(pub, got []Message) []Violation {
 			if m.Type == typeStateChanged {
 				st.gap = gap // excused if the transitions that follow announce a recovery
 			} else {
-				out = append(out, Violation{"gap", m.Session, fmt.Sprintf("%s, and %s announces no recovery", gap, describe(m))})
+				out = append(out, Violation{kindGap, m.Session, fmt.Sprintf("%s, and %s announces no recovery", gap, describe(m))})
 			}
 		}
 		match, ok := matching(published[key{m.Session, m.Seq}], m.Digest)
@@ -131,7 +134,7 @@ func appStreams(pub, got []Message) []Violation {
 	}
 	for id, st := range streams {
 		if st.gap != "" {
-			out = append(out, Violation{"gap", id, st.gap + ", and no recovery was announced after it"})
+			out = append(out, Violation{kindGap, id, st.gap + ", and no recovery was announced after it"})
 		}
 	}
 	return out
