@@ -47,29 +47,44 @@ func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
 // is read: a later owner's epoch means the session is lost
 // (errOwnershipLost, and loseSession runs); a session admitted at creation
 // whose status does not carry the epoch yet is written conditional on its
-// resourceVersion instead; done (if not nil) tells a write that is not
-// needed any more. A deleted object counts as written.
+// resourceVersion instead, read again and retried (guardRetries times) when
+// another write (the status writer's first, which stores the epoch) came
+// in between; done (if not nil) tells a write that is not needed any more.
+// A deleted object counts as written.
 func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done func(*v1alpha1.HCPSession) bool) error {
 	err := ss.patchAnnotation(ctx, key, value, patchOp("test", "/status/ownerEpoch", ss.epoch))
-	if err == nil || apierrors.IsNotFound(err) {
-		return nil
+	for range guardRetries {
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		hs, rerr := ss.sc.readSession(ctx, ss.id)
+		switch {
+		case apierrors.IsNotFound(rerr):
+			return nil
+		case rerr != nil:
+			return err
+		case ss.sc.lostTo(ss, hs):
+			go ss.sc.loseSession(ss, "a write found a later owner's epoch stored", "storedEpoch", hs.Status.OwnerEpoch)
+			return errOwnershipLost
+		case done != nil && done(hs):
+			return nil
+		case hs.Status.OwnerEpoch == ss.epoch:
+			err = ss.patchAnnotation(ctx, key, value, patchOp("test", "/status/ownerEpoch", ss.epoch))
+		case hs.Status.OwnerEpoch == 0 && ss.epoch == 1:
+			err = ss.patchAnnotation(ctx, key, value, patchOp("test", "/metadata/resourceVersion", hs.ResourceVersion))
+		default:
+			return err
+		}
 	}
-	hs, rerr := ss.sc.readSession(ctx, ss.id)
-	switch {
-	case apierrors.IsNotFound(rerr):
+	if apierrors.IsNotFound(err) {
 		return nil
-	case rerr != nil:
-		return err
-	case ss.sc.lostTo(ss, hs):
-		go ss.sc.loseSession(ss, "a write found a later owner's epoch stored", "storedEpoch", hs.Status.OwnerEpoch)
-		return errOwnershipLost
-	case done != nil && done(hs):
-		return nil
-	case hs.Status.OwnerEpoch == 0 && ss.epoch == 1:
-		return ss.patchAnnotation(ctx, key, value, patchOp("test", "/metadata/resourceVersion", hs.ResourceVersion))
 	}
 	return err
 }
+
+// guardRetries bounds guardedMetaPatch's reads and retries after a failed
+// test: each lost only to a concurrent write of this same owner.
+const guardRetries = 5
 
 // patchAnnotation sets one annotation after the test operation.
 func (ss *sess) patchAnnotation(ctx context.Context, key, value string, test map[string]any) error {

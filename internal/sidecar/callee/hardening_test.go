@@ -30,8 +30,9 @@ import (
 // TestDuplicateCannotExtendToken: whoever can write hcpsessions/status (the
 // sidecar's ServiceAccount does) cannot get a longer-lived session token
 // out of a duplicate task_submit. The token's iat is the HCPSession's
-// creationTimestamp and its exp adds spec.maxDuration, both immutable; the
-// status fields are for display only.
+// spec.issuedAt (the submit's timestamp; its creationTimestamp for a
+// session recorded before spec.issuedAt existed) and its exp adds
+// spec.maxDuration, all immutable; the status fields are for display only.
 func TestDuplicateCannotExtendToken(t *testing.T) {
 	b := newBed(t, bedOptions{})
 	_, sid, pub := b.submit(newSubmit(func(ts *task.TaskSubmit) {
@@ -46,11 +47,14 @@ func TestDuplicateCannotExtendToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs := b.waitState(sid, v1alpha1.SessionRunning, 5*time.Second)
-	created := hs.CreationTimestamp.UTC()
-	if !claims.IssuedAt.Equal(created) || !claims.ExpiresAt.Equal(created.Add(10*time.Minute)) || hs.Spec.MaxDuration != "PT10M" {
-		t.Fatalf("claims iat %s exp %s; HCPSession created %s with maxDuration %s", claims.IssuedAt, claims.ExpiresAt, created, hs.Spec.MaxDuration)
+	if hs.Spec.IssuedAt == nil {
+		t.Fatal("the HCPSession has no spec.issuedAt")
 	}
-	if hs.Status.StartedAt == nil || !hs.Status.StartedAt.Equal(&hs.CreationTimestamp) || hs.Status.TokenExpiresAt == nil || !hs.Status.TokenExpiresAt.UTC().Equal(claims.ExpiresAt) {
+	issued := hs.Spec.IssuedAt.UTC()
+	if !claims.IssuedAt.Equal(issued) || !claims.ExpiresAt.Equal(issued.Add(10*time.Minute)) || hs.Spec.MaxDuration != "PT10M" {
+		t.Fatalf("claims iat %s exp %s; HCPSession issuedAt %s with maxDuration %s", claims.IssuedAt, claims.ExpiresAt, issued, hs.Spec.MaxDuration)
+	}
+	if hs.Status.StartedAt == nil || !hs.Status.StartedAt.Equal(hs.Spec.IssuedAt) || hs.Status.TokenExpiresAt == nil || !hs.Status.TokenExpiresAt.UTC().Equal(claims.ExpiresAt) {
 		t.Fatalf("status startedAt %v tokenExpiresAt %v: want the token's times, for display", hs.Status.StartedAt, hs.Status.TokenExpiresAt)
 	}
 
