@@ -11,6 +11,11 @@ import (
 // other sessions moving.
 func (s *Sidecar) holdCap() int { return max(1, s.cfg.Prefetch/2) }
 
+// lingerCap is how many delivered events may wait for the store's group
+// commit (their acks with them) before it is hurried: half the prefetch
+// window, so that a fast stream is not held to a window per linger.
+func (s *Sidecar) lingerCap() int { return max(1, s.cfg.Prefetch/2) }
+
 // mustRelease reports whether it, an event for w, goes back to the queue
 // rather than to w (see release): w cannot deliver now (its app is
 // failing, or it waits for a gap to fill), it is not one of the events w
