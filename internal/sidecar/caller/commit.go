@@ -50,8 +50,8 @@ func applyEvent(r *SessionRecord, it *item) {
 // (2xx): the tracker advances past them, the session record is queued for
 // the next group commit, and their deliveries are acked by the callback
 // that runs right after the fsync covering that record. The commit
-// lingers (Options.CommitLinger) unless half the prefetch window waits for
-// it (lingerCap).
+// lingers (Options.CommitLinger) unless half the prefetch window is
+// unsettled (lingerCap).
 func (w *stream) commitEvents(batch []session.Entry[*item]) {
 	last := batch[len(batch)-1].Seq
 	// last_processed_sequence advances in memory now and on disk with the
@@ -80,16 +80,14 @@ func (w *stream) commitEvents(batch []session.Entry[*item]) {
 	for i, e := range batch {
 		items[i] = e.Item
 	}
-	waiting := w.s.uncommitted.Add(int32(len(batch)))
 	w.s.ackAfter(t, items)
 	t.Then(func(err error) {
 		if err != nil {
 			w.log.Error(err, "Failed to persist last_processed_sequence; acked anyway (after a restart these events may be delivered again)", "upTo", last)
 		}
-		w.s.uncommitted.Add(-int32(len(batch)))
 		raise(&w.acked, last)
 	})
-	if int(waiting) >= w.s.lingerCap() {
+	if int(w.s.holding.Load()) >= w.s.lingerCap() {
 		t.Hurry()
 	}
 }

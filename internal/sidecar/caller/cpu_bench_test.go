@@ -28,7 +28,8 @@ import (
 // app (samplecaller.Recorder, one POST per event). cpu-µs/event is the
 // sidecar process's user+sys time (/proc/PID/stat) from the first publish
 // until the app has every event and 100 ms more (the last acks), divided
-// by b.N; events/s is b.N over the time until the app has them all. The
+// by b.N; events/s is b.N over the time until the app has them all;
+// p50-ms and p99-ms are from each publish to the app's receipt. The
 // framework's probe run (b.N = 1) does nothing. With
 // HCP_CALLER_SIDECAR_HELPER_CPUPROFILE=file the sidecar process writes its
 // CPU profile there (run one sub-benchmark).
@@ -117,11 +118,16 @@ func benchCallerCPU(b *testing.B, rate float64, sessions int) {
 	pid := p.cmd.Process.Pid
 	pace := benchutil.NewPacer(rate)
 	ctx := context.Background()
+	sent := make([]time.Time, b.N)
 	b.ResetTimer()
 	cpu0, start := procTime(b, pid), time.Now()
 	go func() {
 		for i := range pubs {
-			if pace.Wait(ctx) != nil || ch.PublishWithContext(ctx, topology.EventsExchange, keys[i], false, false, pubs[i]) != nil {
+			if pace.Wait(ctx) != nil {
+				return
+			}
+			sent[i] = time.Now()
+			if ch.PublishWithContext(ctx, topology.EventsExchange, keys[i], false, false, pubs[i]) != nil {
 				return
 			}
 		}
@@ -142,6 +148,17 @@ func benchCallerCPU(b *testing.B, rate float64, sessions int) {
 	}
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/event")
 	b.ReportMetric(float64(b.N)/took.Seconds(), "events/s")
+	// Latency: from the publish to the app's receipt.
+	var lat benchutil.Latencies
+	for si, sid := range sids {
+		for _, m := range snap.Sessions[sid].Messages {
+			if i := int(m.Sequence-2)*sessions + si; m.Type == "event" && m.Sequence >= 2 && i < b.N {
+				lat = append(lat, m.At.Sub(sent[i]))
+			}
+		}
+	}
+	b.ReportMetric(float64(lat.Percentile(0.5).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat.Percentile(0.99).Microseconds())/1000, "p99-ms")
 	// A graceful stop, so that a CPU profile asked for is written.
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	_, _ = p.cmd.Process.Wait()

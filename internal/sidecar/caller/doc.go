@@ -39,7 +39,7 @@
 //     once). A batch lingers up to Options.CommitLinger (5 ms) from its
 //     first record so that a steady stream's events share an fsync (at
 //     1,000 events/s about five to one, instead of one each); it is written
-//     at once when half the prefetch window waits for it (lingerCap), when
+//     at once when half the prefetch window is unsettled (lingerCap), when
 //     something waits for it (answers, submits, a stop: Ticket.Wait), or
 //     when a duplicate's ack waits for it;
 //  3. the deliveries of every session that a group commit covers are acked
@@ -222,7 +222,7 @@
 // message_id for such deliveries. With the pipeline the window holds the
 // events the app answered during one group commit's linger and fsync and
 // the batch gathered behind it (at 1,000 events/s about five to ten; the
-// linger ends once half the prefetch window waits), and never more than
+// linger ends once half the prefetch window is unsettled), and never more than
 // the prefetch count in all, since each of them is an unacked delivery.
 // TestCrashBeforeCommitRedelivers and
 // TestCrashAfterCommitBeforeAckDeduplicates kill a sidecar process on

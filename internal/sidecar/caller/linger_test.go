@@ -177,7 +177,7 @@ func TestGroupCommitWaitersDoNotLinger(t *testing.T) {
 
 // TestLingerDoesNotHoldTheWindow: with a commit linger far longer than the
 // test, a stream of more events than the prefetch window (10) still flows:
-// once half the window waits for the commit it is written at once
+// once half the window is unsettled the commit is written at once
 // (lingerCap). Without that, the broker would stop at 10 unacked events
 // and the stream would wait out the linger.
 func TestLingerDoesNotHoldTheWindow(t *testing.T) {

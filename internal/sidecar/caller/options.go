@@ -195,8 +195,8 @@ type Options struct {
 	// their acks may wait (see the package documentation, "Delivery
 	// pipeline"); 0 means DefaultCommitLinger, < 0 none (an fsync as soon
 	// as the previous one returns). Records that something waits for
-	// (answers, submits, a stop) and a window half full of deliveries
-	// waiting for it cut it short. It applies to the store opened from
+	// (answers, submits, a stop) and a prefetch window half full of
+	// unsettled deliveries cut it short. It applies to the store opened from
 	// Config.StateDir, not to Store.
 	CommitLinger time.Duration
 }

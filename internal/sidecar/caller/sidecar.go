@@ -54,9 +54,6 @@ type Sidecar struct {
 	// dispatchedAt is when a delivery last reached the dispatcher (unix
 	// nanos). See Sidecar.release and stream.shed.
 	holding atomic.Int32
-	// uncommitted counts the events the app processed whose acks wait for
-	// the store's group commit (see lingerCap).
-	uncommitted atomic.Int32
 	// acks are the deliveries waiting for a group commit, by ticket (see
 	// ackAfter).
 	ackMu sync.Mutex

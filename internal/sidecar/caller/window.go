@@ -11,9 +11,12 @@ import (
 // other sessions moving.
 func (s *Sidecar) holdCap() int { return max(1, s.cfg.Prefetch/2) }
 
-// lingerCap is how many delivered events may wait for the store's group
-// commit (their acks with them) before it is hurried: half the prefetch
-// window, so that a fast stream is not held to a window per linger.
+// lingerCap is how many deliveries may be unsettled (holding) before the
+// store's group commit is hurried rather than left to linger: half the
+// prefetch window. The acks of a lingering commit hold their deliveries,
+// and a slow fsync holds those that arrive meanwhile; past half the window
+// the broker could soon stop sending, so the commit goes at once, as it
+// would without a linger.
 func (s *Sidecar) lingerCap() int { return max(1, s.cfg.Prefetch/2) }
 
 // mustRelease reports whether it, an event for w, goes back to the queue
