@@ -108,6 +108,7 @@ type bed struct {
 	stopSC  func()
 	// timeouts of the sidecars
 	timeouts Timeouts
+	stateDir bool
 
 	callerCh *amqp.Channel
 
@@ -137,6 +138,9 @@ type bedOptions struct {
 	// deadLetterQueue, when set, is declared and made the command queue's
 	// dead-letter target (default exchange, routing key the queue's name).
 	deadLetterQueue string
+	// stateDir, when set, gives each replica a state directory of its own
+	// (the write-ahead log on disk).
+	stateDir bool
 }
 
 func defaultCapabilities() []v1alpha1.Capability {
@@ -214,7 +218,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 	b.keyDir, b.wrap = o.keyDir, o.wrapClient
 	b.startCaller()
 	testbed.DumpOnFailure(t, testbed.Dump{Client: e.Client, Namespace: b.ns, Lists: []client.ObjectList{&v1alpha1.HCPSessionList{}}, Broker: broker, Vhosts: []string{b.vhost}})
-	b.timeouts = o.timeouts
+	b.timeouts, b.stateDir = o.timeouts, o.stateDir
 	if !o.noStart {
 		b.start()
 	}
@@ -334,6 +338,9 @@ func (b *bed) startReplica(pod string) *replica {
 	cfg := &config.Config{
 		Mode: config.ModeCallee, ID: calleeID, ObjectName: calleeID, Namespace: b.ns, PodName: pod,
 		Vhost: b.vhost, Username: b.calleeU, HarnessURL: hsrv.URL, APIAddr: apiLn.Addr().String(), Prefetch: 10,
+	}
+	if b.stateDir {
+		cfg.StateDir = t.TempDir()
 	}
 	if to.ShutdownDrain == 0 {
 		to.ShutdownDrain = 2 * time.Second

@@ -86,24 +86,73 @@ func (ss *sess) emitKeyedLocked(ctx context.Context, et session.EventType, data 
 // into the payload as it is).
 // Called with lock.
 func (ss *sess) publishEventLocked(ctx context.Context, et session.EventType, data json.RawMessage, key string) (*pending, error) {
-	if err := ss.sc.fence(ss); err != nil {
+	o, err := ss.sequenceEventLocked(et, data, key)
+	if err != nil {
 		return nil, err
+	}
+	ps, err := ss.publishEventsLocked(ctx, []outgoing{o})
+	if err != nil {
+		return nil, err
+	}
+	return ps[0], nil
+}
+
+// outgoing is an event with its sequence and its encoded message, not yet
+// in the write-ahead log.
+type outgoing struct {
+	seq int64
+	key string
+	pub amqp.Publishing
+}
+
+// sequenceEventLocked gives an event the session's next sequence and
+// encodes it. Called with lock.
+func (ss *sess) sequenceEventLocked(et session.EventType, data json.RawMessage, key string) (outgoing, error) {
+	if err := ss.sc.fence(ss); err != nil {
+		return outgoing{}, err
 	}
 	seq, err := ss.seq.Next()
 	if err != nil {
-		return nil, err
+		return outgoing{}, err
 	}
 	payload := session.EventPayload{EventType: et, Sequence: seq, Data: data}.AppendJSON(make([]byte, 0, 64+len(data)))
 	pub, err := envelope.NewPublishing(ss.sc.clk.Now(), envelope.TypeEvent, ss.id, json.RawMessage(payload), ss.sc.username)
 	if err != nil {
+		return outgoing{}, err
+	}
+	return outgoing{seq: seq, key: key, pub: pub}, nil
+}
+
+// publishEventsLocked records sequenced events in the write-ahead log, all
+// of them in one write, then publishes them in order (see publishLocked).
+// Called with lock.
+func (ss *sess) publishEventsLocked(ctx context.Context, os []outgoing) ([]*pending, error) {
+	if err := ss.sc.fence(ss); err != nil {
 		return nil, err
 	}
-	p, err := ss.publishLocked(ctx, envelope.TypeEvent, pub, seq, key)
-	if err != nil {
+	rk := topology.EventRoutingKey(ss.callerID, ss.id, envelope.TypeEvent)
+	state := string(ss.machine.State())
+	ms := make([]wal.Message, len(os))
+	for i, o := range os {
+		ms[i] = wal.Message{Index: ss.index + int64(i) + 1, Seq: o.seq, Key: o.key, RoutingKey: rk, State: state, Body: o.pub.Body}
+	}
+	if err := ss.sc.wal.Append(ss.id, ms...); err != nil {
 		return nil, err
 	}
-	ss.events++
-	return p, nil
+	ps := make([]*pending, len(os))
+	for i, o := range os {
+		ss.index++
+		if o.key != "" {
+			ss.keys.Put(o.key, o.seq)
+		}
+		p, err := ss.enqueueLocked(ctx, ss.index, envelope.TypeEvent, rk, o.pub, o.seq)
+		if err != nil {
+			return ps[:i], err
+		}
+		ss.events++
+		ps[i] = p
+	}
+	return ps, nil
 }
 
 // noteEventsLocked records in the status the events published up to last

@@ -73,22 +73,48 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 			ss.noteEventsLocked(ps[len(ps)-1], progress)
 		}
 	}()
+	// The events are sequenced first, then written to the log together
+	// (one write for the request) and published.
+	var (
+		batch   []outgoing
+		batched map[string]int64 // the keys of this request
+		err     error
+	)
 	for _, ev := range evs {
-		if ev.IdempotencyKey != "" {
-			if seq, ok := ss.keys.Get(ev.IdempotencyKey); ok {
+		if key := ev.IdempotencyKey; key != "" {
+			seq, ok := ss.keys.Get(key)
+			if !ok {
+				seq, ok = batched[key]
+			}
+			if ok {
 				seqs = append(seqs, seq) // a retry: already published
 				continue
 			}
 		}
-		p, err := ss.publishEventLocked(ss.sc.life, ev.EventType, ev.Data, ev.IdempotencyKey)
-		if err != nil {
-			return ps, seqs, fencedError(err)
+		var o outgoing
+		if o, err = ss.sequenceEventLocked(ev.EventType, ev.Data, ev.IdempotencyKey); err != nil {
+			break // what is sequenced already is still published
 		}
-		ps = append(ps, p)
-		seqs = append(seqs, p.seq)
+		batch = append(batch, o)
+		seqs = append(seqs, o.seq)
+		if ev.IdempotencyKey != "" {
+			if batched == nil {
+				batched = map[string]int64{}
+			}
+			batched[ev.IdempotencyKey] = o.seq
+		}
 		if d, ok := ev.decoded.(*session.ProgressData); ok {
 			progress = statusProgress(d)
 		}
+	}
+	if len(batch) > 0 {
+		var perr error
+		if ps, perr = ss.publishEventsLocked(ss.sc.life, batch); perr != nil {
+			err = perr
+		}
+	}
+	if err != nil {
+		return ps, seqs, fencedError(err)
 	}
 	return ps, seqs, nil
 }

@@ -39,7 +39,7 @@ import (
 // callees, real broker users with the DESIGN permissions, a sample caller
 // app, and caller sidecars run in-process against them.
 type bed struct {
-	t        *testing.T
+	t        testing.TB
 	broker   *transporttest.Broker
 	vhost    string
 	callerID string
@@ -55,7 +55,7 @@ type bed struct {
 
 type user struct{ name, password string }
 
-func newBed(t *testing.T, calleeIDs ...string) *bed {
+func newBed(t testing.TB, calleeIDs ...string) *bed {
 	t.Helper()
 	b := &bed{
 		t:        t,
@@ -219,7 +219,7 @@ type running struct {
 type sidecarOpt func(*Options)
 
 func (b *bed) logger() logr.Logger {
-	return testr.NewWithOptions(b.t, testr.Options{LogTimestamp: true, Verbosity: 0})
+	return testr.NewWithInterface(b.t, testr.Options{LogTimestamp: true, Verbosity: 0})
 }
 
 // start runs a caller sidecar on the bed's state directory.
@@ -266,7 +266,7 @@ func (b *bed) start(opts ...sidecarOpt) *running {
 }
 
 // stop shuts the sidecar down gracefully (idempotent).
-func (r *running) stop(t *testing.T) {
+func (r *running) stop(t testing.TB) {
 	if r.cancel == nil {
 		return
 	}
@@ -290,7 +290,7 @@ func (r *running) stop(t *testing.T) {
 // to the broker is cut (and no new one allowed) at the moment its context is
 // cancelled, so nothing can be acked any more and nothing drains; whatever
 // it had not acked returns to the queue.
-func (r *running) kill(t *testing.T) {
+func (r *running) kill(t testing.TB) {
 	r.proxy.Down(true)
 	r.proxy.Cut()
 	r.cancel()
@@ -307,7 +307,7 @@ func (r *running) kill(t *testing.T) {
 }
 
 // submit posts a task through the sidecar's API and returns the view.
-func (r *running) submit(t *testing.T, req SubmitRequest) TaskView {
+func (r *running) submit(t testing.TB, req SubmitRequest) TaskView {
 	t.Helper()
 	var v TaskView
 	status := r.call(t, http.MethodPost, "/hcp/v1/tasks", req, &v)
@@ -318,7 +318,7 @@ func (r *running) submit(t *testing.T, req SubmitRequest) TaskView {
 }
 
 // call does one API request and decodes the answer into out.
-func (r *running) call(t *testing.T, method, path string, in, out any) int {
+func (r *running) call(t testing.TB, method, path string, in, out any) int {
 	t.Helper()
 	var body io.Reader
 	if in != nil {
@@ -469,7 +469,7 @@ type script struct {
 
 const testToken = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJ0ZXN0In0.c2lnbmF0dXJl"
 
-func newScript(t *testing.T, calleeID, taskID string, n int) *script {
+func newScript(t testing.TB, calleeID, taskID string, n int) *script {
 	t.Helper()
 	sid := topology.SessionID(calleeID, "alpha", taskID)
 	s := &script{sessionID: sid, taskID: taskID}
@@ -493,7 +493,7 @@ func newScript(t *testing.T, calleeID, taskID string, n int) *script {
 	return s
 }
 
-func mustEvent(t *testing.T, seq int64, d session.EventData) session.EventPayload {
+func mustEvent(t testing.TB, seq int64, d session.EventData) session.EventPayload {
 	t.Helper()
 	p, err := session.NewEvent(seq, d)
 	if err != nil {
@@ -503,7 +503,7 @@ func mustEvent(t *testing.T, seq int64, d session.EventData) session.EventPayloa
 }
 
 // eventually polls check until it returns nil or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
+func eventually(t testing.TB, timeout time.Duration, what string, check func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var err error

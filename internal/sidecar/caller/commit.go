@@ -49,7 +49,9 @@ func applyEvent(r *SessionRecord, it *item) {
 // commitEvents commits the events of batch, which the app has processed
 // (2xx): the tracker advances past them, the session record is queued for
 // the next group commit, and their deliveries are acked by the callback
-// that runs right after the fsync covering that record.
+// that runs right after the fsync covering that record. The commit
+// lingers (Options.CommitLinger) unless half the prefetch window is
+// unsettled (lingerCap).
 func (w *stream) commitEvents(batch []session.Entry[*item]) {
 	last := batch[len(batch)-1].Seq
 	// last_processed_sequence advances in memory now and on disk with the
@@ -74,17 +76,20 @@ func (w *stream) commitEvents(batch []session.Entry[*item]) {
 	for _, e := range batch {
 		w.s.m.Latency.Observe(now.Sub(e.Item.env.Timestamp).Seconds())
 	}
+	items := make([]*item, len(batch))
+	for i, e := range batch {
+		items[i] = e.Item
+	}
+	w.s.ackAfter(t, items)
 	t.Then(func(err error) {
 		if err != nil {
-			w.log.Error(err, "Failed to persist last_processed_sequence; acking anyway (after a restart these events may be delivered again)", "upTo", last)
+			w.log.Error(err, "Failed to persist last_processed_sequence; acked anyway (after a restart these events may be delivered again)", "upTo", last)
 		}
-		items := make([]*item, len(batch))
-		for i, e := range batch {
-			items[i] = e.Item
-		}
-		w.s.ackAll(items)
 		raise(&w.acked, last)
 	})
+	if int(w.s.holding.Load()) >= w.s.lingerCap() {
+		t.Hurry()
+	}
 }
 
 // commitBarrier writes, and waits for, the task and session records of

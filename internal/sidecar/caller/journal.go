@@ -8,7 +8,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
-	"sync"
+	"time"
 )
 
 // journalLine is one line of the journal: a full record (last one wins) or
@@ -30,77 +30,19 @@ const (
 // only the live records.
 const compactThreshold = 8 << 20
 
+// pendingWrite is a change waiting for its group commit. The records it
+// points to are never modified (every update stores a new copy), so it is
+// encoded when its batch is written: once per batch, however often the
+// record changed meanwhile.
 type pendingWrite struct {
-	line []byte
+	l journalLine
 }
 
-// Ticket is the completion of one group commit: it is done once the
-// write+fsync of the batch that holds a change (and every change queued
-// with it, of any record) has returned. Callbacks registered with Then run
-// in registration order, on the committer goroutine, right after that
-// fsync; they must be quick and must not call the Store.
-type Ticket struct {
-	mu   sync.Mutex
-	done bool
-	err  error
-	then []func(error)
-	// ch is closed once the callbacks have run.
-	ch chan struct{}
+// recordKey names a record in the queue (see enqueue).
+type recordKey struct {
+	task bool
+	id   string
 }
-
-func newTicket() *Ticket { return &Ticket{ch: make(chan struct{})} }
-
-// doneTicket is a ticket already done with err.
-func doneTicket(err error) *Ticket {
-	t := newTicket()
-	t.finish(err)
-	return t
-}
-
-// finish marks t done and runs its callbacks.
-func (t *Ticket) finish(err error) {
-	t.mu.Lock()
-	t.done, t.err = true, err
-	cbs := t.then
-	t.then = nil
-	t.mu.Unlock()
-	for _, f := range cbs {
-		f(err)
-	}
-	close(t.ch)
-}
-
-// Then runs f(err) once t is done: at once, on the calling goroutine, if it
-// already is.
-func (t *Ticket) Then(f func(error)) {
-	t.mu.Lock()
-	if !t.done {
-		t.then = append(t.then, f)
-		t.mu.Unlock()
-		return
-	}
-	err := t.err
-	t.mu.Unlock()
-	f(err)
-}
-
-// Wait blocks until t is done and its callbacks have run.
-func (t *Ticket) Wait() error {
-	<-t.ch
-	return t.err
-}
-
-// Done reports whether t is done and its callbacks have run.
-func (t *Ticket) Done() bool {
-	select {
-	case <-t.ch:
-		return true
-	default:
-		return false
-	}
-}
-
-func wait(t *Ticket) error { return t.Wait() }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
@@ -125,15 +67,17 @@ func parseLine(raw []byte) (journalLine, bool) {
 	return l, true
 }
 
-func encodeLine(l journalLine) []byte {
+func encodeLine(l journalLine) []byte { return appendLine(nil, l) }
+
+// appendLine appends l's line to b.
+func appendLine(b []byte, l journalLine) []byte {
 	body, err := json.Marshal(l)
 	if err != nil {
 		panic(fmt.Sprintf("caller state: marshal journal line: %v", err)) // plain structs: cannot fail
 	}
-	out := make([]byte, 0, len(body)+10)
-	out = fmt.Appendf(out, "%08x ", crc32.Checksum(body, crcTable))
-	out = append(out, body...)
-	return append(out, '\n')
+	b = fmt.Appendf(b, "%08x ", crc32.Checksum(body, crcTable))
+	b = append(b, body...)
+	return append(b, '\n')
 }
 
 // enqueue queues a line for the committer and returns the ticket of the
@@ -146,48 +90,97 @@ func (s *Store) enqueue(l journalLine) *Ticket {
 	if s.dir == "" {
 		return doneTicket(nil)
 	}
-	line := encodeLine(l)
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if s.closed {
 		return doneTicket(errors.New("caller state: store closed"))
 	}
 	if s.ticket == nil {
-		s.ticket = newTicket()
+		s.ticket = newTicket(s)
+		s.since = time.Now()
+		s.wake()
 	}
-	var key string
+	var key recordKey
 	switch {
 	case l.Task != nil:
-		key = "t/" + l.Task.MessageID
+		key = recordKey{task: true, id: l.Task.MessageID}
 	case l.Session != nil:
-		key = "s/" + l.Session.SessionID
+		key = recordKey{id: l.Session.SessionID}
 	case l.DeleteTask != "":
-		delete(s.keyIdx, "t/"+l.DeleteTask)
+		delete(s.keyIdx, recordKey{task: true, id: l.DeleteTask})
 	case l.DeleteSession != "":
-		delete(s.keyIdx, "s/"+l.DeleteSession)
+		delete(s.keyIdx, recordKey{id: l.DeleteSession})
 	}
-	if i, ok := s.keyIdx[key]; ok && key != "" {
-		s.queue[i].line = line
+	if i, ok := s.keyIdx[key]; ok && key.id != "" {
+		s.queue[i].l = l
 		return s.ticket
 	}
-	if key != "" {
+	if key.id != "" {
 		s.keyIdx[key] = len(s.queue)
 	}
-	s.queue = append(s.queue, pendingWrite{line: line})
-	s.cond.Signal()
+	s.queue = append(s.queue, pendingWrite{l: l})
 	return s.ticket
 }
 
-// committer writes queued lines in batches, one fsync per batch.
+// SetCommitLinger sets how long a group commit gathers changes before it
+// is written (see Options.CommitLinger; OpenStore sets
+// DefaultCommitLinger); d <= 0 writes each batch as soon as the previous
+// one is done.
+func (s *Store) SetCommitLinger(d time.Duration) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.linger = max(d, 0)
+	s.wake()
+}
+
+// wake tells the committer that its batch, or the store, changed; called
+// with wmu held.
+func (s *Store) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+// hurry has t's batch written without waiting out the linger, if t is
+// still the batch being gathered (a batch already taken is being written).
+func (s *Store) hurry(t *Ticket) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.ticket == t && !s.urgent {
+		s.urgent = true
+		s.wake()
+	}
+}
+
+// committer writes queued lines in batches, one write and one fsync per
+// batch. A batch is gathered for up to linger from its first change (so
+// that the events of a steady stream share an fsync instead of paying one
+// each), and written at once when it is hurried (Ticket.Wait or Hurry) or
+// the store closes.
 func (s *Store) committer() {
 	defer close(s.stopped)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for {
 		s.wmu.Lock()
-		for len(s.queue) == 0 && !s.closed {
-			s.cond.Wait()
+		if len(s.queue) == 0 && !s.closed {
+			s.wmu.Unlock()
+			<-s.kick
+			continue
+		}
+		if wait := s.linger - time.Since(s.since); len(s.queue) > 0 && !s.urgent && !s.closed && wait > 0 {
+			s.wmu.Unlock()
+			timer.Reset(wait)
+			select {
+			case <-s.kick:
+				timer.Stop()
+			case <-timer.C:
+			}
+			continue
 		}
 		batch, ticket := s.queue, s.ticket
-		s.queue, s.ticket = nil, nil
+		s.queue, s.ticket, s.urgent = nil, nil, false
 		clear(s.keyIdx)
 		closed := s.closed
 		s.wmu.Unlock()
@@ -218,19 +211,22 @@ func (s *Store) commit(batch []pendingWrite) error {
 	if err := s.err(); err != nil {
 		return err
 	}
-	var buf bytes.Buffer
+	buf := s.buf[:0]
 	for _, w := range batch {
-		buf.Write(w.line)
+		buf = appendLine(buf, w.l)
 	}
-	if _, err := s.file.Write(buf.Bytes()); err != nil {
+	if cap(buf) <= 64<<10 {
+		s.buf = buf // reused by the next batch (the committer's only)
+	}
+	if _, err := s.file.Write(buf); err != nil {
 		return s.fail(fmt.Errorf("caller state: append to journal: %w", err))
 	}
-	if err := s.file.Sync(); err != nil {
+	if err := s.fsync(s.file); err != nil {
 		// After a failed fsync the page cache may have dropped the data:
 		// the file can no longer be trusted (the "fsyncgate" lesson).
 		return s.fail(fmt.Errorf("caller state: fsync journal: %w", err))
 	}
-	s.size += int64(buf.Len())
+	s.size += int64(len(buf))
 	if s.size > compactThreshold {
 		if err := s.compact(); err != nil {
 			// The journal is intact; compaction is retried after the next

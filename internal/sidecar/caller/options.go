@@ -54,6 +54,8 @@ const (
 	DefaultMaxAttempts = 10
 	// DefaultMaxGapWait is Options.MaxGapWait's default.
 	DefaultMaxGapWait = 10 * time.Minute
+	// DefaultCommitLinger is Options.CommitLinger's default.
+	DefaultCommitLinger = 5 * time.Millisecond
 )
 
 // RetryPolicy is how a task_submit without an answer is republished: the
@@ -188,6 +190,15 @@ type Options struct {
 	// FlushTimeout bounds the final callerAckedSequence writes of a
 	// graceful stop (see DefaultFlushTimeout); Drain uses its own ctx.
 	FlushTimeout time.Duration
+	// CommitLinger is how long the store gathers the records of delivered
+	// events before one write and fsync covers them all, and so how long
+	// their acks may wait (see the package documentation, "Delivery
+	// pipeline"); 0 means DefaultCommitLinger, < 0 none (an fsync as soon
+	// as the previous one returns). Records that something waits for
+	// (answers, submits, a stop) and a prefetch window half full of
+	// unsettled deliveries cut it short. It applies to the store opened from
+	// Config.StateDir, not to Store.
+	CommitLinger time.Duration
 }
 
 // withDefaults fills in every option left unset.
@@ -256,6 +267,9 @@ func (o Options) withDefaults(c *config.Config) Options {
 	}
 	if o.FlushTimeout <= 0 {
 		o.FlushTimeout = DefaultFlushTimeout
+	}
+	if o.CommitLinger == 0 {
+		o.CommitLinger = DefaultCommitLinger
 	}
 	if o.StatusInterval == 0 {
 		o.StatusInterval = DefaultStatusInterval

@@ -46,6 +46,47 @@ func (s *Sidecar) ackAll(items []*item) {
 	}
 }
 
+// ackBatch is the deliveries whose acks wait for one group commit.
+type ackBatch struct {
+	t     *Ticket
+	items []*item
+}
+
+// ackAfter acks items once t is done (the fsync that covers their
+// records has returned). Every delivery queued for one ticket, of every
+// session, goes in one ackAll: one basic.ack frame with multiple=true per
+// group commit where that is safe, not one per event.
+func (s *Sidecar) ackAfter(t *Ticket, items []*item) {
+	s.ackMu.Lock()
+	for _, b := range s.acks {
+		if b.t == t {
+			b.items = append(b.items, items...)
+			s.ackMu.Unlock()
+			return
+		}
+	}
+	s.acks = append(s.acks, &ackBatch{t: t, items: items})
+	s.ackMu.Unlock()
+	// Registered once per ticket, before the callbacks of the sessions
+	// that queue items after this one; if t is done already it runs now.
+	t.Then(func(error) { s.ackBatchOf(t) })
+}
+
+// ackBatchOf acks the deliveries queued for t (ackAfter).
+func (s *Sidecar) ackBatchOf(t *Ticket) {
+	s.ackMu.Lock()
+	var items []*item
+	for i, b := range s.acks {
+		if b.t == t {
+			items = b.items
+			s.acks = append(s.acks[:i], s.acks[i+1:]...)
+			break
+		}
+	}
+	s.ackMu.Unlock()
+	s.ackAll(items)
+}
+
 // markSettled marks it settled and no longer held, once: it reports
 // whether this call did (the caller then sends the frame, if any).
 func (s *Sidecar) markSettled(it *item) bool {
@@ -67,13 +108,16 @@ func (s *Sidecar) forget(it *item) { s.markSettled(it) }
 // settleDurable acks a message that needs no delivery (a duplicate) once
 // every record write of this session made so far is durable: a duplicate
 // of an event whose own ack is still waiting for its fsync must not leave
-// the queue before that fsync.
+// the queue before that fsync. The commit is hurried: duplicates come in
+// bursts (a redelivery after a lost channel) that could fill the window
+// while it lingers.
 func (w *stream) settleDurable(it *item) {
 	if w.lastTicket == nil {
 		w.s.settle(it, true)
 		return
 	}
 	w.lastTicket.Then(func(error) { w.s.settle(it, true) })
+	w.lastTicket.Hurry()
 }
 
 // waitDurable waits until every record write of this session is durable and

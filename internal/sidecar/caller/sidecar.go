@@ -54,6 +54,10 @@ type Sidecar struct {
 	// dispatchedAt is when a delivery last reached the dispatcher (unix
 	// nanos). See Sidecar.release and stream.shed.
 	holding atomic.Int32
+	// acks are the deliveries waiting for a group commit, by ticket (see
+	// ackAfter).
+	ackMu sync.Mutex
+	acks  []*ackBatch
 	// stalledSessions counts the session workers whose app is failing
 	// their messages (stream.stalled).
 	stalledSessions atomic.Int32
@@ -130,6 +134,7 @@ func New(opts Options) (*Sidecar, error) {
 		if err != nil {
 			return nil, fmt.Errorf("caller sidecar: %w", err)
 		}
+		st.SetCommitLinger(o.CommitLinger)
 		s.store, s.ownStore = st, true
 	}
 	for _, t := range s.store.Tasks() {

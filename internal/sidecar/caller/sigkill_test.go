@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"sync"
 	"syscall"
 	"testing"
@@ -27,6 +28,13 @@ import (
 // contract) until it is killed.
 const helperEnv = "HCP_CALLER_SIDECAR_HELPER"
 
+// lingerEnv sets the helper process's Options.CommitLinger (a duration).
+const lingerEnv = "HCP_CALLER_SIDECAR_HELPER_LINGER"
+
+// profileEnv names a file for the helper process's CPU profile, written
+// when it stops on SIGTERM.
+const profileEnv = "HCP_CALLER_SIDECAR_HELPER_CPUPROFILE"
+
 // TestHelperCallerSidecarProcess is not a test on its own: the SIGKILL test
 // runs the test binary again with it, as the sidecar process to kill.
 func TestHelperCallerSidecarProcess(t *testing.T) {
@@ -36,6 +44,16 @@ func TestHelperCallerSidecarProcess(t *testing.T) {
 	cfg, err := config.FromOSEnv()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if path := os.Getenv(profileEnv); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{LogTimestamp: true})
 	conn, err := transport.Dial(context.Background(), transport.Options{URL: cfg.AMQPURL, ConnectionName: "caller-sidecar-process",
@@ -47,8 +65,14 @@ func TestHelperCallerSidecarProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var linger time.Duration
+	if v := os.Getenv(lingerEnv); v != "" {
+		if linger, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
 	sc, err := New(Options{Config: cfg, Publisher: pub, Consumer: conn, Log: log, GapTimeout: time.Second,
-		AppBackoff: Backoff{Min: 20 * time.Millisecond, Max: 300 * time.Millisecond}})
+		AppBackoff: Backoff{Min: 20 * time.Millisecond, Max: 300 * time.Millisecond}, CommitLinger: linger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +95,14 @@ type process struct {
 	log string
 }
 
-func (b *bed) spawn(t *testing.T, n int) *process {
+func (b *bed) spawn(t testing.TB, n int) *process {
+	t.Helper()
+	return b.spawnWith(t, n, b.amqpURL(b.caller))
+}
+
+// spawnWith is spawn with the broker at amqpURL (a proxy's) and extra
+// environment variables.
+func (b *bed) spawnWith(t testing.TB, n int, amqpURL string, env ...string) *process {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -87,9 +118,10 @@ func (b *bed) spawn(t *testing.T, n int) *process {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCallerSidecarProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1",
 		config.EnvMode+"=caller", config.EnvID+"="+b.callerID, config.EnvNamespace+"=default",
-		config.EnvVhost+"="+b.vhost, config.EnvAMQPURL+"="+b.amqpURL(b.caller), config.EnvUsername+"="+b.caller.name,
+		config.EnvVhost+"="+b.vhost, config.EnvAMQPURL+"="+amqpURL, config.EnvUsername+"="+b.caller.name,
 		config.EnvHarnessURL+"="+b.appSrv.URL, config.EnvAPIAddr+"="+addr, config.EnvStateDir+"="+b.stateDir,
 		config.EnvPrefetch+"=10")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -122,7 +154,7 @@ func tailBytes(b []byte, n int) []byte {
 	return b
 }
 
-func (p *process) submit(t *testing.T, req SubmitRequest) TaskView {
+func (p *process) submit(t testing.TB, req SubmitRequest) TaskView {
 	t.Helper()
 	js, _ := json.Marshal(req)
 	resp, err := http.Post(p.api+"/hcp/v1/tasks", "application/json", bytes.NewReader(js))

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
@@ -18,8 +19,9 @@ import (
 // Store is the caller sidecar's durable state: tasks and sessions. It is a
 // journal of full records (one JSON line each, CRC-32C protected), appended
 // with group commit (one write+fsync covers every change queued since the
-// previous one, of any record, so events and sessions share the cost; the
-// Update methods wait for it, RecordSession returns its Ticket) and
+// previous one, of any record, so events and sessions share the cost; a
+// batch lingers for more changes, see SetCommitLinger; the Update methods
+// wait for it without the linger, RecordSession returns its Ticket) and
 // compacted by rewriting it atomically (temporary file, fsync, rename,
 // fsync of the directory). A torn last line, from a crash in the middle of an append, is
 // detected by its checksum and discarded: its write had not returned, so
@@ -42,15 +44,23 @@ type Store struct {
 	// Group commit: queue holds the lines written since the committer took
 	// the last batch, keyIdx the position in queue of each record's line
 	// (a record updated twice before its batch is taken is written once,
-	// in its latest state), ticket the batch's completion.
+	// in its latest state), ticket the batch's completion, since when the
+	// first of them waits, urgent whether the batch was hurried (see
+	// linger). kick wakes the committer.
 	wmu     sync.Mutex
-	cond    *sync.Cond
 	queue   []pendingWrite
-	keyIdx  map[string]int
+	keyIdx  map[recordKey]int
 	ticket  *Ticket
+	since   time.Time
+	urgent  bool
+	linger  time.Duration
+	kick    chan struct{}
 	closed  bool
 	stopped chan struct{}
 	file    *os.File
+	buf     []byte // the committer's write buffer
+	// fsync is (*os.File).Sync of the journal (tests watch it).
+	fsync   func(*os.File) error
 	lock    *os.File
 	size    int64
 	failErr error // sticky: a failed fsync leaves the file in an unknown state
@@ -64,9 +74,11 @@ func OpenStore(dir string) (*Store, error) {
 		sessions:  map[string]*SessionRecord{},
 		bySession: map[string]string{},
 		stopped:   make(chan struct{}),
-		keyIdx:    map[string]int{},
+		keyIdx:    map[recordKey]int{},
+		linger:    DefaultCommitLinger,
+		fsync:     (*os.File).Sync,
+		kick:      make(chan struct{}, 1),
 	}
-	s.cond = sync.NewCond(&s.wmu)
 	if dir == "" {
 		close(s.stopped)
 		return s, nil
@@ -157,7 +169,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.cond.Signal()
+	s.wake()
 	s.wmu.Unlock()
 	<-s.stopped
 	var errs []error

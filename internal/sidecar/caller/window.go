@@ -11,6 +11,14 @@ import (
 // other sessions moving.
 func (s *Sidecar) holdCap() int { return max(1, s.cfg.Prefetch/2) }
 
+// lingerCap is how many deliveries may be unsettled (holding) before the
+// store's group commit is hurried rather than left to linger: half the
+// prefetch window. The acks of a lingering commit hold their deliveries,
+// and a slow fsync holds those that arrive meanwhile; past half the window
+// the broker could soon stop sending, so the commit goes at once, as it
+// would without a linger.
+func (s *Sidecar) lingerCap() int { return max(1, s.cfg.Prefetch/2) }
+
 // mustRelease reports whether it, an event for w, goes back to the queue
 // rather than to w (see release): w cannot deliver now (its app is
 // failing, or it waits for a gap to fill), it is not one of the events w

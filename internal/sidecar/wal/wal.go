@@ -5,7 +5,9 @@
 // L2 state after the last state_changed, and the idempotency keys the
 // harness sent with its events.
 //
-// A record is written (one write(2) call) before its message is published.
+// A record is written before its message is published, the records of one
+// publish (a message, or every event of one harness request) in one
+// write(2) call.
 // A sidecar that restarts in the same pod (a crash, an OOM kill, a SIGKILL)
 // reads the log back and so continues every session it owned with the next
 // sequence number, republishes what may not have reached the broker (the
@@ -175,6 +177,8 @@ type Log struct {
 	size     int64
 	sessions map[string]*Session
 	buf      []byte
+	// messageWrites counts the writes of Append (see MessageWrites).
+	messageWrites int64
 }
 
 // Open opens (or creates) the log in dir and returns the sessions it holds.
@@ -219,9 +223,12 @@ func (l *Log) Open(id string, task []byte) error {
 	})
 }
 
-// Append records messages of a session about to be published.
+// Append records messages of a session about to be published, all of them
+// in one write: a caller with several messages to publish passes them
+// together.
 func (l *Log) Append(id string, ms ...Message) error {
 	return l.write(func(b []byte) []byte {
+		l.messageWrites++
 		for _, m := range ms {
 			b = appendMessage(b, id, m)
 		}
@@ -232,6 +239,14 @@ func (l *Log) Append(id string, ms ...Message) error {
 			s.apply(m)
 		}
 	})
+}
+
+// MessageWrites is how many write(2) calls recorded messages (one per
+// Append that reached the file, however many messages it carried).
+func (l *Log) MessageWrites() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.messageWrites
 }
 
 // Confirm records that every message of the session up to index was

@@ -130,3 +130,33 @@ func get(s *Session, key string) int64 {
 	seq, _ := s.Keys.Get(key)
 	return seq
 }
+
+// TestAppendBatchIsOneWrite: messages appended together are one write and
+// replay as the messages they are; a log without a directory writes
+// nothing.
+func TestAppendBatchIsOneWrite(t *testing.T) {
+	dir := t.TempDir()
+	l, _, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, l.Open("s1", nil))
+	must(t, l.Append("s1", msg(1, "a"), msg(2, ""), msg(3, "c")))
+	must(t, l.Append("s1", msg(4, "")))
+	if n := l.MessageWrites(); n != 2 {
+		t.Errorf("%d writes for two appends", n)
+	}
+	must(t, l.Release())
+	s := reopen(t, dir)["s1"]
+	if s == nil || len(s.Pending) != 4 || s.LastSeq != 4 || get(s, "a") != 1 || get(s, "c") != 3 {
+		t.Fatalf("replayed %+v", s)
+	}
+	mem, _, err := Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, mem.Append("s1", msg(1, "")))
+	if n := mem.MessageWrites(); n != 0 {
+		t.Errorf("a log without a directory wrote %d times", n)
+	}
+}
