@@ -1,6 +1,7 @@
 package callee
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -182,8 +183,14 @@ func (s *Sidecar) notRecorded(ctx context.Context, c *command, hs *v1alpha1.HCPS
 	switch {
 	case apierrors.IsAlreadyExists(err):
 		// Another processor of a copy recorded it first: it runs the
-		// session; answer from its record (a refusal there also ends
-		// this acceptance).
+		// session. The reply just sent is the one its record gives (both
+		// derive from the submit) unless that processor decided
+		// otherwise: then answer from its record (a refusal there also
+		// ends this acceptance).
+		if s.sameAcceptance(ctx, c, reply) {
+			s.settleReply(ctx, c.d, c.log, topology.EventRoutingKey(c.callerID, c.sid, envelope.TypeTaskAccepted), <-replied)
+			return
+		}
 		s.duplicate(ctx, c, depth)
 		return
 	case s.life.Err() != nil:
@@ -206,6 +213,19 @@ func (s *Sidecar) notRecorded(ctx context.Context, c *command, hs *v1alpha1.HCPS
 		c.log.Error(err, "Failed to publish task_accepted")
 	}
 	s.answerNotRecorded(ctx, c, r, false)
+}
+
+// sameAcceptance reports whether the recorded session of c is admitted and
+// its task_accepted is the reply this processor sent: then the caller has
+// its answer, and sending it again would only repeat it.
+func (s *Sidecar) sameAcceptance(ctx context.Context, c *command, sent amqp.Publishing) bool {
+	var hs v1alpha1.HCPSession
+	if err := s.reader.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: c.sid}, &hs); err != nil ||
+		hs.Spec.CallerID != c.callerID || hs.Spec.MaxDuration == "" || hs.DecidedState() == v1alpha1.SessionRejected {
+		return false
+	}
+	pub, err := s.acceptedReply(&hs)
+	return err == nil && bytes.Equal(pub.Body, sent.Body)
 }
 
 // answerNotRecorded sends the answers of an accepted task that has no

@@ -205,7 +205,12 @@ func TestSameMessageIDFromTwoCallers(t *testing.T) {
 	if accB.SessionID != sidB || accB.SessionID == accA.SessionID || accB.SessionToken == accA.SessionToken {
 		t.Fatalf("beta's session %s (token shared: %v), alpha's %s; want %s, a token of its own", accB.SessionID, accB.SessionToken == accA.SessionToken, accA.SessionID, sidB)
 	}
-	if hs := b.hcpSession(sidB); hs.Spec.CallerID != "beta" {
+	// The reply may come before the record (reply-first acceptance).
+	var hs v1alpha1.HCPSession
+	testEventually(t, 10*time.Second, func() error {
+		return b.env.Client.Get(t.Context(), client.ObjectKey{Namespace: b.ns, Name: sidB}, &hs)
+	})
+	if hs.Spec.CallerID != "beta" {
 		t.Fatalf("beta's HCPSession names caller %q", hs.Spec.CallerID)
 	}
 }
