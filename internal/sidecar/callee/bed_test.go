@@ -100,6 +100,10 @@ type bed struct {
 	calleeU string
 	callerU string
 
+	// stateDirs, when set, gives each pod a state directory (its
+	// write-ahead log), kept across restarts in the same pod.
+	stateDirs map[string]string
+
 	// the first replica's sidecar
 	first   *replica
 	sc      *Sidecar
@@ -137,6 +141,9 @@ type bedOptions struct {
 	// deadLetterQueue, when set, is declared and made the command queue's
 	// dead-letter target (default exchange, routing key the queue's name).
 	deadLetterQueue string
+	// stateDirs gives each replica a state directory per pod (the
+	// sidecar's write-ahead log on disk, as in a pod's emptyDir).
+	stateDirs bool
 }
 
 func defaultCapabilities() []v1alpha1.Capability {
@@ -215,6 +222,9 @@ func newBed(t *testing.T, o bedOptions) *bed {
 	b.startCaller()
 	testbed.DumpOnFailure(t, testbed.Dump{Client: e.Client, Namespace: b.ns, Lists: []client.ObjectList{&v1alpha1.HCPSessionList{}}, Broker: broker, Vhosts: []string{b.vhost}})
 	b.timeouts = o.timeouts
+	if o.stateDirs {
+		b.stateDirs = map[string]string{}
+	}
 	if !o.noStart {
 		b.start()
 	}
@@ -264,6 +274,14 @@ func (b *bed) start() {
 	r := b.startReplica(b.pod)
 	b.first = r
 	b.sc, b.harness, b.metrics, b.stopSC = r.sc, r.harness, r.metrics, r.stop
+}
+
+// stateDir is pod's state directory (created on first use).
+func (b *bed) stateDir(pod string) string {
+	if b.stateDirs[pod] == "" {
+		b.stateDirs[pod] = b.t.TempDir()
+	}
+	return b.stateDirs[pod]
 }
 
 // startReplica runs a callee sidecar (and a fresh sample harness)
@@ -334,6 +352,9 @@ func (b *bed) startReplica(pod string) *replica {
 	cfg := &config.Config{
 		Mode: config.ModeCallee, ID: calleeID, ObjectName: calleeID, Namespace: b.ns, PodName: pod,
 		Vhost: b.vhost, Username: b.calleeU, HarnessURL: hsrv.URL, APIAddr: apiLn.Addr().String(), Prefetch: 10,
+	}
+	if b.stateDirs != nil {
+		cfg.StateDir = b.stateDir(pod)
 	}
 	if to.ShutdownDrain == 0 {
 		to.ShutdownDrain = 2 * time.Second
