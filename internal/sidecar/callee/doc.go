@@ -49,6 +49,7 @@
 //	harness.go      calls to the harness: hand-over, resume, the watchdog
 //	own.go          ownership and fencing (the pod's Lease)
 //	adopt.go        re-adopting sessions from the log, taking over lost ones
+//	resume.go       resuming a task from its checkpoint; a re-adopted session's task
 //	drain.go        handing sessions over when the pod goes away
 //	abort.go        aborts from the HCPSession (spec.abortRequested)
 //	recovery.go     sessions of vanished pods

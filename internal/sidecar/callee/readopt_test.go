@@ -163,3 +163,59 @@ func TestReadoptFromALogWithoutTask(t *testing.T) {
 		t.Fatalf("transitions %v, want %v", tr, wantTr)
 	}
 }
+
+// TestReadoptPausedTakeoverResumes: the sidecar took a released session
+// over (PAUSED harness_moved, claimed, its task and last sequence in the
+// log) and restarted before the task reached its harness. The re-adopted
+// session is PAUSED with no harness working on it: the watchdog hands the
+// task over with the checkpoint, and it goes on after the last sequence.
+func TestReadoptPausedTakeoverResumes(t *testing.T) {
+	b := newBed(t, bedOptions{noStart: true, stateDirs: true, timeouts: Timeouts{HarnessCheck: 200 * time.Millisecond}})
+	sid := b.orphan(b.pod, v1alpha1.SessionPaused, 7)
+	hs := b.hcpSession(sid)
+	hs.Status.Reason, hs.Status.OwnerEpoch = reasonHarnessMoved, 2
+	must(t, b.env.Client.Status().Update(t.Context(), hs))
+	body := orphanTask(t, sid, `{"steps":8,"step_ms":20,"checkpoint_every":1}`)
+	b.saveCheckpoint(sid, body, checkpoint.Checkpoint{ID: "drain-005", Resumable: true, Sequence: 7, State: []byte(`{"step":5}`)})
+	l, _, err := wal.Open(b.stateDir(b.pod))
+	must(t, err)
+	must(t, l.Adopt(sid, body, 7))
+	must(t, l.Release())
+
+	b.start()
+	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
+		t.Fatalf("session_closed = %+v (%s)", closed, summary(b.messages(sid)))
+	}
+	evs := b.events(sid)
+	if evs[0].Sequence != 8 {
+		t.Fatalf("the re-adopted session went on at sequence %d, want 8 (%s)", evs[0].Sequence, summary(b.messages(sid)))
+	}
+	want := []string{"PAUSED>RUNNING:recovered_from_checkpoint", "RUNNING>COMPLETED:completed"}
+	if tr := transitionsOf(evs); !slices.Equal(tr, want) {
+		t.Fatalf("transitions %v, want %v", tr, want)
+	}
+	if n, _ := b.harness.Starts(sid); n != 1 {
+		t.Fatalf("the harness started the session %d times", n)
+	}
+}
+
+// TestHarnessRestartWhilePausedResumes: the harness paused its session and
+// then lost it (a restart). The watchdog resumes the session from its
+// checkpoint as it does a RUNNING one, instead of leaving it PAUSED with
+// nobody working on it until its timeout.
+func TestHarnessRestartWhilePausedResumes(t *testing.T) {
+	b := newBed(t, bedOptions{timeouts: Timeouts{HarnessCheck: 200 * time.Millisecond}})
+	_, sid, _ := b.submit(newSubmit(func(ts *task.TaskSubmit) {
+		ts.Inputs = json.RawMessage(`{"steps":6,"step_ms":20,"checkpoint_every":1,"pause_at":3,"pause_ms":600000}`)
+	}))
+	b.waitMessage(sid, 20*time.Second, "the harness's pause", isStateChange(session.StateRunning, session.StatePaused, "pause_at"))
+	b.harness.Crash()
+	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
+		t.Fatalf("session_closed = %+v (%s)", closed, summary(b.messages(sid)))
+	}
+	evs := checkStream(t, b, sid, 6)
+	want := []string{"PENDING>RUNNING:accepted", "RUNNING>PAUSED:pause_at", "PAUSED>RUNNING:recovered_from_checkpoint", "RUNNING>COMPLETED:completed"}
+	if tr := transitionsOf(evs); !slices.Equal(tr, want) {
+		t.Fatalf("transitions %v, want %v", tr, want)
+	}
+}
