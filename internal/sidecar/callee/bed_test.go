@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -276,6 +278,22 @@ func (b *bed) start() {
 	b.sc, b.harness, b.metrics, b.stopSC = r.sc, r.harness, r.metrics, r.stop
 }
 
+// harnessLogger logs to t until the test's cleanup reaches it, then
+// drops: an in-process harness may still run a task after its test (it
+// retries a stopped sidecar for minutes), and a t.Log then panics.
+func harnessLogger(t *testing.T) logr.Logger {
+	var mu sync.RWMutex
+	done := false
+	t.Cleanup(func() { mu.Lock(); done = true; mu.Unlock() })
+	return funcr.New(func(prefix, args string) {
+		mu.RLock()
+		defer mu.RUnlock()
+		if !done {
+			t.Log(prefix, args)
+		}
+	}, funcr.Options{Verbosity: 1})
+}
+
 // stateDir is pod's state directory (created on first use).
 func (b *bed) stateDir(pod string) string {
 	if b.stateDirs[pod] == "" {
@@ -302,7 +320,7 @@ func (b *bed) startReplica(pod string) *replica {
 
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
-	r.harness = samplecallee.New("http://"+apiLn.Addr().String(), log.WithName("harness"))
+	r.harness = samplecallee.New("http://"+apiLn.Addr().String(), harnessLogger(t).WithValues("pod", pod).WithName("harness"))
 	hsrv := httptest.NewServer(r.harness.Handler())
 	r.harnessSrv = hsrv
 	cleanups = append(cleanups, hsrv.Close)

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
-
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/samplecallee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
@@ -59,17 +57,10 @@ func TestSidecarSIGKILLAfterTakeoverReadoptsTask(t *testing.T) {
 
 	// Pod B: the sidecar binary, and a harness that outlives its restart.
 	p := podAddrs{pod: "pod-b", stateDir: t.TempDir(), api: freeAddr(t), probe: freeAddr(t)}
-	hb := samplecallee.New("http://"+p.api, testr.New(t).WithName("harness-b"))
+	hb := samplecallee.New("http://"+p.api, harnessLogger(t).WithName("harness-b"))
 	hsrv := httptest.NewServer(hb.Handler())
 	t.Cleanup(hsrv.Close)
-	t.Cleanup(func() { // no task logs after the test
-		hb.Crash()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if _, running := hb.Starts(sid); !running {
-				return
-			}
-		}
-	})
+	t.Cleanup(hb.Crash)
 	p.harnessURL = hsrv.URL
 	sc := b.startSidecarProc(bin, p)
 
