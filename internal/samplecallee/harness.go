@@ -35,6 +35,10 @@
 // answers 503 fenced while it cannot). A stop request with reason
 // ownership_lost (the session moved to another replica) ends the task at
 // once, reporting nothing.
+//
+// Its log says why each run of a task ended (completed, failed as asked,
+// aborted, handed over, moved away, or the sidecar's refusal of a call,
+// with its answer), and when a call to the sidecar is being retried.
 package samplecallee
 
 import (
@@ -107,8 +111,11 @@ type run struct {
 	abort chan struct{}
 	once  sync.Once
 	done  chan struct{}
-	// crashed stops the task without reporting anything (Crash, drain).
-	crashed bool
+	// quiet says why the task stops without reporting anything to the
+	// sidecar (Crash, a drain, ownership_lost); "" when it reports.
+	quiet string
+	// why is the reason of the stop request that aborted it.
+	why string
 	// lastDone is the last step whose progress event the sidecar took.
 	lastDone int
 }
@@ -218,7 +225,7 @@ func (h *Harness) handleList(w http.ResponseWriter, _ *http.Request) {
 func (h *Harness) Crash() {
 	h.mu.Lock()
 	for _, rn := range h.sessions {
-		rn.crashed = true
+		rn.quiet = "the harness crashed (simulated): its tasks are lost"
 		rn.once.Do(func() { close(rn.abort) })
 	}
 	h.sessions = map[string]*run{}
@@ -233,7 +240,7 @@ func (h *Harness) handleDrain(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	rn := h.sessions[id]
 	if rn != nil {
-		rn.crashed = true
+		rn.quiet = "handed over at a drain: the sidecar passes the checkpoint of the last step on"
 	}
 	h.mu.Unlock()
 	if rn == nil {
@@ -287,8 +294,11 @@ func (h *Harness) handleAbort(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	rn := h.sessions[id]
 	h.stops[id] = append(h.stops[id], body.Reason)
-	if rn != nil && body.Reason == OwnershipLost {
-		rn.crashed = true // not ours to report on any more
+	if rn != nil {
+		rn.why = body.Reason
+		if body.Reason == OwnershipLost {
+			rn.quiet = "the session moved to another replica (ownership_lost): not this harness's to report on any more"
+		}
 	}
 	h.mu.Unlock()
 	if rn == nil {

@@ -35,7 +35,7 @@ func (h *Harness) postUntil(id, action string, body any, stop <-chan struct{}) e
 	}
 	deadline := time.Now().Add(RetryFor)
 	backoff := 100 * time.Millisecond
-	for {
+	for attempt := 1; ; attempt++ {
 		status, msg, err := h.postOnce(id, action, b)
 		retry := err != nil || status == http.StatusServiceUnavailable
 		if !retry {
@@ -43,6 +43,12 @@ func (h *Harness) postUntil(id, action string, body any, stop <-chan struct{}) e
 				return fmt.Errorf("%s: HTTP %d: %s", action, status, msg)
 			}
 			return nil
+		}
+		// Once, then about every half minute: a call the sidecar keeps
+		// refusing shows in the log, not only a stalled task.
+		if attempt == 1 || attempt%15 == 0 {
+			h.log.Info("Retrying a call to the sidecar", "session", id, "action", action, "attempt", attempt,
+				"error", errOrStatus(err, status, msg).Error())
 		}
 		if stop != nil {
 			select {

@@ -2,7 +2,6 @@ package callee
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/policy"
-	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
@@ -90,9 +88,16 @@ func (s *Sidecar) readopt(ctx context.Context) {
 			log.Info("Skipped a session whose times cannot be derived", "error", err.Error())
 			continue
 		}
+		tsk, err := s.loggedTask(ctx, hs, ws)
+		if err != nil {
+			// Not continued here: the recovery sweep right after takes it
+			// over (resumed from a verified checkpoint, or ended).
+			log.Error(err, "Cannot re-adopt a session without its task; it is taken over instead")
+			continue
+		}
 		ss := s.restoreSession(hs, claims, ws.LastSeq, true)
 		ss.epoch = epoch
-		ss.task, ss.keys, ss.index = ws.Task, ws.Keys, ws.LastIndex
+		ss.task, ss.keys, ss.index = tsk, ws.Keys, ws.LastIndex
 		if st, err := session.ParseState(ws.State); err == nil && ws.State != "" {
 			if m, err := session.Restore(st, hs.CreationTimestamp.Time, s.clk.Now()); err == nil {
 				ss.machine = m
@@ -244,6 +249,13 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 	if rec != nil {
 		ss.task = rec.Task
 	}
+	// In the log with its task, before anything is published: a restart
+	// of this sidecar re-adopts it (readopt) with the task and after the
+	// last sequence used before. Anything the log held of an earlier
+	// ownership by this pod belongs to an older epoch and is dropped.
+	if err := s.wal.Adopt(hs.Name, ss.task, ss.seq.Last()); err != nil {
+		log.Error(err, "Failed to record a session taken over in the write-ahead log")
+	}
 	s.register(ss)
 	if refused != nil {
 		log.Error(refused, "Refused the checkpoint of an orphaned session; failing it without running anything", "reason", codeCheckpointRejected)
@@ -272,80 +284,6 @@ func (s *Sidecar) takeOver(ctx context.Context, hs *v1alpha1.HCPSession) {
 	ss.release()
 	log.Info("Took over a session; resuming it from its checkpoint", "checkpoint", rec.Checkpoint.ID, "released", wasReleased)
 	go ss.resumeFrom(reasonHarnessMoved, rec.Checkpoint)
-}
-
-// recoverHarness handles a harness that lost a running session (it
-// restarted, or stopped answering): with a checkpoint the session goes
-// RUNNING → PAUSED (harness_restarted) and is resumed from it; without
-// one it ends FAILED harness_lost.
-func (ss *sess) recoverHarness(why string) {
-	s := ss.sc
-	if ss.ended() || !ss.recovering.CompareAndSwap(false, true) {
-		return
-	}
-	defer ss.recovering.Store(false)
-	owner, err := ss.ckptOwner()
-	var rec *checkpoint.Record
-	if err == nil {
-		rec, err = s.ckpt.Load(s.life, owner)
-	}
-	if unverified(err) {
-		ss.log.Error(err, "Refused the session's checkpoint; failing it without resuming", "reason", codeCheckpointRejected)
-		s.sessionEvent(ss.id, ss.uid, corev1.EventTypeWarning, EventCheckpointRejected, "%s", truncate(err.Error(), 900))
-		ss.terminate(codeCheckpointRejected, truncate(why+"; its stored checkpoint was refused, nothing was resumed: "+err.Error(), 1024), false)
-		return
-	}
-	if err != nil || rec == nil || rec.Checkpoint == nil {
-		if err != nil {
-			why += "; its checkpoint could not be read: " + err.Error()
-		} else {
-			why += "; the session has no checkpoint to resume from"
-		}
-		ss.terminate(codeHarnessLost, why, true)
-		return
-	}
-	_ = ss.acquire(context.Background())
-	if ss.machine.State() != session.StateRunning {
-		ss.release()
-		return
-	}
-	if _, err := ss.transitionLocked(s.life, session.StatePaused, reasonHarnessRestarted); err != nil {
-		ss.log.Error(err, "Failed to publish state_changed to PAUSED")
-	}
-	ss.delivered.Store(false)
-	ss.release()
-	ss.log.Info("The harness lost the session; resuming it from its checkpoint", "why", why, "checkpoint", rec.Checkpoint.ID)
-	ss.resumeFrom(reasonHarnessRestarted, rec.Checkpoint)
-}
-
-// resumeFrom hands the task and the checkpoint to the harness (retrying while
-// it is unreachable, up to DefaultResumeWait), then emits PAUSED → RUNNING
-// (recovered_from_checkpoint).
-func (ss *sess) resumeFrom(reason string, cp *checkpoint.Checkpoint) {
-	var body harnessTask
-	if err := json.Unmarshal(ss.task, &body); err != nil || body.SessionID == "" {
-		ss.terminate(codeHarnessLost, "the session's task record cannot be read; it cannot be resumed", true)
-		return
-	}
-	body.Resume = &resumeInfo{CheckpointID: cp.ID, State: cp.State, Sequence: cp.Sequence, Reason: reason}
-	raw, err := json.Marshal(body)
-	if err != nil {
-		ss.terminate(string(task.ReasonInternal), "the task could not be encoded for the harness: "+err.Error(), false)
-		return
-	}
-	attempts := int(DefaultResumeWait/(5*time.Second)) + 3
-	if herr := ss.handTask(raw, attempts); herr != nil {
-		ss.terminate(herr.code, herr.msg, herr.code == codeHarnessUnavailable)
-		return
-	}
-	_ = ss.acquire(context.Background())
-	defer ss.release()
-	if ss.machine.State() != session.StatePaused {
-		return // aborted or ended meanwhile
-	}
-	if _, err := ss.transitionLocked(ss.sc.life, session.StateRunning, reasonRecovered); err != nil {
-		ss.log.Error(err, "Failed to publish state_changed to RUNNING")
-	}
 }
 
 // restoreSession rebuilds a session from its HCPSession. With exact, last

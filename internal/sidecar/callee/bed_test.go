@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,6 +102,10 @@ type bed struct {
 	calleeU string
 	callerU string
 
+	// stateDirs, when set, gives each pod a state directory (its
+	// write-ahead log), kept across restarts in the same pod.
+	stateDirs map[string]string
+
 	// the first replica's sidecar
 	first   *replica
 	sc      *Sidecar
@@ -108,7 +114,6 @@ type bed struct {
 	stopSC  func()
 	// timeouts of the sidecars
 	timeouts Timeouts
-	stateDir bool
 
 	callerCh *amqp.Channel
 
@@ -138,9 +143,9 @@ type bedOptions struct {
 	// deadLetterQueue, when set, is declared and made the command queue's
 	// dead-letter target (default exchange, routing key the queue's name).
 	deadLetterQueue string
-	// stateDir, when set, gives each replica a state directory of its own
-	// (the write-ahead log on disk).
-	stateDir bool
+	// stateDirs gives each replica a state directory per pod (the
+	// sidecar's write-ahead log on disk, as in a pod's emptyDir).
+	stateDirs bool
 }
 
 func defaultCapabilities() []v1alpha1.Capability {
@@ -218,7 +223,10 @@ func newBed(t *testing.T, o bedOptions) *bed {
 	b.keyDir, b.wrap = o.keyDir, o.wrapClient
 	b.startCaller()
 	testbed.DumpOnFailure(t, testbed.Dump{Client: e.Client, Namespace: b.ns, Lists: []client.ObjectList{&v1alpha1.HCPSessionList{}}, Broker: broker, Vhosts: []string{b.vhost}})
-	b.timeouts, b.stateDir = o.timeouts, o.stateDir
+	b.timeouts = o.timeouts
+	if o.stateDirs {
+		b.stateDirs = map[string]string{}
+	}
 	if !o.noStart {
 		b.start()
 	}
@@ -270,6 +278,30 @@ func (b *bed) start() {
 	b.sc, b.harness, b.metrics, b.stopSC = r.sc, r.harness, r.metrics, r.stop
 }
 
+// harnessLogger logs to t until the test's cleanup reaches it, then
+// drops: an in-process harness may still run a task after its test (it
+// retries a stopped sidecar for minutes), and a t.Log then panics.
+func harnessLogger(t *testing.T) logr.Logger {
+	var mu sync.RWMutex
+	done := false
+	t.Cleanup(func() { mu.Lock(); done = true; mu.Unlock() })
+	return funcr.New(func(prefix, args string) {
+		mu.RLock()
+		defer mu.RUnlock()
+		if !done {
+			t.Log(prefix, args)
+		}
+	}, funcr.Options{Verbosity: 1})
+}
+
+// stateDir is pod's state directory (created on first use).
+func (b *bed) stateDir(pod string) string {
+	if b.stateDirs[pod] == "" {
+		b.stateDirs[pod] = b.t.TempDir()
+	}
+	return b.stateDirs[pod]
+}
+
 // startReplica runs a callee sidecar (and a fresh sample harness)
 // in-process as pod.
 func (b *bed) startReplica(pod string) *replica {
@@ -288,7 +320,7 @@ func (b *bed) startReplica(pod string) *replica {
 
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
-	r.harness = samplecallee.New("http://"+apiLn.Addr().String(), log.WithName("harness"))
+	r.harness = samplecallee.New("http://"+apiLn.Addr().String(), harnessLogger(t).WithValues("pod", pod).WithName("harness"))
 	hsrv := httptest.NewServer(r.harness.Handler())
 	r.harnessSrv = hsrv
 	cleanups = append(cleanups, hsrv.Close)
@@ -339,8 +371,8 @@ func (b *bed) startReplica(pod string) *replica {
 		Mode: config.ModeCallee, ID: calleeID, ObjectName: calleeID, Namespace: b.ns, PodName: pod,
 		Vhost: b.vhost, Username: b.calleeU, HarnessURL: hsrv.URL, APIAddr: apiLn.Addr().String(), Prefetch: 10,
 	}
-	if b.stateDir {
-		cfg.StateDir = t.TempDir()
+	if b.stateDirs != nil {
+		cfg.StateDir = b.stateDir(pod)
 	}
 	if to.ShutdownDrain == 0 {
 		to.ShutdownDrain = 2 * time.Second

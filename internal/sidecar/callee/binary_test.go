@@ -34,16 +34,7 @@ import (
 // probes answer, and SIGTERM stops the sidecar cleanly.
 func TestBinaries(t *testing.T) {
 	b := newBed(t, bedOptions{noStart: true})
-	root, err := testbed.RepoRoot()
-	must(t, err)
-	bin := t.TempDir()
-	for _, cmd := range []string{"hcp-sidecar", "sample-callee"} {
-		build := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(bin, cmd), "./cmd/"+cmd)
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("go build ./cmd/%s: %v\n%s", cmd, err, out)
-		}
-	}
+	bin := buildCmds(t, "hcp-sidecar", "sample-callee")
 	apiAddr, probeAddr, harnessAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	keyPEM, err := token.MarshalPrivateKeyPEM(b.key)
 	must(t, err)
@@ -214,4 +205,88 @@ func (w testWriter) Write(p []byte) (int, error) {
 		w.t.Logf("%s: %s", w.name, l)
 	}
 	return len(p), nil
+}
+
+// buildCmds builds the named commands of cmd/ into a temporary directory
+// and returns it.
+func buildCmds(t *testing.T, cmds ...string) string {
+	t.Helper()
+	root, err := testbed.RepoRoot()
+	must(t, err)
+	bin := t.TempDir()
+	for _, cmd := range cmds {
+		build := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(bin, cmd), "./cmd/"+cmd)
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/%s: %v\n%s", cmd, err, out)
+		}
+	}
+	return bin
+}
+
+// sidecarProc is the hcp-sidecar binary (callee mode) running as the
+// sidecar of one pod of the bed's Callee. A restart in the same pod is a
+// new process with the same pod name, state directory and addresses.
+type sidecarProc struct {
+	cmd    *exec.Cmd
+	exited chan error
+}
+
+// podAddrs are what a pod's sidecar process is started with.
+type podAddrs struct {
+	pod, stateDir, api, probe, harnessURL string
+}
+
+// startSidecarProc starts the sidecar binary in bin and waits until it is
+// ready; the test's cleanup stops it (SIGTERM).
+func (b *bed) startSidecarProc(bin string, p podAddrs) *sidecarProc {
+	t := b.t
+	t.Helper()
+	keyPEM, err := token.MarshalPrivateKeyPEM(b.key)
+	must(t, err)
+	sc := exec.Command(filepath.Join(bin, "hcp-sidecar"), "--mode=callee")
+	sc.Env = append(os.Environ(),
+		"KUBECONFIG="+b.env.Kubeconfig,
+		config.EnvID+"="+calleeID, config.EnvObjectName+"="+calleeID, config.EnvNamespace+"="+b.ns,
+		config.EnvPodName+"="+p.pod, config.EnvVhost+"="+b.vhost,
+		config.EnvAMQPURL+"="+b.broker.AMQPURI(b.calleeU, password, b.vhost), config.EnvUsername+"="+b.calleeU,
+		config.EnvTokenKey+"="+string(keyPEM), config.EnvHarnessURL+"="+p.harnessURL,
+		config.EnvAPIAddr+"="+p.api, config.EnvProbeAddr+"="+p.probe, config.EnvStateDir+"="+p.stateDir,
+	)
+	sc.Stdout, sc.Stderr = testWriter{t, "hcp-sidecar " + p.pod}, testWriter{t, "hcp-sidecar " + p.pod}
+	must(t, sc.Start())
+	proc := &sidecarProc{cmd: sc, exited: make(chan error, 1)}
+	go func() { proc.exited <- sc.Wait() }()
+	t.Cleanup(proc.stop)
+	testbed.Eventually(t, 60*time.Second, "/readyz", func(ctx context.Context) error {
+		select {
+		case err := <-proc.exited:
+			proc.exited <- err
+			return fmt.Errorf("the sidecar exited: %v", err)
+		default:
+		}
+		if code, body := httpGet(ctx, "http://"+p.probe+"/readyz"); code != 200 {
+			return fmt.Errorf("%d %s", code, body)
+		}
+		return nil
+	})
+	return proc
+}
+
+// kill SIGKILLs the sidecar and waits for it to be gone.
+func (p *sidecarProc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	err := <-p.exited
+	p.exited <- err
+}
+
+// stop SIGTERMs the sidecar (SIGKILL after 30 s).
+func (p *sidecarProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+	case <-time.After(30 * time.Second):
+		p.kill()
+	}
 }

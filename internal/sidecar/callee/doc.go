@@ -67,6 +67,7 @@
 //	own.go          ownership and fencing (the pod's Lease)
 //	epoch.go        owner epochs: claims, the hcp-owner-epoch header, losing a session
 //	adopt.go        re-adopting sessions from the log, taking over lost ones
+//	resume.go       resuming a task from its checkpoint; a re-adopted session's task
 //	ckptbind.go     verifying a stored checkpoint before a takeover resumes it
 //	drain.go        handing sessions over when the pod goes away
 //	abort.go        aborts from the caller and from the HCPSession (spec.abortRequested)

@@ -4,22 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
-	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
-	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
 )
 
 const durableInputs = `{"steps":30,"step_ms":60,"checkpoint_every":1}`
@@ -125,62 +121,19 @@ func TestDrainHandsSessionToAnotherReplica(t *testing.T) {
 // completes without harness_lost.
 func TestSidecarSIGKILLReadoptsSessions(t *testing.T) {
 	b := newBed(t, bedOptions{noStart: true})
-	root, err := testbed.RepoRoot()
-	must(t, err)
-	bin := t.TempDir()
-	for _, cmd := range []string{"hcp-sidecar", "sample-callee"} {
-		build := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(bin, cmd), "./cmd/"+cmd)
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("go build ./cmd/%s: %v\n%s", cmd, err, out)
-		}
-	}
-	apiAddr, probeAddr, harnessAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	keyPEM, err := token.MarshalPrivateKeyPEM(b.key)
-	must(t, err)
-	harness := exec.Command(filepath.Join(bin, "sample-callee"), "--listen", harnessAddr, "--sidecar", "http://"+apiAddr)
+	bin := buildCmds(t, "hcp-sidecar", "sample-callee")
+	p := podAddrs{pod: b.pod, stateDir: t.TempDir(), api: freeAddr(t), probe: freeAddr(t), harnessURL: "http://" + freeAddr(t)}
+	harness := exec.Command(filepath.Join(bin, "sample-callee"), "--listen", strings.TrimPrefix(p.harnessURL, "http://"), "--sidecar", "http://"+p.api)
 	harness.Stdout, harness.Stderr = testWriter{t, "sample-callee"}, testWriter{t, "sample-callee"}
 	must(t, harness.Start())
 	t.Cleanup(func() { _ = harness.Process.Kill(); _ = harness.Wait() })
-	stateDir := t.TempDir()
-	start := func() (*exec.Cmd, chan error) {
-		sc := exec.Command(filepath.Join(bin, "hcp-sidecar"), "--mode=callee")
-		sc.Env = append(os.Environ(),
-			"KUBECONFIG="+b.env.Kubeconfig,
-			config.EnvID+"="+calleeID, config.EnvObjectName+"="+calleeID, config.EnvNamespace+"="+b.ns,
-			config.EnvPodName+"="+b.pod, config.EnvVhost+"="+b.vhost,
-			config.EnvAMQPURL+"="+b.broker.AMQPURI(b.calleeU, password, b.vhost), config.EnvUsername+"="+b.calleeU,
-			config.EnvTokenKey+"="+string(keyPEM), config.EnvHarnessURL+"=http://"+harnessAddr,
-			config.EnvAPIAddr+"="+apiAddr, config.EnvProbeAddr+"="+probeAddr, config.EnvStateDir+"="+stateDir,
-		)
-		sc.Stdout, sc.Stderr = testWriter{t, "hcp-sidecar"}, testWriter{t, "hcp-sidecar"}
-		must(t, sc.Start())
-		exited := make(chan error, 1)
-		go func() { exited <- sc.Wait() }()
-		testbed.Eventually(t, 60*time.Second, "/readyz", func(ctx context.Context) error {
-			if code, body := httpGet(ctx, "http://"+probeAddr+"/readyz"); code != 200 {
-				return fmt.Errorf("%d %s", code, body)
-			}
-			return nil
-		})
-		return sc, exited
-	}
-	sc, exited := start()
+	sc := b.startSidecarProc(bin, p)
 	_, sid, _ := b.submit(newSubmit(func(ts *task.TaskSubmit) { ts.Inputs = json.RawMessage(durableInputs) }))
 	b.waitMessage(sid, 20*time.Second, "the eighth event", func(m received) bool {
 		return m.env.Type == "event" && eventOf(m).Sequence >= 8
 	})
-	must(t, sc.Process.Signal(syscall.SIGKILL))
-	<-exited
-	sc, exited = start()
-	t.Cleanup(func() {
-		_ = sc.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = sc.Process.Kill()
-		}
-	})
+	sc.kill()
+	b.startSidecarProc(bin, p)
 	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
 		t.Fatalf("session_closed = %+v (%s)", closed, summary(b.messages(sid)))
 	}

@@ -18,7 +18,7 @@ import (
 // before, gets the sequence it already has; the caller's queue gets each
 // event once, in order.
 func TestEventBatchIsOneLogWrite(t *testing.T) {
-	b := newBed(t, bedOptions{stateDir: true})
+	b := newBed(t, bedOptions{stateDirs: true})
 	_, sid, _ := b.submit(newSubmit(func(ts *task.TaskSubmit) { ts.Inputs = json.RawMessage(`{"steps":1,"step_ms":600000}`) }))
 	b.waitMessage(sid, 20*time.Second, "state_changed", isEvent(session.EventStateChanged))
 	base := "/hcp/v1/sessions/" + sid

@@ -45,11 +45,18 @@ func appendString(b []byte, v string) []byte {
 	return append(b, v...)
 }
 
-func appendOpen(b []byte, id string, task []byte) []byte {
+// appendOpen encodes a session's open record; a last sequence other than
+// 0 (a session taken over) follows the task (a reader of an earlier
+// release ignores it).
+func appendOpen(b []byte, id string, task []byte, lastSeq int64) []byte {
 	return frame(b, func(b []byte) []byte {
 		b = append(b, kindOpen)
 		b = appendString(b, id)
-		return appendBytes(b, task)
+		b = appendBytes(b, task)
+		if lastSeq != 0 {
+			b = binary.AppendVarint(b, lastSeq)
+		}
+		return b
 	})
 }
 

@@ -76,8 +76,12 @@ func (l *Log) applyRecord(p []byte) error {
 	switch p[0] {
 	case kindOpen:
 		task := slices.Clone(r.bytes())
+		var last int64
+		if r.err == nil && len(r.b) > 0 {
+			last = r.int()
+		}
 		if r.err == nil {
-			l.sessions[id] = &Session{ID: id, Task: task}
+			l.sessions[id] = &Session{ID: id, Task: task, LastSeq: last}
 		}
 	case kindMessage:
 		m := Message{Index: r.int(), Seq: r.int()}

@@ -3,7 +3,9 @@
 // published that the broker has not confirmed yet (the encoded envelope,
 // in publish order), the highest event sequence it assigned, the session's
 // L2 state after the last state_changed, and the idempotency keys the
-// harness sent with its events.
+// harness sent with its events. A session this pod took over from another
+// owner is opened with the last sequence used before it (Adopt), and what
+// the log held of an earlier ownership is dropped.
 //
 // A record is written before its message is published, the records of one
 // publish (a message, or every event of one harness request) in one
@@ -71,7 +73,8 @@ type Session struct {
 	ID string
 	// Task is the harness task the session was started with (JSON).
 	Task []byte
-	// LastSeq is the highest event sequence assigned.
+	// LastSeq is the highest event sequence assigned (for a session
+	// taken over, at first the last one used before).
 	LastSeq int64
 	// LastIndex is the index of the last message.
 	LastIndex int64
@@ -217,9 +220,29 @@ func Open(dir string) (*Log, map[string]*Session, error) {
 func (l *Log) SetCompactAt(n int64) { l.compactAt = n }
 
 // Open records a new session and the task it runs.
-func (l *Log) Open(id string, task []byte) error {
-	return l.write(func(b []byte) []byte { return appendOpen(b, id, task) }, func() {
-		l.sessions[id] = &Session{ID: id, Task: slices.Clone(task)}
+func (l *Log) Open(id string, task []byte) error { return l.Adopt(id, task, 0) }
+
+// Adopt records a session this pod takes over (from another replica, or
+// from an earlier ownership of its own), the task it runs and the last
+// event sequence used before it: its first event here is lastSeq+1.
+// Whatever the log held for the session is replaced: messages logged
+// under an earlier ownership belong to an older owner epoch and are never
+// republished under the new one.
+func (l *Log) Adopt(id string, task []byte, lastSeq int64) error {
+	return l.write(func(b []byte) []byte { return appendOpen(b, id, task, lastSeq) }, func() {
+		l.sessions[id] = &Session{ID: id, Task: slices.Clone(task), LastSeq: lastSeq}
+	})
+}
+
+// SetTask records the task of a session the log holds without one (a log
+// of an earlier release, which recorded the task of the sessions it
+// started only), keeping everything else it knows of the session.
+func (l *Log) SetTask(id string, task []byte) error {
+	return l.write(func(b []byte) []byte {
+		s := l.sessions[id]
+		return appendSnapshot(appendOpen(b, id, s.Task, s.LastSeq), id, s)
+	}, func() {
+		l.session(id).Task = slices.Clone(task)
 	})
 }
 
@@ -321,7 +344,7 @@ func (l *Log) compact() error {
 	var b []byte
 	var size int64
 	for id, s := range l.sessions {
-		b = appendOpen(b[:0], id, s.Task)
+		b = appendOpen(b[:0], id, s.Task, s.LastSeq)
 		b = appendSnapshot(b, id, s)
 		n, _ := w.Write(b)
 		size += int64(n)

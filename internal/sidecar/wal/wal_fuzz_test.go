@@ -26,7 +26,9 @@ func fuzzEnvelope(seq int64) []byte {
 // sidecar issues them: open a session with its harness task, append a
 // message (index increasing per session, a routing key, a state, maybe an
 // idempotency key, a real envelope), confirm up to an index, close; op 5
-// calls check (nil: nothing), which may reopen the log (hence log()).
+// calls check (nil: nothing), which may reopen the log (hence log()); op 6
+// adopts a session (a takeover: its indices start again), op 7 sets its
+// task.
 func runOps(t *testing.T, log func() *Log, ops []byte, check func()) {
 	t.Helper()
 	index := map[string]int64{}
@@ -35,7 +37,7 @@ func runOps(t *testing.T, log func() *Log, ops []byte, check func()) {
 		id := fmt.Sprintf("s%d", arg%4)
 		l := log()
 		var err error
-		switch op % 6 {
+		switch op % 8 {
 		case 0:
 			err = l.Open(id, fmt.Appendf(nil, `{"capability":"cvd.run-synthesis","inputs":{"steps":%d}}`, arg))
 		case 1, 2:
@@ -59,6 +61,11 @@ func runOps(t *testing.T, log func() *Log, ops []byte, check func()) {
 			if check != nil {
 				check()
 			}
+		case 6:
+			err = l.Adopt(id, fmt.Appendf(nil, `{"taken_over":%d}`, arg), int64(arg)*10)
+			delete(index, id)
+		case 7:
+			err = l.SetTask(id, fmt.Appendf(nil, `{"set":%d}`, arg))
 		}
 		if err != nil {
 			t.Fatal(err)

@@ -107,6 +107,63 @@ func TestCompactionKeepsTheLiveState(t *testing.T) {
 	}
 }
 
+// A takeover's open record replaces what the log held for the session (an
+// earlier ownership's messages and keys) and carries the last sequence
+// used before it, through replay and compaction, until its own messages
+// follow.
+func TestAdoptStartsAfterTheEarlierOwner(t *testing.T) {
+	dir := t.TempDir()
+	l, _, err := Open(dir)
+	must(t, err)
+	l.SetCompactAt(4 << 10)
+	must(t, l.Open("s1", []byte("task-1")))
+	must(t, l.Append("s1", msg(1, "k1"), msg(2, "k2")))
+	must(t, l.Adopt("s1", []byte("task-2"), 1007))
+	must(t, l.Adopt("s2", []byte("task-3"), 40))
+	must(t, l.Release())
+	got := reopen(t, dir)
+	s := got["s1"]
+	if string(s.Task) != "task-2" || s.LastSeq != 1007 || s.LastIndex != 0 || len(s.Pending) != 0 || s.Keys.Len() != 0 || s.State != "" {
+		t.Fatalf("after Adopt: %+v", s)
+	}
+	l, _, err = Open(dir)
+	must(t, err)
+	l.SetCompactAt(4 << 10)
+	must(t, l.Append("s1", Message{Index: 1, Seq: 1008, Key: "k", RoutingKey: "alpha.s1.event", State: "PAUSED", Body: []byte("{}")}))
+	for i := int64(1); i <= 200; i++ { // compacted many times over
+		must(t, l.Append("s3", msg(i, "")))
+		must(t, l.Confirm("s3", i))
+	}
+	must(t, l.Release())
+	got = reopen(t, dir)
+	if s := got["s1"]; s.LastSeq != 1008 || s.LastIndex != 1 || s.State != "PAUSED" || len(s.Pending) != 1 || get(s, "k") != 1008 {
+		t.Fatalf("s1 after its first message and compactions: %+v", s)
+	}
+	if s := got["s2"]; string(s.Task) != "task-3" || s.LastSeq != 40 || s.LastIndex != 0 {
+		t.Fatalf("s2 (nothing logged after Adopt) after compactions: %+v", s)
+	}
+}
+
+// SetTask gives a session logged without a task its task and keeps its
+// messages, keys, confirms and state.
+func TestSetTaskKeepsTheSession(t *testing.T) {
+	dir := t.TempDir()
+	l, _, err := Open(dir)
+	must(t, err)
+	must(t, l.Append("s1", msg(1, "k1"), msg(2, "k2"), msg(3, "")))
+	must(t, l.Confirm("s1", 1))
+	must(t, l.SetTask("s1", []byte("task")))
+	must(t, l.Append("s1", msg(4, "k4")))
+	must(t, l.Release())
+	s := reopen(t, dir)["s1"]
+	if string(s.Task) != "task" || s.LastSeq != 4 || s.LastIndex != 4 || s.Confirmed != 1 || s.State != "RUNNING" {
+		t.Fatalf("after SetTask: %+v", s)
+	}
+	if len(s.Pending) != 3 || s.Pending[0].Seq != 2 || s.Pending[2].Seq != 4 || get(s, "k1") != 1 || get(s, "k4") != 4 {
+		t.Fatalf("pending %+v, %d keys", s.Pending, s.Keys.Len())
+	}
+}
+
 func TestKeysAreBounded(t *testing.T) {
 	l, _, err := Open("")
 	must(t, err)
