@@ -110,7 +110,7 @@ var faults = []fault{
 	// it would be the lost-pod fault again; the receiver is hit while it
 	// holds the session. Proves the restarted receiver resumes the session
 	// from its log and checkpoint, once.
-	{name: "Callee rolling update, the sidecar receiving a hand-over SIGKILLed (2 replicas)", replicas: 2, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod, ids []string) {
+	{name: "Callee rolling update, the sidecar receiving a hand-over SIGKILLed (2 replicas)", smoke: true, replicas: 2, localOnly: true, inject: func(t *testing.T, r *samplesRun, owner *corev1.Pod, ids []string) {
 		r.killHandoverReceiver(t, owner, ids)
 	}},
 	{name: "operator upgrade changing the sidecar (2 replicas)", replicas: 2, localOnly: true, callerMoves: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod, _ []string) {
