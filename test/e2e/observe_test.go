@@ -6,21 +6,15 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
-	rabbithole "github.com/michaelklishin/rabbit-hole/v3"
-	amqp "github.com/rabbitmq/amqp091-go"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
-	"github.com/hcp-io/hcp-operator/internal/testbed"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 	"github.com/hcp-io/hcp-operator/test/checker"
 )
 
@@ -81,65 +75,6 @@ func (r *samplesRun) steps(t *testing.T, ids []string) ([]checker.Step, []checke
 		t.Errorf("checker: %v", err)
 	}
 	return steps, recs
-}
-
-// tap records every message published to the run's hcp.events exchange.
-type tap struct {
-	mu   sync.Mutex
-	msgs []checker.Message
-	bad  []string
-}
-
-// startTap binds a queue of its own user to hcp.events with "#" and
-// records until t ends.
-func (s *suite) startTap(t *testing.T) *tap {
-	t.Helper()
-	user, pass := "hcp-tap-"+s.id, testbed.RandomName("")
-	mgmt := func(_ *http.Response, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatalf("tap: %v", err)
-		}
-	}
-	mgmt(s.broker.API.PutUser(user, rabbithole.UserSettings{Password: pass, Tags: rabbithole.UserTags{}}))
-	t.Cleanup(func() { _ = s.broker.DeleteUsers(user) })
-	mgmt(s.broker.API.UpdatePermissionsIn(s.vhost, user, rabbithole.Permissions{
-		Configure: `^hcp-tap\.`, Write: `^hcp-tap\.`, Read: `^(hcp-tap\..*|` + topology.EventsExchange + `)$`,
-	}))
-	conn, err := amqp.Dial(s.broker.AMQPURI(user, pass, s.vhost))
-	if err != nil {
-		t.Fatalf("tap: %v", err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatalf("tap: %v", err)
-	}
-	q := "hcp-tap." + s.id
-	if _, err := ch.QueueDeclare(q, false, true, true, false, nil); err != nil {
-		t.Fatalf("tap: declare %s: %v", q, err)
-	}
-	if err := ch.QueueBind(q, "#", topology.EventsExchange, false, nil); err != nil {
-		t.Fatalf("tap: bind %s: %v", q, err)
-	}
-	deliveries, err := ch.Consume(q, "", true, true, false, false, nil)
-	if err != nil {
-		t.Fatalf("tap: consume: %v", err)
-	}
-	tp := &tap{}
-	go func() {
-		for d := range deliveries {
-			m, err := checker.FromWire(d.Body, d.Headers, d.UserId, time.Now())
-			tp.mu.Lock()
-			if err != nil {
-				tp.bad = append(tp.bad, err.Error())
-			} else {
-				tp.msgs = append(tp.msgs, m)
-			}
-			tp.mu.Unlock()
-		}
-	}()
-	return tp
 }
 
 // of returns what the tap recorded for the sessions ids, and the messages
@@ -224,6 +159,10 @@ func (r *samplesRun) judge(t *testing.T, tp *tap, ids []string, snap samplecalle
 	for _, x := range v {
 		t.Errorf("checker: %s", x)
 	}
-	t.Logf("checker: %d messages on the wire, %d step executions, %d resumptions, %d violations", len(pub), len(steps), len(recs), len(v))
+	tp.mu.Lock()
+	reconnects := tp.reconnects
+	tp.mu.Unlock()
+	t.Logf("checker: %d messages on the wire (the tap reconnected %d times), %d step executions, %d resumptions, %d violations",
+		len(pub), reconnects, len(steps), len(recs), len(v))
 	return len(v)
 }
