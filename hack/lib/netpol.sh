@@ -43,12 +43,26 @@ start_netpol() {
     curl -sf --max-time 3 "http://127.0.0.1:$kube_router_health_port/healthz"
 }
 
-# stop_netpol: kube-router stopped, and its iptables chains and ipsets removed.
+# stop_netpol: kube-router stopped, and its iptables chains and ipsets
+# removed. Not with `kube-router --cleanup-config`: in v2.1.0 it reports
+# the policy controller's rules cleaned without removing them, then
+# crashes in the service proxy's cleanup. Its rules live in the filter
+# table only: jumps from INPUT, FORWARD and OUTPUT commented "kube-router
+# netpol", and chains KUBE-ROUTER-*, KUBE-NWPLCY-*, KUBE-POD-FW-*; its
+# ipsets are KUBE-SRC-* and KUBE-DST-*.
 stop_netpol() {
   stop kube-router 10
-  local bin
-  bin=$(find "$cache/bin" -maxdepth 1 -name 'kube-router-v*' 2>/dev/null | sort | tail -n1)
-  if [ -n "$bin" ]; then
-    "$bin" --cleanup-config >/dev/null 2>&1 || true
+  command -v iptables >/dev/null || return 0
+  local c rule chains
+  for c in INPUT FORWARD OUTPUT; do
+    while rule=$(iptables -S "$c" 2>/dev/null | grep -m1 -- '--comment "kube-router netpol'); do
+      eval "iptables ${rule/-A /-D }" || break
+    done
+  done
+  chains=$(iptables -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-(ROUTER|NWPLCY|POD-FW)/ {print $2}')
+  for c in $chains; do iptables -F "$c" 2>/dev/null || true; done
+  for c in $chains; do iptables -X "$c" 2>/dev/null || true; done
+  if command -v ipset >/dev/null; then
+    ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-' | while read -r c; do ipset destroy "$c" 2>/dev/null || true; done
   fi
 }
