@@ -63,6 +63,8 @@ stop_netpol() {
   for c in $chains; do iptables -F "$c" 2>/dev/null || true; done
   for c in $chains; do iptables -X "$c" 2>/dev/null || true; done
   if command -v ipset >/dev/null; then
-    ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-' | while read -r c; do ipset destroy "$c" 2>/dev/null || true; done
+    for c in $(ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-' || true); do
+      ipset destroy "$c" 2>/dev/null || true
+    done
   fi
 }
