@@ -44,6 +44,19 @@ func (c holdCreates) Create(ctx context.Context, obj client.Object, opts ...clie
 	return c.Client.Create(ctx, obj, opts...)
 }
 
+// createGate holds the bed's HCPSession creates (holdCreates) until release
+// is closed, counting them in held.
+type createGate struct {
+	release chan struct{}
+	held    atomic.Int32
+}
+
+func newCreateGate() *createGate { return &createGate{release: make(chan struct{})} }
+
+func (g *createGate) wrap(c client.Client) client.Client {
+	return holdCreates{Client: c, release: g.release, held: &g.held}
+}
+
 // refuseCreates fails every HCPSession create with err.
 type refuseCreates struct {
 	client.Client
@@ -92,11 +105,8 @@ func (b *bed) sessionExists(sid string) bool {
 // create succeeded, and the record's spec.issuedAt re-issues the same
 // token to a later copy.
 func TestAcceptedBeforeTheCreate(t *testing.T) {
-	release := make(chan struct{})
-	var held atomic.Int32
-	b := newBed(t, bedOptions{wrapClient: func(c client.Client) client.Client {
-		return holdCreates{Client: c, release: release, held: &held}
-	}})
+	g := newCreateGate()
+	b := newBed(t, bedOptions{wrapClient: g.wrap})
 	stamp := time.Now().Add(-3 * time.Second)
 	_, sid, pub := b.submitAt(stamp, newSubmit(nil))
 	m := b.waitMessage(sid, 20*time.Second, "task_accepted while the create is held", isType(envelope.TypeTaskAccepted))
@@ -108,10 +118,10 @@ func TestAcceptedBeforeTheCreate(t *testing.T) {
 	if n := b.harness.Started(); n != 0 || b.sessionExists(sid) {
 		t.Fatalf("before the create: the harness started %d tasks, HCPSession exists %v", n, b.sessionExists(sid))
 	}
-	if held.Load() == 0 {
+	if g.held.Load() == 0 {
 		t.Fatal("no create was held: the test proves nothing")
 	}
-	close(release)
+	close(g.release)
 	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
 		t.Fatalf("session_closed %+v", closed)
 	}
@@ -138,10 +148,9 @@ func TestAcceptedBeforeTheCreate(t *testing.T) {
 // message id and timestamp), creates the one HCPSession and runs the task
 // once.
 func TestCrashBetweenReplyAndCreate(t *testing.T) {
-	release := make(chan struct{}) // never closed: the create dies with its replica
-	var held atomic.Int32
+	g := newCreateGate() // never closed: the create dies with its replica
 	b := newBed(t, bedOptions{noStart: true})
-	b.wrap = func(c client.Client) client.Client { return holdCreates{Client: c, release: release, held: &held} }
+	b.wrap = g.wrap
 	b.start()
 	_, sid, _ := b.submit(newSubmit(nil))
 	b.waitMessage(sid, 20*time.Second, "task_accepted from the first replica", isType(envelope.TypeTaskAccepted))
@@ -175,10 +184,9 @@ func TestCrashBetweenReplyAndCreate(t *testing.T) {
 // replica's task_accepted: the refusal comes with a task_failed that ends
 // that session, and nothing runs.
 func TestRedeliveredRefusalEndsTheAcceptance(t *testing.T) {
-	release := make(chan struct{})
-	var held atomic.Int32
+	g := newCreateGate()
 	b := newBed(t, bedOptions{noStart: true})
-	b.wrap = func(c client.Client) client.Client { return holdCreates{Client: c, release: release, held: &held} }
+	b.wrap = g.wrap
 	b.start()
 	_, sid, _ := b.submit(newSubmit(nil))
 	b.waitMessage(sid, 20*time.Second, "task_accepted from the first replica", isType(envelope.TypeTaskAccepted))
@@ -257,16 +265,13 @@ func TestUnrecordableSessionFailsAfterRecordWait(t *testing.T) {
 // token from task_accepted) waits for the session instead of being
 // refused as one that does not exist.
 func TestAbortBeforeTheCreate(t *testing.T) {
-	release := make(chan struct{})
-	var held atomic.Int32
-	b := newBed(t, bedOptions{wrapClient: func(c client.Client) client.Client {
-		return holdCreates{Client: c, release: release, held: &held}
-	}})
+	g := newCreateGate()
+	b := newBed(t, bedOptions{wrapClient: g.wrap})
 	_, sid, _ := b.submit(newSubmit(func(ts *task.TaskSubmit) { ts.Inputs = json.RawMessage(`{"steps":300,"step_ms":100}`) }))
 	acc := acceptedOf(t, b.waitMessage(sid, 20*time.Second, "task_accepted", isType(envelope.TypeTaskAccepted)))
 	b.abort(sid, acc.SessionToken, "changed my mind")
 	time.Sleep(500 * time.Millisecond)
-	close(release)
+	close(g.release)
 	if closed := closedOf(t, b, sid); closed.FinalState != session.StateAborted {
 		t.Fatalf("session_closed %+v", closed)
 	}
@@ -277,14 +282,11 @@ func TestAbortBeforeTheCreate(t *testing.T) {
 // answered, with the creation time as iat. One stamped so long ago that
 // its maximum duration has passed is refused as expired.
 func TestSubmitTimestampBounds(t *testing.T) {
-	release := make(chan struct{})
-	var held atomic.Int32
-	b := newBed(t, bedOptions{wrapClient: func(c client.Client) client.Client {
-		return holdCreates{Client: c, release: release, held: &held}
-	}})
+	g := newCreateGate()
+	b := newBed(t, bedOptions{wrapClient: g.wrap})
 	_, ahead, _ := b.submitAt(time.Now().Add(time.Hour), newSubmit(nil))
 	testEventually(t, 10*time.Second, func() error {
-		if held.Load() == 0 {
+		if g.held.Load() == 0 {
 			return fmt.Errorf("no create yet")
 		}
 		return nil
@@ -293,7 +295,7 @@ func TestSubmitTimestampBounds(t *testing.T) {
 	if n := countType(b.messages(ahead), envelope.TypeTaskAccepted); n != 0 {
 		t.Fatal("a submit stamped an hour ahead was answered before its record existed")
 	}
-	close(release)
+	close(g.release)
 	acc := acceptedOf(t, b.waitMessage(ahead, 20*time.Second, "task_accepted", isType(envelope.TypeTaskAccepted)))
 	hs := b.hcpSession(ahead)
 	if c := b.claimsOf(ahead, acc); hs.Spec.IssuedAt != nil || !c.IssuedAt.Equal(hs.CreationTimestamp.Time) {
