@@ -53,12 +53,7 @@ func TestCrashBeforeCommitRedelivers(t *testing.T) {
 	if n := b.readyCount(t, 3); n != 3 {
 		t.Fatalf("%d of events 1–3 back in the queue after the crash, want 3: an event was acked before its commit", n)
 	}
-	b.spawn(t, 1)
-	for _, m := range s.msgs[4:] {
-		c.publish(m)
-	}
-	eventually(t, 60*time.Second, "the session delivered", func() error { return b.complete(s.sessionID, 8) })
-	log, _ := b.app.Session(s.sessionID)
+	log := b.resumeAfterCrash(t, c, s)
 	if log.Deduplicated != 3 || log.Duplicates != 0 {
 		t.Errorf("the app got %d events again with redelivered=true (want 3) and %d without (want 0)", log.Deduplicated, log.Duplicates)
 	}
@@ -99,12 +94,7 @@ func TestCrashAfterCommitBeforeAckDeduplicates(t *testing.T) {
 	if n := b.readyCount(t, 3); n != 3 {
 		t.Fatalf("%d of events 1–3 back in the queue, want 3 (the cut came too late to hold their acks)", n)
 	}
-	b.spawn(t, 1)
-	for _, m := range s.msgs[4:] {
-		c.publish(m)
-	}
-	eventually(t, 60*time.Second, "the session delivered", func() error { return b.complete(s.sessionID, 8) })
-	log, _ := b.app.Session(s.sessionID)
+	log := b.resumeAfterCrash(t, c, s)
 	if log.Deduplicated != 0 || log.Duplicates != 0 {
 		t.Errorf("committed events were delivered again: %d with redelivered=true, %d without (want none)", log.Deduplicated, log.Duplicates)
 	}
@@ -174,4 +164,18 @@ func journalSeq(t *testing.T, dir, sid string) int64 {
 		}
 	}
 	return seq
+}
+
+// resumeAfterCrash starts the next sidecar process, publishes the rest of
+// the script and returns the app's record of the session once all of it
+// was delivered.
+func (b *bed) resumeAfterCrash(t *testing.T, c *callee, s *script) samplecaller.SessionLog {
+	t.Helper()
+	b.spawn(t, 1)
+	for _, m := range s.msgs[4:] {
+		c.publish(m)
+	}
+	eventually(t, 60*time.Second, "the session delivered", func() error { return b.complete(s.sessionID, 8) })
+	log, _ := b.app.Session(s.sessionID)
+	return log
 }
