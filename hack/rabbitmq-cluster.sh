@@ -11,6 +11,7 @@
 #   hack/rabbitmq-cluster.sh down          stop them and delete their state
 #   hack/rabbitmq-cluster.sh status        the cluster's view of itself
 #   hack/rabbitmq-cluster.sh urls          one AMQP URL per node, comma-separated
+#   hack/rabbitmq-cluster.sh management    node 1's management API URL
 #   hack/rabbitmq-cluster.sh kill N        SIGKILL node N (1..3)
 #   hack/rabbitmq-cluster.sh start N       start node N again; it rejoins from its state
 #   hack/rabbitmq-cluster.sh partition N   cut node N's Erlang distribution from the others (iptables on lo)
@@ -183,9 +184,10 @@ case "${1:-}" in
   down) down ;;
   status) ctl 1 cluster_status ;;
   urls) urls ;;
+  management) echo "http://127.0.0.1:$((mgmt_base + 1))" ;;
   kill) check_n "${2:-}"; p=$(pid_of "$2") || die "no pid for node $2"; kill -9 "$p"; log "$(name "$2") killed (pid $p)" ;;
   start) check_n "${2:-}"; start_node "$2" ;;
   partition) partition "${2:-}" ;;
   heal) heal "${2:-}" ;;
-  *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,23p' "$0" >&2; exit 2 ;;
 esac

@@ -50,12 +50,20 @@ node_network() {
   # node's address:5672 is translated to it, which the kernel allows for
   # traffic arriving on the bridge only with route_localnet.
   sysctl -qw "net.ipv4.conf.$bridge.route_localnet=1"
-  iptables -t nat -C PREROUTING "${broker_rule[@]}" 2>/dev/null || iptables -t nat -A PREROUTING "${broker_rule[@]}"
+  local r
+  for r in broker_rule cluster_rule; do
+    local -n rule=$r
+    iptables -t nat -C PREROUTING "${rule[@]}" 2>/dev/null || iptables -t nat -A PREROUTING "${rule[@]}"
+  done
 }
 
-# broker_rule: pods reach RabbitMQ (127.0.0.1:5672) at the node's address.
+# broker_rule: pods reach RabbitMQ (127.0.0.1:5672) at the node's address;
+# cluster_rule: the same for the nodes of hack/rabbitmq-cluster.sh (5701-5703,
+# when they run: make chaos).
 broker_rule=(-p tcp -i "$bridge" -d "$node_ip" --dport 5672 -j DNAT --to-destination 127.0.0.1:5672
   -m comment --comment hcp-local-broker)
+cluster_rule=(-p tcp -i "$bridge" -d "$node_ip" --dport 5701:5703 -j DNAT --to-destination 127.0.0.1
+  -m comment --comment hcp-local-broker-cluster)
 
 ctr_k8s() { ctr --address "$node_dir/containerd/containerd.sock" -n k8s.io "$@"; }
 crictl_node() {
@@ -135,6 +143,7 @@ stop_node() {
     "$kube_proxy" --cleanup >/dev/null 2>&1 || true
   fi
   iptables -t nat -D PREROUTING "${broker_rule[@]}" 2>/dev/null || true
+  iptables -t nat -D PREROUTING "${cluster_rule[@]}" 2>/dev/null || true
   # The kubelet's own chains (kube-proxy --cleanup leaves them): its
   # firewall against connections to 127.0.0.0/8 from outside, and its canaries.
   local ipt t c

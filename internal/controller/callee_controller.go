@@ -149,13 +149,14 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 		prefetch = *p
 	}
 	h, res, err := r.core.deployHarness(ctx, v, holdsSidecar(callee, load), resource.HarnessParams{
-		Subject:  v.sub,
-		Harness:  callee.Spec.Harness,
-		Sidecar:  callee.Spec.Sidecar,
-		Vhost:    b.Vhost,
-		Image:    r.Options.SidecarImage,
-		Tracing:  r.Options.SidecarTracing,
-		Prefetch: prefetch,
+		Subject:   v.sub,
+		Harness:   callee.Spec.Harness,
+		Sidecar:   callee.Spec.Sidecar,
+		Vhost:     b.Vhost,
+		Addresses: b.AMQPAddresses,
+		Image:     r.Options.SidecarImage,
+		Tracing:   r.Options.SidecarTracing,
+		Prefetch:  prefetch,
 		// No hash of the credentials and token Secrets: the sidecar reads
 		// them as files and follows a rotation without a restart.
 	})

@@ -152,6 +152,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		Harness:        *caller.Spec.Harness,
 		Sidecar:        caller.Spec.Sidecar,
 		Vhost:          b.Vhost,
+		Addresses:      b.AMQPAddresses,
 		Image:          r.Options.SidecarImage,
 		Tracing:        r.Options.SidecarTracing,
 		Prefetch:       prefetch,

@@ -74,23 +74,32 @@ func (d *doctor) messageSize(ctx context.Context, a brokerAccess, target, vhost 
 // amqpCheck dials the amqpURL the sidecars use. It is the pods' view of the
 // broker, which this machine may not share: a failure is a warning.
 func amqpCheck(name, raw string) Check {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return Check{Name: name, Status: CheckFail, Detail: "amqpURL " + raw + " does not parse", Fix: "set amqpURL to amqp://HOST:PORT or amqps://HOST:PORT"}
-	}
-	host := u.Host
-	if u.Port() == "" {
-		port := "5672"
-		if u.Scheme == "amqps" {
-			port = "5671"
+	var hosts, silent []string
+	for one := range strings.SplitSeq(raw, ",") {
+		u, err := url.Parse(strings.TrimSpace(one))
+		if err != nil || u.Host == "" {
+			return Check{Name: name, Status: CheckFail, Detail: "amqpURL " + raw + " does not parse", Fix: "set amqpURL to amqp://HOST:PORT or amqps://HOST:PORT, or a cluster's nodes, comma-separated"}
 		}
-		host = net.JoinHostPort(u.Hostname(), port)
+		host := u.Host
+		if u.Port() == "" {
+			port := "5672"
+			if u.Scheme == "amqps" {
+				port = "5671"
+			}
+			host = net.JoinHostPort(u.Hostname(), port)
+		}
+		hosts = append(hosts, host)
+		c, err := net.DialTimeout("tcp", host, 3*time.Second)
+		if err != nil {
+			silent = append(silent, host+": "+oneLine(err.Error(), 120))
+			continue
+		}
+		_ = c.Close()
 	}
-	c, err := net.DialTimeout("tcp", host, 3*time.Second)
-	if err != nil {
-		return Check{Name: name, Status: CheckWarn, Detail: "AMQP " + host + " (amqpURL, as the sidecars reach it) does not answer from this machine: " + oneLine(err.Error(), 120),
-			Fix: "fine if only pods can reach it; otherwise the sidecars cannot connect either (their /readyz fails)"}
+	all := strings.Join(hosts, ", ")
+	if len(silent) > 0 {
+		return Check{Name: name, Status: CheckWarn, Detail: "AMQP (amqpURL, as the sidecars reach it) does not answer from this machine: " + strings.Join(silent, "; "),
+			Fix: "fine if only pods can reach it; otherwise the sidecars cannot connect there either (with every node silent, their /readyz fails)"}
 	}
-	_ = c.Close()
-	return Check{Name: name, Status: CheckOK, Detail: "AMQP " + host + " (amqpURL) accepts connections from this machine"}
+	return Check{Name: name, Status: CheckOK, Detail: "AMQP " + all + " (amqpURL) accepts connections from this machine"}
 }

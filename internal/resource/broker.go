@@ -51,8 +51,13 @@ type Broker struct {
 	Vhost string
 	// Identity names the broker itself (see the package documentation).
 	Identity string
-	// AMQPURL is amqp(s)://host:port, without credentials or vhost.
+	// AMQPURL is amqp(s)://host:port, without credentials or vhost: the
+	// first node when the broker is given as a list of them.
 	AMQPURL string
+	// AMQPAddresses are a cluster's nodes (HOST:PORT, AMQPURL's first)
+	// when the connection Secret lists several; the sidecar tries them in
+	// turn. Nil for one endpoint.
+	AMQPAddresses []string
 	// CreateVhost and VhostDeletionPolicy come from the subject's spec.
 	CreateVhost         bool
 	VhostDeletionPolicy string
@@ -157,17 +162,28 @@ func BrokerFromConnectionSecret(ref topologyv1beta1.RabbitmqClusterReference, sp
 	b := Broker{Reference: ref, Identity: hostPort(mgmt)}
 	vhostSettings(&b, spec)
 	if raw := strings.TrimSpace(string(secret.Data[ConnectionSecretAMQPURLKey])); raw != "" {
-		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != schemeAMQP && u.Scheme != schemeAMQPS) || u.Hostname() == "" {
-			return Broker{}, fmt.Errorf("connection Secret %s/%s: key %s must be amqp://HOST[:PORT] or amqps://HOST[:PORT]", secret.Namespace, secret.Name, ConnectionSecretAMQPURLKey)
+		// One endpoint, or a cluster's nodes: comma-separated, one scheme.
+		scheme := ""
+		for one := range strings.SplitSeq(raw, ",") {
+			u, err := url.Parse(strings.TrimSpace(one))
+			if err != nil || (u.Scheme != schemeAMQP && u.Scheme != schemeAMQPS) || u.Hostname() == "" || (scheme != "" && u.Scheme != scheme) {
+				return Broker{}, fmt.Errorf("connection Secret %s/%s: key %s must be amqp://HOST[:PORT] or amqps://HOST[:PORT], or a comma-separated list of them with one scheme", secret.Namespace, secret.Name, ConnectionSecretAMQPURLKey)
+			}
+			if spec.TLS != nil && u.Scheme != schemeAMQPS {
+				// Guessing the TLS port of an explicitly plaintext endpoint
+				// would be wrong as often as right.
+				return Broker{}, fmt.Errorf("spec.broker.tls is set, but the connection Secret %s/%s gives a plaintext endpoint (%s: %s://%s); set %s to amqps://HOST[:PORT], or remove spec.broker.tls",
+					secret.Namespace, secret.Name, ConnectionSecretAMQPURLKey, u.Scheme, u.Host, ConnectionSecretAMQPURLKey)
+			}
+			node := hostPortDefault(u, amqpPort(u.Scheme))
+			if scheme == "" {
+				scheme, b.AMQPURL = u.Scheme, u.Scheme+"://"+node
+			}
+			b.AMQPAddresses = append(b.AMQPAddresses, node)
 		}
-		if spec.TLS != nil && u.Scheme != schemeAMQPS {
-			// Guessing the TLS port of an explicitly plaintext endpoint
-			// would be wrong as often as right.
-			return Broker{}, fmt.Errorf("spec.broker.tls is set, but the connection Secret %s/%s gives a plaintext endpoint (%s: %s://%s); set %s to amqps://HOST[:PORT], or remove spec.broker.tls",
-				secret.Namespace, secret.Name, ConnectionSecretAMQPURLKey, u.Scheme, u.Host, ConnectionSecretAMQPURLKey)
+		if len(b.AMQPAddresses) == 1 {
+			b.AMQPAddresses = nil
 		}
-		b.AMQPURL = u.Scheme + "://" + hostPortDefault(u, amqpPort(u.Scheme))
 		return b, nil
 	}
 	scheme, port := schemeAMQP, "5672"

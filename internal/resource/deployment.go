@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -86,6 +87,9 @@ type HarnessParams struct {
 	Harness hcpv1alpha1.HarnessSpec
 	Sidecar hcpv1alpha1.SidecarSpec
 	Vhost   string
+	// Addresses are the broker's nodes when it is a cluster reached
+	// without a load balancer (Broker.AMQPAddresses).
+	Addresses []string
 	// Image is the manager's sidecar image; Sidecar.Image overrides it.
 	Image string
 	// Prefetch is the consumer prefetch in effect.
@@ -189,6 +193,9 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 		// which cannot change without a restart.
 		secretEnv(config.EnvUsername, s.CredentialsSecretName(), CredentialsUsernameKey),
 		{Name: config.EnvAMQPURLFile, Value: CredentialsMountPath + "/" + CredentialsURIKey},
+	}
+	if len(p.Addresses) > 0 {
+		env = append(env, corev1.EnvVar{Name: config.EnvAMQPAddresses, Value: strings.Join(p.Addresses, ",")})
 	}
 	mounts := []corev1.VolumeMount{
 		{Name: StateVolumeName, MountPath: config.DefaultStateDir},

@@ -334,7 +334,11 @@ func TestBrokerResolution(t *testing.T) {
 	for _, tc := range []struct {
 		name, wantAMQP, wantIdentity, wantErr string
 		data                                  map[string]string
+		wantNodes                             []string
 	}{
+		{name: "a cluster's nodes", data: with("uri", "http://mgmt:15672", "amqpURL", "amqp://r1:5701, amqp://r2:5702,amqp://R3"), wantAMQP: "amqp://r1:5701", wantIdentity: "mgmt:15672", wantNodes: []string{"r1:5701", "r2:5702", "r3:5672"}},
+		{name: "a cluster's nodes, two schemes", data: with("uri", "http://mgmt:15672", "amqpURL", "amqp://r1:5701,amqps://r2:5702"), wantErr: "one scheme"},
+		{name: "a cluster's nodes, a blank one", data: with("uri", "http://mgmt:15672", "amqpURL", "amqp://r1:5701,,amqp://r2"), wantErr: "comma-separated"},
 		{name: "http management: amqp 5672", data: with("uri", "http://rabbit.ns.svc:15672"), wantAMQP: "amqp://rabbit.ns.svc:5672", wantIdentity: "rabbit.ns.svc:15672"},
 		{name: "https management: amqps 5671", data: with("uri", "https://Rabbit.example.com"), wantAMQP: "amqps://Rabbit.example.com:5671", wantIdentity: "rabbit.example.com:443"},
 		{name: "bare host", data: with("uri", "127.0.0.1:15672"), wantAMQP: "amqp://127.0.0.1:5672", wantIdentity: "127.0.0.1:15672"},
@@ -355,7 +359,7 @@ func TestBrokerResolution(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b.AMQPURL != tc.wantAMQP || b.Identity != tc.wantIdentity || b.VhostDeletionPolicy != "retain" {
+			if b.AMQPURL != tc.wantAMQP || b.Identity != tc.wantIdentity || b.VhostDeletionPolicy != "retain" || !slices.Equal(b.AMQPAddresses, tc.wantNodes) {
 				t.Errorf("got %+v", b)
 			}
 		})
@@ -458,7 +462,8 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	s := ForCallee(c)
 	creds, _ := CredentialsSecret(s, b, "pw")
 	tok := TokenSecret(s, TokenKeys{PrivatePEM: []byte("-----BEGIN PRIVATE KEY-----"), PublicPEM: []byte("pub"), VerifyPEM: []byte("pub")})
-	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 7})
+	nodes := []string{"r1:5701", "r2:5702"}
+	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 7, Addresses: nodes})
 	var side *corev1.Container
 	for i := range dep.Spec.Template.Spec.InitContainers {
 		if dep.Spec.Template.Spec.InitContainers[i].Name == SidecarContainerName {
@@ -477,7 +482,7 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 		cfg.HarnessURL != "http://127.0.0.1:8080" || cfg.Prefetch != 7 || cfg.Namespace != "from:metadata.namespace" ||
 		cfg.PodName != "from:metadata.name" || cfg.APIAddr != "127.0.0.1:9090" || cfg.StateDir != "/var/lib/hcp" ||
 		cfg.TokenKeyFile != "/etc/hcp/token/private.pem" || cfg.TokenVerifyKeysFile != "/etc/hcp/token/verification-keys.pem" ||
-		cfg.AMQPURLFile != "/etc/hcp/credentials/uri" || cfg.TokenKeyPEM != "" || cfg.AMQPURL != "" {
+		cfg.AMQPURLFile != "/etc/hcp/credentials/uri" || cfg.TokenKeyPEM != "" || cfg.AMQPURL != "" || !slices.Equal(cfg.AMQPAddresses, nodes) {
 		t.Errorf("config %+v", cfg)
 	}
 	// No secret in the environment (/proc/PID/environ): the only Secret

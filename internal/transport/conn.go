@@ -30,8 +30,10 @@ type Conn struct {
 	opts Options
 	uri  amqp.URI
 	log  logr.Logger
-	// lastURL is the URL of the last dial (the supervisor's alone).
-	lastURL string
+	// lastURL is the URL of the last dial, nextAddr the index in
+	// opts.Addresses the next dial starts from (the supervisor's alone).
+	lastURL  string
+	nextAddr int
 
 	// stop ends the supervisor (hard stop); stopped is closed when it has.
 	stopCtx context.Context
@@ -67,6 +69,9 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	}
 	if opts.TLS != nil && uri.Scheme != "amqps" {
 		return nil, fmt.Errorf("transport: TLS is configured but the URL scheme is %s://; use amqps://", uri.Scheme)
+	}
+	if err := checkAddresses(opts.Addresses); err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
 	}
 	c := &Conn{
 		opts:      opts,

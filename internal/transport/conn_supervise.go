@@ -3,29 +3,33 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-func (c *Conn) dial() (*amqp.Connection, error) {
+// dial makes one connection; node is the address it went to.
+func (c *Conn) dial() (conn *amqp.Connection, node string, err error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(c.opts.ConnectionName)
 	// The handshakes are not ctx-aware: Close aborts a dial in progress by
 	// closing its socket.
 	abort := func() bool { return false }
 	defer func() { abort() }()
+	dialed := ""
 	cfg := amqp.Config{
 		Heartbeat:  c.opts.Heartbeat,
 		Properties: props,
 		Locale:     "en_US",
 		Dial: func(network, addr string) (net.Conn, error) {
 			d := net.Dialer{Timeout: c.opts.DialTimeout}
-			nc, err := d.DialContext(c.stopCtx, network, addr)
+			nc, node, err := c.dialNode(c.stopCtx, &d, network, addr)
 			if err != nil {
 				return nil, err
 			}
+			dialed = node
 			// As amqp091.DefaultDial: a deadline for the TLS and AMQP
 			// handshakes, cleared by amqp091-go once the connection is open.
 			if err := nc.SetDeadline(time.Now().Add(c.opts.DialTimeout)); err != nil {
@@ -39,7 +43,12 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 	if c.opts.TLS != nil {
 		cfg.TLSClientConfig = c.opts.TLS.Clone()
 	}
-	return amqp.DialConfig(c.dialURL(), cfg)
+	conn, err = amqp.DialConfig(c.dialURL(), cfg)
+	if err != nil && dialed != "" {
+		c.skipNode()
+		err = fmt.Errorf("%s: %w", dialed, err)
+	}
+	return conn, dialed, err
 }
 
 // dialURL is the URL to dial now: the source's when it gives a usable one
@@ -90,7 +99,7 @@ func (c *Conn) supervise() {
 		if c.stopCtx.Err() != nil {
 			return
 		}
-		conn, err := c.dial()
+		conn, node, err := c.dial()
 		if err != nil && c.stopCtx.Err() != nil {
 			return // aborted by Close
 		}
@@ -109,9 +118,9 @@ func (c *Conn) supervise() {
 		c.setConnected(conn)
 		if everConnected {
 			c.opts.Metrics.Reconnected(c.opts.Role)
-			c.log.Info("Reconnected to the AMQP broker", "failedAttempts", failures)
+			c.log.Info("Reconnected to the AMQP broker", "node", node, "failedAttempts", failures)
 		} else {
-			c.log.Info("Connected to the AMQP broker")
+			c.log.Info("Connected to the AMQP broker", "node", node)
 		}
 		everConnected = true
 

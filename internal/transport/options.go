@@ -37,6 +37,13 @@ type Options struct {
 	// credentials Secret that may have been rotated); URL is then the
 	// first value, which fixes the username and vhost the Conn reports.
 	URLSource func() string
+	// Addresses, when set, are the broker nodes (HOST:PORT) to connect to
+	// instead of the URL's host: a cluster without a load balancer in
+	// front. Each dial tries them in order, starting from the one that
+	// last worked (after a failed handshake, from the next one), and the
+	// URL's user, vhost and TLS settings apply to each. For amqps, every
+	// node's certificate must be valid for the URL's host name.
+	Addresses []string
 	// TLS is used for amqps:// URLs (build it with TLSConfig). It is cloned
 	// per dial: amqp091-go writes ServerName into the config it is given.
 	// Setting it with an amqp:// URL is an error rather than a silent

@@ -61,6 +61,12 @@ const (
 	chaosTimeout = 4 * time.Minute
 )
 
+// The brokers a fault may need (fault.broker).
+const (
+	oneNodeBroker = "one-node"
+	clusterBroker = "three-node cluster's"
+)
+
 // chaosTask is the sample task each session runs.
 type chaosTask struct {
 	steps, stepMS, checkpointEvery int
@@ -77,6 +83,9 @@ type fault struct {
 	replicas int32
 	// localOnly faults need the local stack's processes.
 	localOnly bool
+	// broker is the broker the fault needs: any (""), the local stack's
+	// one node, or the three-node cluster (HCP_E2E_RABBITMQ_CLUSTER=1).
+	broker string
 	// callerMoves: the fault replaces the caller pod, and with it the sample
 	// app's record; what the old app received is joined to the new one's.
 	callerMoves bool
@@ -182,6 +191,10 @@ func (r *samplesRun) chaos(t *testing.T) {
 		}
 		if f.localOnly && r.cfg.existing {
 			t.Logf("%s: needs the local stack's processes; skipped on an existing cluster", f.name)
+			continue
+		}
+		if onCluster := r.cfg.rmqNodes != nil; (f.broker == clusterBroker && !onCluster) || (f.broker == oneNodeBroker && onCluster) {
+			t.Logf("%s: needs the %s broker; skipped", f.name, f.broker)
 			continue
 		}
 		row := faultRow{fault: f.name}

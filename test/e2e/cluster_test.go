@@ -147,7 +147,8 @@ func (s *suite) helmValues() []string {
 		"--set-string", "defaultBroker.secret.uri=" + s.cfg.brokerURI,
 		"--set-string", "defaultBroker.secret.username=" + s.cfg.username,
 		"--set-string", "defaultBroker.secret.password=" + s.cfg.password,
-		"--set-string", "defaultBroker.secret.amqpURL=" + s.cfg.amqpURL,
+		// A cluster's nodes are comma-separated, and --set splits at commas.
+		"--set-string", "defaultBroker.secret.amqpURL=" + strings.ReplaceAll(s.cfg.amqpURL, ",", `\,`),
 		"--set", "watchNamespaces={" + s.ns + "}",
 	}, s.cfg.helmArgs...)
 }

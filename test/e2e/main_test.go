@@ -46,6 +46,10 @@ type config struct {
 	keep                     bool
 	// stackStarted: this run brought the local stack up (and stops it).
 	stackStarted bool
+	// rmqNodes are the three-node cluster's AMQP URLs as this process
+	// reaches them (HCP_E2E_RABBITMQ_CLUSTER=1; rmqcluster_test.go), nil
+	// on the one-node broker.
+	rmqNodes []string
 }
 
 var cfg config
@@ -107,6 +111,11 @@ func setup() error {
 		cfg.stackLogs = os.Getenv("HCP_STACK_LOGS")
 	} else if err := localStack(); err != nil {
 		return err
+	}
+	if os.Getenv("HCP_E2E_RABBITMQ_CLUSTER") == "1" {
+		if err := rabbitmqCluster(); err != nil {
+			return err
+		}
 	}
 	cfg.managementURL = firstOf(os.Getenv("HCP_E2E_MANAGEMENT_URL"), os.Getenv("HCP_STACK_MANAGEMENT_URL"), os.Getenv("RABBITMQ_MANAGEMENT_URL"), testbed.DefaultManagementURL)
 	cfg.brokerURI = firstOf(os.Getenv("HCP_E2E_BROKER_URI"), cfg.managementURL)

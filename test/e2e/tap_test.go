@@ -46,13 +46,21 @@ func (s *suite) startTap(t *testing.T) *tap {
 		Configure: `^hcp-tap\.`, Write: `^hcp-tap\.`, Read: `^(hcp-tap\..*|` + topology.EventsExchange + `)$`,
 	}))
 	q := "hcp-tap." + s.id
-	uri := s.broker.AMQPURI(user, pass, s.vhost)
+	// On the three-node cluster the tap moves to the next node when its
+	// node goes.
+	uris := []string{s.broker.AMQPURI(user, pass, s.vhost)}
+	for _, n := range s.cfg.rmqNodes[min(1, len(s.cfg.rmqNodes)):] {
+		b := *s.broker
+		b.AMQPURL = n
+		uris = append(uris, b.AMQPURI(user, pass, s.vhost))
+	}
+	attempt := 0
 	tp := &tap{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	// The first subscription must work: the run's wire is recorded from
 	// its start.
-	conn, deliveries, err := subscribeTap(uri, q)
+	conn, deliveries, err := subscribeTap(uris[0], q)
 	if err != nil {
 		cancel()
 		t.Fatalf("tap: %v", err)
@@ -66,7 +74,8 @@ func (s *suite) startTap(t *testing.T) *tap {
 				if ctx.Err() != nil {
 					return
 				}
-				if conn, deliveries, err = subscribeTap(uri, q); err == nil {
+				attempt++
+				if conn, deliveries, err = subscribeTap(uris[attempt%len(uris)], q); err == nil {
 					break
 				}
 				select {

@@ -7,6 +7,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -33,6 +34,7 @@ const (
 	EnvVhost               = "HCP_VHOST"                  // AMQP vhost
 	EnvAMQPURL             = "HCP_AMQP_URL"               // amqp(s)://user:pass@host:port/vhost (local runs; pods use EnvAMQPURLFile)
 	EnvAMQPURLFile         = "HCP_AMQP_URL_FILE"          // file holding the URL: the mounted credentials Secret's uri, reread on each dial
+	EnvAMQPAddresses       = "HCP_AMQP_ADDRESSES"         // optional: the broker nodes, HOST:PORT,HOST:PORT,…, tried in turn instead of the URL's host
 	EnvUsername            = "HCP_USERNAME"               // broker username (the user_id set on every publish)
 	EnvTokenKey            = "HCP_TOKEN_KEY"              // callee: PEM PKCS#8 Ed25519 private key (local runs; pods use EnvTokenKeyFile)
 	EnvTokenKeyFile        = "HCP_TOKEN_KEY_FILE"         // callee: file holding it: the mounted token Secret's private.pem, followed on rotation
@@ -77,6 +79,9 @@ type Config struct {
 	AMQPURL    string
 	// AMQPURLFile, when set, holds the URL instead of AMQPURL.
 	AMQPURLFile string
+	// AMQPAddresses are the broker nodes to dial instead of the URL's
+	// host (empty: the URL's host).
+	AMQPAddresses []string
 	Username    string
 	TokenKeyPEM string
 	// TokenKeyFile, when set, holds the key instead of TokenKeyPEM.
@@ -153,6 +158,11 @@ func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
 			errs = append(errs, fmt.Errorf("callee mode: %w", err))
 		}
 	}
+	addrs, err := ParseAMQPAddresses(get(EnvAMQPAddresses, ""))
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", EnvAMQPAddresses, err))
+	}
+	c.AMQPAddresses = addrs
 	if c.AMQPURL != "" {
 		if err := CheckAMQPURL(c.AMQPURL); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", EnvAMQPURL, err))
@@ -209,6 +219,25 @@ func CheckAMQPURL(u string) error {
 		return errors.New("must be an amqp:// or amqps:// URL with a host")
 	}
 	return nil
+}
+
+// ParseAMQPAddresses parses a comma-separated list of broker nodes,
+// "host1:5672,host2:5672" (the format of RabbitMQ's own clients' address
+// lists); blanks around commas are ignored, and "" is no list.
+func ParseAMQPAddresses(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []string
+	for a := range strings.SplitSeq(s, ",") {
+		a = strings.TrimSpace(a)
+		host, port, err := net.SplitHostPort(a)
+		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%q: want HOST:PORT with a port in 1..65535", a)
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // FromOSEnv is FromEnv over the process environment.

@@ -102,3 +102,23 @@ func TestAppMaxAttempts(t *testing.T) {
 		}
 	}
 }
+
+func TestAMQPAddresses(t *testing.T) {
+	for _, c := range []struct {
+		value string
+		want  []string
+	}{
+		{"", nil},
+		{"r1:5701", []string{"r1:5701"}},
+		{" 10.0.0.1:5701, r2:5702 ,[::1]:5703", []string{"10.0.0.1:5701", "r2:5702", "[::1]:5703"}},
+		{"r1", nil}, {"r1:5701,", nil}, {":5701", nil}, {"r1:0", nil}, {"r1:70000", nil}, {"r1:amqp", nil},
+	} {
+		cfg, err := FromEnv(common("caller", EnvAMQPURLFile, "/f", EnvAMQPAddresses, c.value))
+		switch {
+		case c.want == nil && c.value != "" && (err == nil || !strings.Contains(err.Error(), EnvAMQPAddresses)):
+			t.Errorf("%q: %v, want an error naming %s", c.value, err, EnvAMQPAddresses)
+		case (c.want != nil || c.value == "") && (err != nil || strings.Join(cfg.AMQPAddresses, " ") != strings.Join(c.want, " ")):
+			t.Errorf("%q: %q, %v; want %q", c.value, cfg.AMQPAddresses, err, c.want)
+		}
+	}
+}

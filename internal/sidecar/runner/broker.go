@@ -142,6 +142,7 @@ func transportOptions(cfg *config.Config, url func() string, m transport.Metrics
 	return transport.Options{
 		URL:            url(),
 		URLSource:      url,
+		Addresses:      cfg.AMQPAddresses,
 		Heartbeat:      cfg.Heartbeat,
 		ConnectionName: fmt.Sprintf("hcp-sidecar %s %s %s", cfg.Mode, cfg.ID, cfg.PodName),
 		Logger:         log.WithName("amqp"),

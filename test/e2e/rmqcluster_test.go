@@ -1,0 +1,98 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// HCP_E2E_RABBITMQ_CLUSTER=1 runs the suite on the broker as users run it
+// in production: hack/rabbitmq-cluster.sh's three RabbitMQ nodes on this
+// host (quorum queues replicated across them, pause_minority), brought up
+// if they are not running and left running. The chart's connection Secret
+// then gives the topology operator node 1's management API and the
+// sidecars every node (amqpURL amqp://NODE:5701,amqp://NODE:5702,…, which
+// the local node translates to the nodes on 127.0.0.1), so a sidecar whose
+// node dies or pauses connects to another. The faults marked cluster (a
+// node killed, a node partitioned) run only then; the broker restart of
+// the one-node broker does not.
+
+// rabbitmqCluster brings the three nodes up and points the suite at them.
+// It runs after the local stack's environment is loaded: the pods reach
+// the nodes at the local node's address, HCP_STACK_AMQP_URL's host.
+func rabbitmqCluster() error {
+	if cfg.existing {
+		return errors.New("HCP_E2E_RABBITMQ_CLUSTER=1 needs the local stack (hack/rabbitmq-cluster.sh runs the nodes on this host)")
+	}
+	defer timed("three-node RabbitMQ cluster")()
+	ctx := context.Background()
+	script := filepath.Join(cfg.root, "hack", "rabbitmq-cluster.sh")
+	urls, err := output(ctx, script, "up")
+	if err != nil {
+		return fmt.Errorf("hack/rabbitmq-cluster.sh up: %w", err)
+	}
+	mgmt, err := output(ctx, script, "management")
+	if err != nil {
+		return fmt.Errorf("hack/rabbitmq-cluster.sh management: %w", err)
+	}
+	stack, err := url.Parse(os.Getenv("HCP_STACK_AMQP_URL"))
+	if err != nil || stack.Hostname() == "" {
+		return fmt.Errorf("HCP_STACK_AMQP_URL %q: no node address for the pods", os.Getenv("HCP_STACK_AMQP_URL"))
+	}
+	var pods []string
+	for raw := range strings.SplitSeq(strings.TrimSpace(urls), ",") {
+		u, err := url.Parse(raw)
+		if err != nil || u.Port() == "" {
+			return fmt.Errorf("hack/rabbitmq-cluster.sh up printed %q; want its nodes' AMQP URLs", urls)
+		}
+		cfg.rmqNodes = append(cfg.rmqNodes, "amqp://"+u.Host)
+		pods = append(pods, "amqp://"+net.JoinHostPort(stack.Hostname(), u.Port()))
+	}
+	for k, v := range map[string]string{
+		"HCP_E2E_MANAGEMENT_URL":  strings.TrimSpace(mgmt),
+		"HCP_E2E_BROKER_AMQP_URL": strings.Join(pods, ","),
+		"RABBITMQ_AMQP_URL":       cfg.rmqNodes[0],
+	} {
+		if err := os.Setenv(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rabbitmqClusterCmd runs hack/rabbitmq-cluster.sh with args (kill N,
+// start N, partition N, heal N).
+func (s *suite) rabbitmqClusterCmd(t *testing.T, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if out, err := output(ctx, filepath.Join(s.cfg.root, "hack", "rabbitmq-cluster.sh"), args...); err != nil {
+		t.Fatalf("hack/rabbitmq-cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// brokerNodeFault is a cluster fault: hurt node 1 (every sidecar's first
+// address, so it holds their connections, and the node the topology
+// operator declared the quorum queues through, so it leads them) for d,
+// then undo it; the undo runs even if the run fails.
+func (r *samplesRun) brokerNodeFault(t *testing.T, hurt, undo string, d time.Duration) {
+	r.rabbitmqClusterCmd(t, hurt, "1")
+	undone := false
+	t.Cleanup(func() {
+		if !undone {
+			r.rabbitmqClusterCmd(t, undo, "1")
+		}
+	})
+	time.Sleep(d)
+	r.rabbitmqClusterCmd(t, undo, "1")
+	undone = true
+}
