@@ -82,8 +82,8 @@ type Config struct {
 	// AMQPAddresses are the broker nodes to dial instead of the URL's
 	// host (empty: the URL's host).
 	AMQPAddresses []string
-	Username    string
-	TokenKeyPEM string
+	Username      string
+	TokenKeyPEM   string
 	// TokenKeyFile, when set, holds the key instead of TokenKeyPEM.
 	TokenKeyFile string
 	// TokenVerifyKeysFile optionally holds the public keys accepted when
