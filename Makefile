@@ -103,7 +103,8 @@ testbed: ## Provide kube-apiserver/etcd/kubectl, RabbitMQ with management, and t
 
 .PHONY: test
 test: testbed ## Run all tests: unit, fuzz seeds, envtest, integration (real RabbitMQ and topology operator), install checks (chart, kustomize, Dockerfile), and the end-to-end suite on the local stack.
-	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
+	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...; \
+		rc=$$?; hack/rabbitmq-cluster.sh down 2>/dev/null || true; exit $$rc
 	$(IMAGEBUILD_GO) && go test $(GO_TEST_FLAGS) ./...
 	$(OBSERVABILITY_GO) && go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) check-install

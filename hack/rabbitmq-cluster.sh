@@ -13,9 +13,9 @@
 #   hack/rabbitmq-cluster.sh urls          one AMQP URL per node, comma-separated
 #   hack/rabbitmq-cluster.sh management    node 1's management API URL
 #   hack/rabbitmq-cluster.sh kill N        SIGKILL node N (1..3)
-#   hack/rabbitmq-cluster.sh start N       start node N again; it rejoins from its state
+#   hack/rabbitmq-cluster.sh start N       start node N again; it rejoins from its state (restarted if stuck)
 #   hack/rabbitmq-cluster.sh partition N   cut node N's Erlang distribution from the others (iptables on lo)
-#   hack/rabbitmq-cluster.sh heal N        undo partition N
+#   hack/rabbitmq-cluster.sh heal N        undo partition N; waits until N is a running member (restarted if stuck)
 #
 # Node i: name hcp-r<i>@localhost, AMQP 127.0.0.1:$((BASE+i)), management
 # $((MGMT_BASE+i)), distribution $((DIST_BASE+i)). Users: guest/guest from
@@ -104,11 +104,49 @@ start_node() {
   diag "$n" -q check_running >/dev/null 2>&1 || sleep 3
 }
 
-members() { ctl 1 -q cluster_status --formatter json 2>/dev/null | tr -d ' \n' | grep -o '"running_nodes":\[[^]]*\]' || true; }
+# members [N]: the running nodes as node N (default 1) sees them.
+members() { ctl "${1:-1}" -q cluster_status --formatter json 2>/dev/null | tr -d ' \n' | grep -o '"running_nodes":\[[^]]*\]' || true; }
+
+# member N: node N runs the rabbit app and another node counts it running.
+member() {
+  local other=1
+  [ "$1" != 1 ] || other=2
+  diag "$1" -q check_running >/dev/null 2>&1 && members "$other" | grep -q "$(name "$1")"
+}
+
+# recover N: waits until node N is a running member again. One that is not
+# within 60 s is restarted, as an operator would: after a partition heals,
+# Mnesia can stay split and the paused node never resumes
+# (rabbitmq-server#17319); a node killed mid-write can hang at boot.
+recover() {
+  local n=$1 deadline=$((SECONDS + 60))
+  until member "$n"; do
+    if [ $SECONDS -ge $deadline ]; then
+      log "$(name "$n") is not a running member 60 s on; restarting it"
+      local p
+      p=$(pid_of "$n") || true
+      [ -z "${p:-}" ] || kill -9 "$p" 2>/dev/null || true
+      sleep 2
+      start_node "$n"
+      deadline=$((SECONDS + 120))
+      until member "$n"; do
+        [ $SECONDS -lt $deadline ] || die "$(name "$n") did not rejoin the cluster after a restart; see $dir/r$n/log"
+        sleep 3
+      done
+      break
+    fi
+    sleep 3
+  done
+  log "$(name "$n") is a running member: $(members "$n")"
+}
 
 up() {
   prepare
   for n in "${nodes[@]}"; do start_node "$n"; done
+  # Reused nodes: one left stuck by an earlier fault is restarted.
+  for n in "${nodes[@]}"; do
+    diag "$n" -q check_running >/dev/null 2>&1 || recover "$n"
+  done
   for n in 2 3; do
     if ! members | grep -q "$(name "$n")"; then
       log "joining $(name "$n") to $(name 1)"
@@ -186,8 +224,8 @@ case "${1:-}" in
   urls) urls ;;
   management) echo "http://127.0.0.1:$((mgmt_base + 1))" ;;
   kill) check_n "${2:-}"; p=$(pid_of "$2") || die "no pid for node $2"; kill -9 "$p"; log "$(name "$2") killed (pid $p)" ;;
-  start) check_n "${2:-}"; start_node "$2" ;;
+  start) check_n "${2:-}"; start_node "$2"; recover "$2" ;;
   partition) partition "${2:-}" ;;
-  heal) heal "${2:-}" ;;
+  heal) heal "${2:-}"; recover "$2" ;;
   *) sed -n '2,23p' "$0" >&2; exit 2 ;;
 esac

@@ -121,6 +121,9 @@ type bedOptions struct {
 	// RecordBeforeReply is the callee sidecar's
 	// callee.Options.RecordBeforeReply (the acceptance's baseline).
 	RecordBeforeReply bool
+	// Cluster, when set, is the broker instead of the machine's one node:
+	// the sidecars get every node's address (transport.Options.Addresses).
+	Cluster *testbed.Cluster
 }
 
 // bed is one callee pod (harness + callee sidecar) and one caller pod
@@ -130,10 +133,12 @@ type bed struct {
 	tb     testing.TB
 	env    *testbed.Env
 	broker *testbed.Broker
-	ns     string
-	vhost  string
-	callee user
-	caller user
+	// addresses are the broker's nodes when it is a cluster.
+	addresses []string
+	ns        string
+	vhost     string
+	callee    user
+	caller    user
 
 	// CalleeAPI and CallerAPI are the sidecars' local API base URLs.
 	CalleeAPI string
@@ -181,8 +186,12 @@ func newBed(tb testing.TB, o bedOptions) *bed {
 		tb.Skip("integration test (envtest + RabbitMQ); -short skips it")
 	}
 	broker := testbed.EnsureRabbitMQ(tb)
+	var addrs []string
+	if o.Cluster != nil {
+		broker, addrs = o.Cluster.Broker, o.Cluster.Addresses
+	}
 	env := apiServer(tb)
-	b := &bed{tb: tb, env: env, broker: broker}
+	b := &bed{tb: tb, env: env, broker: broker, addresses: addrs}
 	b.alive.Store(true)
 	tb.Cleanup(b.Close)
 	ctx := context.Background()
@@ -470,7 +479,7 @@ func (b *bed) cachedClient(byObject map[client.Object]cache.ByObject, watched ..
 func (b *bed) dial(u user, name string, log logr.Logger, m *metrics.Metrics, drainWithoutCancel bool) (*transport.Conn, *transport.ConfirmPublisher) {
 	tb := b.tb
 	conn, err := transport.Dial(context.Background(), transport.Options{
-		URL: b.broker.AMQPURI(u.name, u.password, b.vhost), ConnectionName: name, Logger: log.WithName("amqp"), Metrics: m,
+		URL: b.broker.AMQPURI(u.name, u.password, b.vhost), Addresses: b.addresses, ConnectionName: name, Logger: log.WithName("amqp"), Metrics: m,
 		Heartbeat: config.DefaultHeartbeat, DrainWithoutCancel: drainWithoutCancel,
 	})
 	must(tb, err)
