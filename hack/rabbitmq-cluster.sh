@@ -14,6 +14,7 @@
 #   hack/rabbitmq-cluster.sh management    node 1's management API URL
 #   hack/rabbitmq-cluster.sh kill N        SIGKILL node N (1..3)
 #   hack/rabbitmq-cluster.sh start N       start node N again; it rejoins from its state (restarted if stuck)
+#   hack/rabbitmq-cluster.sh restart       restart every node's rabbit app (the whole broker)
 #   hack/rabbitmq-cluster.sh partition N   cut node N's Erlang distribution from the others (iptables on lo)
 #   hack/rabbitmq-cluster.sh heal N        undo partition N; waits until N is a running member (restarted if stuck)
 #
@@ -168,6 +169,16 @@ up() {
 
 pid_of() { cat "$dir/r$1/pid" 2>/dev/null; }
 
+# restart: the whole broker restarted, every node's rabbit app stopped, then
+# started (node 1, stopped last, first: Mnesia waits for the last node down).
+restart() {
+  local n
+  for n in 3 2 1; do ctl "$n" -q stop_app; done
+  for n in 1 2 3; do ctl "$n" -q start_app & done
+  wait
+  for n in "${nodes[@]}"; do recover "$n"; done
+}
+
 down() {
   for n in "${nodes[@]}"; do heal "$n" 2>/dev/null || true; done
   for n in "${nodes[@]}"; do
@@ -225,7 +236,8 @@ case "${1:-}" in
   management) echo "http://127.0.0.1:$((mgmt_base + 1))" ;;
   kill) check_n "${2:-}"; p=$(pid_of "$2") || die "no pid for node $2"; kill -9 "$p"; log "$(name "$2") killed (pid $p)" ;;
   start) check_n "${2:-}"; start_node "$2"; recover "$2" ;;
+  restart) restart ;;
   partition) partition "${2:-}" ;;
   heal) heal "${2:-}"; recover "$2" ;;
-  *) sed -n '2,23p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,24p' "$0" >&2; exit 2 ;;
 esac

@@ -61,12 +61,6 @@ const (
 	chaosTimeout = 4 * time.Minute
 )
 
-// The brokers a fault may need (fault.broker).
-const (
-	oneNodeBroker = "one-node"
-	clusterBroker = "three-node cluster's"
-)
-
 // chaosTask is the sample task each session runs.
 type chaosTask struct {
 	steps, stepMS, checkpointEvery int
@@ -83,9 +77,8 @@ type fault struct {
 	replicas int32
 	// localOnly faults need the local stack's processes.
 	localOnly bool
-	// broker is the broker the fault needs: any (""), the local stack's
-	// one node, or the three-node cluster (HCP_E2E_RABBITMQ_CLUSTER=1).
-	broker string
+	// cluster faults need the three-node broker (HCP_E2E_RABBITMQ_CLUSTER=1).
+	cluster bool
 	// callerMoves: the fault replaces the caller pod, and with it the sample
 	// app's record; what the old app received is joined to the new one's.
 	callerMoves bool
@@ -193,8 +186,8 @@ func (r *samplesRun) chaos(t *testing.T) {
 			t.Logf("%s: needs the local stack's processes; skipped on an existing cluster", f.name)
 			continue
 		}
-		if onCluster := r.cfg.rmqNodes != nil; (f.broker == clusterBroker && !onCluster) || (f.broker == oneNodeBroker && onCluster) {
-			t.Logf("%s: needs the %s broker; skipped", f.name, f.broker)
+		if f.cluster && r.cfg.rmqNodes == nil {
+			t.Logf("%s: needs the three-node broker (HCP_E2E_RABBITMQ_CLUSTER=1); skipped", f.name)
 			continue
 		}
 		row := faultRow{fault: f.name}

@@ -124,7 +124,11 @@ var faults = []fault{
 			t.Fatal(err)
 		}
 	}},
-	{name: "broker restart", replicas: 1, localOnly: true, broker: oneNodeBroker, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod, _ []string) {
+	{name: "broker restart", replicas: 1, localOnly: true, inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod, _ []string) {
+		if r.cfg.rmqNodes != nil { // every node of the cluster
+			r.rabbitmqClusterCmd(t, "restart")
+			return
+		}
 		for _, args := range [][]string{{"stop_app"}, {"start_app"}} {
 			if out, err := exec.CommandContext(t.Context(), "rabbitmqctl", args...).CombinedOutput(); err != nil {
 				t.Fatalf("rabbitmqctl %s: %v\n%s", args[0], err, out)
@@ -151,14 +155,14 @@ var faults = []fault{
 	// holds every sidecar's connections and leads the quorum queues.
 	// Killed, its clients reconnect to the next node in their list and
 	// the queues elect leaders on the other two; it rejoins 30 s later.
-	{name: "broker node killed, restarted 30 s later (3-node cluster)", replicas: 1, localOnly: true, broker: clusterBroker,
+	{name: "broker node killed, restarted 30 s later (3-node cluster)", replicas: 1, localOnly: true, cluster: true,
 		inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod, _ []string) {
 			r.brokerNodeFault(t, "kill", "start", 30*time.Second)
 		}},
 	// Partitioned from the other two for 60 s: it notices within its net
 	// tick (15 s), pauses as the minority and drops its clients, which go
 	// on with the majority; healed, it resumes and resyncs.
-	{name: "broker node partitioned from the others for 60 s (3-node cluster, pause_minority)", replicas: 1, localOnly: true, broker: clusterBroker,
+	{name: "broker node partitioned from the others for 60 s (3-node cluster, pause_minority)", replicas: 1, localOnly: true, cluster: true,
 		inject: func(t *testing.T, r *samplesRun, _ *corev1.Pod, _ []string) {
 			r.brokerNodeFault(t, "partition", "heal", 60*time.Second)
 		}},

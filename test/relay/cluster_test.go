@@ -24,7 +24,7 @@ import (
 // them) is lost: killed and started again 10 s later, or partitioned from
 // the other two for 45 s. The sidecars must move to another node and the
 // app receive every event exactly once and in order, with no gap given
-// up on. `make test` runs it; `make chaos-cluster` runs the same faults
+// up on. `make test` runs it; `make chaos` runs the same faults
 // on the local stack's pods (test/e2e).
 func TestRelayBrokerNodeLoss(t *testing.T) {
 	if testing.Short() {
