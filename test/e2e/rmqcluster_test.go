@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,19 +81,53 @@ func (s *suite) rabbitmqClusterCmd(t *testing.T, args ...string) {
 	}
 }
 
-// brokerNodeFault is a cluster fault: hurt node 1 (every sidecar's first
-// address, so it holds their connections, and the node the topology
-// operator declared the quorum queues through, so it leads them) for d,
-// then undo it; the undo runs even if the run fails.
+// brokerNodeFault is a cluster fault: hurt the node that holds the
+// callee sidecars' connections (the first, if they are on several) for d, then undo it (the undo runs even if
+// the run fails, and returns once the node is a running member again).
+// The sidecars must have moved: afterwards none of their connections is
+// on that node. (A fixed node would miss them after the first run: a
+// sidecar stays on the node it moved to.)
 func (r *samplesRun) brokerNodeFault(t *testing.T, hurt, undo string, d time.Duration) {
-	r.rabbitmqClusterCmd(t, hurt, "1")
+	user := r.callee.Status.Username
+	nodes := r.connectionNodes(t, user)
+	n := strings.TrimSuffix(strings.TrimPrefix(nodes[0], "hcp-r"), "@localhost")
+	t.Logf("the callee sidecars are connected to %v: %s %s for %s", nodes, hurt, nodes[0], d)
+	r.rabbitmqClusterCmd(t, hurt, n)
 	undone := false
 	t.Cleanup(func() {
 		if !undone {
-			r.rabbitmqClusterCmd(t, undo, "1")
+			r.rabbitmqClusterCmd(t, undo, n)
 		}
 	})
 	time.Sleep(d)
-	r.rabbitmqClusterCmd(t, undo, "1")
+	r.rabbitmqClusterCmd(t, undo, n)
 	undone = true
+	if after := r.connectionNodes(t, user); slices.Contains(after, nodes[0]) || len(after) == 0 {
+		t.Fatalf("after %s of %s the callee sidecars' connections are on %v: they did not move to another node", hurt, nodes[0], after)
+	}
+}
+
+// connectionNodes are the broker nodes that user's connections in the
+// run's vhost are on, sorted, once it has some.
+func (r *samplesRun) connectionNodes(t *testing.T, user string) []string {
+	t.Helper()
+	var nodes []string
+	eventually(t, time.Minute, "connections of "+user, func(context.Context) error {
+		conns, err := r.broker.API.ListConnectionsOfUser(user)
+		if err != nil {
+			return err
+		}
+		nodes = nil
+		for _, c := range conns {
+			if c.Vhost == r.vhost && !slices.Contains(nodes, c.Node) {
+				nodes = append(nodes, c.Node)
+			}
+		}
+		if len(nodes) == 0 {
+			return fmt.Errorf("none in vhost %s", r.vhost)
+		}
+		return nil
+	})
+	slices.Sort(nodes)
+	return nodes
 }
