@@ -57,3 +57,33 @@ func closedPort(t *testing.T) string {
 	_ = ln.Close()
 	return addr
 }
+
+// A connection that stayed up for StableAfter starts the backoff over when
+// it is lost, however often that happens (a cluster restarted node by
+// node); one lost sooner counts as a flap and doubles the wait.
+func TestBackoffStartsOverAfterAStableConnection(t *testing.T) {
+	e := newEnv(t)
+	proxy := transporttest.NewProxy(t, e.broker.AMQPAddr)
+	clk := &recordingClock{}
+	c := e.dialURL(e.broker.URLVia(proxy.Addr(), e.vhost), "stable", nil, func(o *transport.Options) {
+		o.Clock, o.Rand = clk, func() float64 { return 0.5 }
+		o.BackoffMin, o.BackoffMax, o.StableAfter = time.Second, time.Minute, 300*time.Millisecond
+	})
+	lose := func(upFor time.Duration) time.Duration {
+		t.Helper()
+		eventually(t, 10*time.Second, "connected", c.Ready)
+		time.Sleep(upFor)
+		n := len(clk.recorded())
+		proxy.Cut()
+		eventually(t, 10*time.Second, "a redial scheduled", func() bool { return len(clk.recorded()) > n })
+		return clk.recorded()[n]
+	}
+	for i := range 3 {
+		if d := lose(500 * time.Millisecond); d != 500*time.Millisecond {
+			t.Errorf("loss %d of a stable connection: redial after %v, want 500ms (half of BackoffMin: a fresh start)", i+1, d)
+		}
+	}
+	if d := lose(0); d != time.Second {
+		t.Errorf("a flap: redial after %v, want 1s (BackoffMin: one failure)", d)
+	}
+}

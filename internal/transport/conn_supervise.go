@@ -77,11 +77,13 @@ func (c *Conn) dialURL() string {
 
 // supervise dials, waits for the connection to close, and redials, until
 // stop. Each failed dial doubles the delay from BackoffMin up to BackoffMax.
-// Losing a connection that had been up for at least BackoffMax starts over:
+// Losing a connection that had been up for at least StableAfter starts over:
 // the first redial waits a random fraction of BackoffMin (spreading the
 // reconnect storm when a broker drops every client at once). Losing one that
 // was up for less counts as one more failure, so a flapping connection backs
-// off like a failing dial.
+// off like a failing dial. (StableAfter, not BackoffMax: a cluster restarted
+// node by node drops a client once per node, a minute or so apart, and each
+// loss would otherwise double the wait although the other nodes serve.)
 func (c *Conn) supervise() {
 	defer close(c.stopped)
 	defer c.setDisconnected(ErrClosed)
@@ -129,7 +131,7 @@ func (c *Conn) supervise() {
 			return
 		}
 		c.setDisconnected(lost)
-		if c.opts.Clock.Since(upSince) >= c.opts.BackoffMax {
+		if c.opts.Clock.Since(upSince) >= c.opts.StableAfter {
 			failures = 0
 			delay = time.Duration(c.opts.Rand() * float64(c.opts.BackoffMin))
 		} else {

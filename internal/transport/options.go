@@ -23,6 +23,7 @@ const (
 	DefaultBackoffMax   = 60 * time.Second
 	DefaultJitter       = 0.2
 	DefaultDialTimeout  = 30 * time.Second
+	DefaultStableAfter  = 10 * time.Second
 	DefaultDrainTimeout = 10 * time.Second
 	// DefaultWindow is the publisher's default bound on unconfirmed messages.
 	DefaultWindow = 256
@@ -70,6 +71,10 @@ type Options struct {
 	// (default 0.2; negative means none).
 	BackoffMin, BackoffMax time.Duration
 	Jitter                 float64
+	// StableAfter is how long a connection must have been up for its loss
+	// to start the backoff over (default 10s); a shorter-lived one counts
+	// as one more failure (a flapping broker).
+	StableAfter time.Duration
 	// DialTimeout bounds TCP connect plus the TLS and AMQP handshakes of one
 	// attempt (default 30s).
 	DialTimeout time.Duration
@@ -114,6 +119,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Jitter > 1 {
 		o.Jitter = 1
+	}
+	if o.StableAfter <= 0 {
+		o.StableAfter = DefaultStableAfter
 	}
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = DefaultDialTimeout
