@@ -190,7 +190,10 @@ type SessionsSpec struct {
 
 // CalleeStatus is the observed state of a Callee.
 type CalleeStatus struct {
-	// observedGeneration is the generation the status describes.
+	// observedGeneration is the generation the status describes; 0 (the
+	// default) until the operator first writes the status, so that a new
+	// object reads as not yet observed (kstatus: InProgress).
+	// +kubebuilder:default=0
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
@@ -275,7 +278,11 @@ type Callee struct {
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	// +required
-	Spec   CalleeSpec   `json:"spec"`
+	Spec CalleeSpec `json:"spec"`
+
+	// status is the observed state, written by the operator;
+	// {observedGeneration: 0} until its first write (see observedGeneration).
+	// +kubebuilder:default={}
 	Status CalleeStatus `json:"status,omitempty"`
 }
 

@@ -133,7 +133,10 @@ func (s *CallerSpec) MaxAttempts() int32 {
 
 // CallerStatus is the observed state of a Caller.
 type CallerStatus struct {
-	// observedGeneration is the generation the status describes.
+	// observedGeneration is the generation the status describes; 0 (the
+	// default) until the operator first writes the status, so that a new
+	// object reads as not yet observed (kstatus: InProgress).
+	// +kubebuilder:default=0
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
@@ -215,7 +218,11 @@ type Caller struct {
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	// +required
-	Spec   CallerSpec   `json:"spec"`
+	Spec CallerSpec `json:"spec"`
+
+	// status is the observed state, written by the operator;
+	// {observedGeneration: 0} until its first write (see observedGeneration).
+	// +kubebuilder:default={}
 	Status CallerStatus `json:"status,omitempty"`
 }
 

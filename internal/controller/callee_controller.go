@@ -67,7 +67,7 @@ func newCore(c client.Client, apiReader client.Reader, s *runtime.Scheme, rec ev
 		role:      role,
 		epochs:    &epochs{},
 		memo:      newStatusMemo(),
-		pace:      newStatusPace(),
+		pace:      newStatusPace(o.FirstStatusWait),
 	}
 }
 

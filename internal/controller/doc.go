@@ -29,6 +29,7 @@
 //	secrets.go                      broker credentials and the token key
 //	tls.go                          the broker TLS Secrets, checked
 //	status.go, statusmemo.go        conditions, and the status last written
+//	statuspace.go                   status writes held back: a wait's detail, a new object's first wait
 //	mapping.go                      watch mappings and predicates
 //	indexes.go                      field indexes
 //	sessions_metrics.go             the HCPSession metrics, from the cache
@@ -38,4 +39,5 @@
 //	shared_redeclare.go             a lost shared exchange re-created and its bindings re-declared
 //	shared_users.go                 who still uses a vhost, asked of the API server (claimLog)
 //	finalizer.go                    the topology finalizer: own objects, then the shared ones by the last user
+//	writebudget/                    a test: the manager's API writes per Callee/Caller (issue 35)
 package controller

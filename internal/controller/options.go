@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"time"
+
 	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -22,6 +24,10 @@ type Options struct {
 	// WatchNamespaces restricts the manager to these namespaces; empty
 	// means all.
 	WatchNamespaces []string
+	// FirstStatusWait is how long a new Callee or Caller may go without a
+	// status while its first rollout only waits (statusPace.holdFirst;
+	// DefaultFirstStatusWait); 0 writes every wait at once.
+	FirstStatusWait time.Duration
 }
 
 // AddToScheme registers every type the manager uses: core Kubernetes, the

@@ -80,6 +80,14 @@ func (h *harnessReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) 
 	if equality.Semantic.DeepEqual(bv.status, v.status) {
 		return res, err
 	}
+	if wait := h.core.pace.holdFirst(obj, bv, v, err); wait > 0 {
+		// A new object's first rollout that only waits: its one status
+		// write is Ready, unless the wait outlasts Options.FirstStatusWait.
+		if res.RequeueAfter == 0 || wait < res.RequeueAfter {
+			res.RequeueAfter = wait
+		}
+		return res, nil
+	}
 	if wait := h.core.pace.hold(obj, bv, v); wait > 0 && err == nil {
 		// Only the detail of a wait changed, and the status was written
 		// a moment ago (pendingPace): written on the requeue, or by the

@@ -12,6 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -95,7 +96,13 @@ func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childK
 		case !apierrors.IsAlreadyExists(err):
 			return nil, fmt.Errorf("%s %s: %w", gvk.Kind, klog.KObj(desired), err)
 		}
-		// Another worker created it after the cached read: apply over it.
+		// Created after the cached read (by another worker, or by this
+		// owner's previous reconcile, whose create the cache has not
+		// shown yet): apply over it, unless it already holds desired.
+		if err := c.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), live); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", gvk.Kind, klog.KObj(desired), err)
+		}
+		exists = metav1.IsControlledBy(live, owner)
 	}
 	cfg, err := applyConfiguration(desired, gvk.GroupVersion().String(), gvk.Kind)
 	if err != nil {

@@ -326,18 +326,19 @@ func (c *core) writeStatus(ctx context.Context, before, obj client.Object, befor
 		return nil
 	}
 	ctrl.LoggerFrom(ctx).Info("Ready changed", "status", cur.Status, "reason", cur.Reason, "message", cur.Message)
-	if old == nil && waiting(cur) {
-		// No Event for the first Ready of a new object that only waits
-		// (TopologyPending, DeploymentProgressing): its conditions say as
-		// much, and at scale it would be one more API write per object.
-		return nil
-	}
 	typ := corev1.EventTypeNormal
 	if cur.Status != metav1.ConditionTrue && !waiting(cur) {
 		// ScaledToZero is Ready=True (someone's choice: a user, an
 		// autoscaler on an empty queue), so Normal: alerting on Warning
 		// Events does not page for it.
 		typ = corev1.EventTypeWarning
+	}
+	if typ == corev1.EventTypeNormal && firstRollout(obj.GetGeneration(), beforeConds) {
+		// No Normal Event in a new object's first rollout (a wait, then
+		// Ready): its conditions say as much, and at scale each would be
+		// one more API write per object. A Warning (a fix needed, a
+		// failure) has one, and so has every change of Ready after it.
+		return nil
 	}
 	c.recorder.Eventf(obj, nil, typ, cur.Reason, "Reconcile", "Ready=%s: %s", cur.Status, cur.Message)
 	return nil

@@ -1,10 +1,12 @@
 package controller
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 )
@@ -14,7 +16,7 @@ import (
 // any other change, a first write, or a write after pendingPace is not.
 func TestStatusPace(t *testing.T) {
 	now := time.Unix(1000, 0)
-	p := newStatusPace()
+	p := newStatusPace(DefaultFirstStatusWait)
 	p.now = func() time.Time { return now }
 	callee := func(ready metav1.ConditionStatus, reason, msg string, active int32) *hcpv1alpha1.Callee {
 		c := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{UID: "uid-1"}}
@@ -53,5 +55,73 @@ func TestStatusPace(t *testing.T) {
 	now = now.Add(pendingPace)
 	if d := hold(a, b); d != 0 {
 		t.Errorf("after pendingPace: held %s, want 0", d)
+	}
+}
+
+// TestFirstStatusHold: a new object's first status is held while it only
+// waits, for DefaultFirstStatusWait from the first reconcile that held it, and
+// not again once that is over (even after a sweep); an error, a failure,
+// Ready, or a status written before end or prevent the hold.
+func TestFirstStatusHold(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newStatusPace(DefaultFirstStatusWait)
+	p.now = func() time.Time { return now }
+	callee := func(uid string, ready metav1.ConditionStatus, reason, msg string) *hcpv1alpha1.Callee {
+		c := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}
+		if reason != "" {
+			c.Status.Conditions = []metav1.Condition{{Type: hcpv1alpha1.ConditionReady, Status: ready, Reason: reason, Message: msg}}
+		}
+		return c
+	}
+	fresh := callee("uid-1", "", "", "")
+	pending := func(msg string) *hcpv1alpha1.Callee {
+		return callee("uid-1", metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, msg)
+	}
+	hold := func(before, after *hcpv1alpha1.Callee, err error) time.Duration {
+		return p.holdFirst(after, calleeView(before), calleeView(after), err)
+	}
+	if d := hold(fresh, pending("Queue q: not yet declared"), nil); d != DefaultFirstStatusWait {
+		t.Errorf("first wait: held %s, want %s", d, DefaultFirstStatusWait)
+	}
+	now = now.Add(10 * time.Second)
+	if d := hold(fresh, pending("User u: not yet declared"), nil); d != DefaultFirstStatusWait-10*time.Second {
+		t.Errorf("10 s later: held %s, want %s", d, DefaultFirstStatusWait-10*time.Second)
+	}
+	for name, tc := range map[string]struct {
+		before, after *hcpv1alpha1.Callee
+		err           error
+	}{
+		"an error":        {fresh, pending("x"), errors.New("boom")},
+		"a failure":       {fresh, callee("uid-1", metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyFailed, "refused"), nil},
+		"a problem":       {fresh, callee("uid-1", metav1.ConditionFalse, hcpv1alpha1.ReasonIDConflict, "taken"), nil},
+		"Ready":           {fresh, callee("uid-1", metav1.ConditionTrue, hcpv1alpha1.ReasonScaledToZero, ""), nil},
+		"written already": {pending("Queue q: not yet declared"), pending("User u: not yet declared"), nil},
+	} {
+		if d := hold(tc.before, tc.after, tc.err); d != 0 {
+			t.Errorf("%s: held %s, want 0", name, d)
+		}
+	}
+	now = now.Add(DefaultFirstStatusWait)
+	if d := hold(fresh, pending("x"), nil); d != 0 {
+		t.Errorf("after DefaultFirstStatusWait: held %s, want 0", d)
+	}
+	// Sweeps (another object's hold) do not start uid-1's again.
+	for range 3 {
+		now = now.Add(2 * pendingPace)
+		p.holdFirst(callee("uid-2", "", "", ""), calleeView(fresh), calleeView(pending("y")), nil)
+		if d := hold(fresh, pending("x"), nil); d != 0 {
+			t.Fatalf("after a sweep: held %s, want 0", d)
+		}
+	}
+	// A write ends the hold: a later first write (the status lost, say)
+	// is held again.
+	p.wrote("uid-1")
+	if d := hold(fresh, pending("x"), nil); d != DefaultFirstStatusWait {
+		t.Errorf("after a write: held %s, want %s", d, DefaultFirstStatusWait)
+	}
+	// FirstStatusWait 0: no hold.
+	p = newStatusPace(0)
+	if d := hold(fresh, pending("x"), nil); d != 0 {
+		t.Errorf("FirstStatusWait 0: held %s, want 0", d)
 	}
 }

@@ -57,10 +57,16 @@ const (
 	suiteSidecarImage    = "ghcr.io/hcp-io/hcp-operator:test"
 )
 
+// suiteFirstStatusWait is the suite manager's Options.FirstStatusWait:
+// shorter than production's, so that tests see a first rollout's wait
+// within seconds (the writebudget package runs production's).
+const suiteFirstStatusWait = 2 * time.Second
+
 func suiteOptions() Options {
 	return Options{
-		DefaultBroker: &resource.DefaultBroker{Namespace: suiteBrokerNamespace, Name: suiteBrokerSecret},
-		SidecarImage:  suiteSidecarImage,
+		DefaultBroker:   &resource.DefaultBroker{Namespace: suiteBrokerNamespace, Name: suiteBrokerSecret},
+		SidecarImage:    suiteSidecarImage,
+		FirstStatusWait: suiteFirstStatusWait,
 	}
 }
 
@@ -138,7 +144,7 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "manager config:", err)
 		return 1
 	}
-	mgr, err := ctrl.NewManager(cfg.RESTConfig(countWrites(managerConfig)), cfg.ManagerOptions(env.Scheme))
+	mgr, err := ctrl.NewManager(cfg.RESTConfig(managerConfig), cfg.ManagerOptions(env.Scheme))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		return 1

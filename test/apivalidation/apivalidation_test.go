@@ -530,6 +530,10 @@ spec:
 		{"Caller/some-queue-settings", "spec.eventQueue.messageTTL", "PT24H"},
 		{"Caller/some-queue-settings", "spec.eventQueue.overflow", "drop-head"},
 		{"Caller/some-queue-settings", "spec.consumer.prefetch", int64(10)},
+		// Not observed yet (below metadata.generation): kstatus reads a new
+		// object as InProgress until the operator writes its status.
+		{"Callee/minimal", "status.observedGeneration", int64(0)},
+		{"Caller/minimal", "status.observedGeneration", int64(0)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.obj+"/"+tc.path, func(t *testing.T) {
