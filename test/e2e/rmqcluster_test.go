@@ -9,11 +9,12 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/internal/testbed"
 )
 
 // HCP_E2E_RABBITMQ_CLUSTER=1 runs the suite on the broker as users run it
@@ -35,31 +36,22 @@ func rabbitmqCluster() error {
 		return errors.New("HCP_E2E_RABBITMQ_CLUSTER=1 needs the local stack (hack/rabbitmq-cluster.sh runs the nodes on this host)")
 	}
 	defer timed("three-node RabbitMQ cluster")()
-	ctx := context.Background()
-	script := filepath.Join(cfg.root, "hack", "rabbitmq-cluster.sh")
-	urls, err := output(ctx, script, "up")
+	mgmt, addrs, err := testbed.StartRabbitMQCluster(context.Background())
 	if err != nil {
-		return fmt.Errorf("hack/rabbitmq-cluster.sh up: %w", err)
-	}
-	mgmt, err := output(ctx, script, "management")
-	if err != nil {
-		return fmt.Errorf("hack/rabbitmq-cluster.sh management: %w", err)
+		return err
 	}
 	stack, err := url.Parse(os.Getenv("HCP_STACK_AMQP_URL"))
 	if err != nil || stack.Hostname() == "" {
 		return fmt.Errorf("HCP_STACK_AMQP_URL %q: no node address for the pods", os.Getenv("HCP_STACK_AMQP_URL"))
 	}
 	var pods []string
-	for raw := range strings.SplitSeq(strings.TrimSpace(urls), ",") {
-		u, err := url.Parse(raw)
-		if err != nil || u.Port() == "" {
-			return fmt.Errorf("hack/rabbitmq-cluster.sh up printed %q; want its nodes' AMQP URLs", urls)
-		}
-		cfg.rmqNodes = append(cfg.rmqNodes, "amqp://"+u.Host)
-		pods = append(pods, "amqp://"+net.JoinHostPort(stack.Hostname(), u.Port()))
+	for _, a := range addrs {
+		_, port, _ := net.SplitHostPort(a)
+		cfg.rmqNodes = append(cfg.rmqNodes, "amqp://"+a)
+		pods = append(pods, "amqp://"+net.JoinHostPort(stack.Hostname(), port))
 	}
 	for k, v := range map[string]string{
-		"HCP_E2E_MANAGEMENT_URL":  strings.TrimSpace(mgmt),
+		"HCP_E2E_MANAGEMENT_URL":  mgmt,
 		"HCP_E2E_BROKER_AMQP_URL": strings.Join(pods, ","),
 		"RABBITMQ_AMQP_URL":       cfg.rmqNodes[0],
 	} {
@@ -71,13 +63,13 @@ func rabbitmqCluster() error {
 }
 
 // rabbitmqClusterCmd runs hack/rabbitmq-cluster.sh with args (kill N,
-// start N, partition N, heal N).
+// start N, partition N, heal N, restart).
 func (s *suite) rabbitmqClusterCmd(t *testing.T, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if out, err := output(ctx, filepath.Join(s.cfg.root, "hack", "rabbitmq-cluster.sh"), args...); err != nil {
-		t.Fatalf("hack/rabbitmq-cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	if err := testbed.RabbitMQClusterCmd(ctx, args...); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -9,11 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
-	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
 )
 
@@ -97,17 +95,7 @@ func nodeLoss(t *testing.T, cluster *testbed.Cluster, hurt, undo string, lasts t
 		t.Fatalf("not every event reached the app after node 1's loss: %v; not received: %v", err, rec.Missing(10))
 	}
 	must(t, r.finish(ctx, sids))
-	if res := rec.Result(); res.Duplicates != 0 {
-		t.Errorf("the app received %d events twice", res.Duplicates)
-	}
-	for _, p := range r.app.problems() {
-		t.Errorf("out of order at the app: %s", p)
-	}
-	for _, reason := range []string{caller.ReasonGapSkipped, caller.ReasonLateEvent} {
-		if n := testutil.ToFloat64(r.bed.CallerMetrics.Rejects.WithLabelValues(reason)); n != 0 {
-			t.Errorf("hcp_sidecar_rejects_total{reason=%q} = %v, want 0: an event was given up on", reason, n)
-		}
-	}
+	r.exactlyOnceInOrder(t, rec)
 	// The loss must have reached the sidecars: each moved to another node.
 	for who, m := range map[string]float64{
 		"callee": counterSum(r.bed.CalleeMetrics.Reconnects),

@@ -106,6 +106,13 @@ func TestRelayRandomConnectionCuts(t *testing.T) {
 	if cuts.Load() < minCuts || callerCuts.Load() < 1 {
 		t.Fatalf("only %d callee and %d caller connection cuts happened; the test proves nothing", cuts.Load(), callerCuts.Load())
 	}
+	r.exactlyOnceInOrder(t, rec)
+}
+
+// exactlyOnceInOrder fails t unless the app received every recorded event
+// once, in order, and the caller sidecar gave up on none.
+func (r *relayRun) exactlyOnceInOrder(t *testing.T, rec *benchutil.Recorder) {
+	t.Helper()
 	if res := rec.Result(); res.Duplicates != 0 {
 		t.Errorf("the app received %d events twice", res.Duplicates)
 	}
