@@ -186,7 +186,8 @@ type CallerStatus struct {
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 	// sessionNamespaces are the namespaces other than the Caller's own in
 	// which the operator lets the caller sidecar's ServiceAccount get
-	// HCPSessions by name (a Role and RoleBinding hcp-sessions.{namespace}.{name}
+	// HCPSessions by name and record its position in its own (a Role and
+	// RoleBinding hcp-sessions.{namespace}.{name}
 	// in each): those where a CapabilityPolicy names the caller id (or "*")
 	// for a Callee on the Caller's vhost and broker, and those where
 	// HCPSessions of the caller still exist. A sidecar that replaced

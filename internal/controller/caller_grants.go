@@ -36,12 +36,21 @@ import (
 //     finish, and its sidecar still verifies them. Such a namespace is
 //     looked at again every lingerRecheck (sessions are not watched).
 //
+// The same Role lets the sidecar patch the status of those HCPSessions, and
+// admission narrows it to status.callerAckedSequence of its own caller id's
+// sessions (resource.SessionReaderRules, config/admission policy 1): a new
+// pod resumes such a session where the app left it.
+//
 // Only a Caller with a harness has a sidecar; an external Caller gets
 // nothing. The namespaces granted are in status.sessionNamespaces, where
 // the sidecar reads them. The Roles and RoleBindings carry no owner
 // reference (their owner is in another namespace): the Caller finds them
 // by their labels, deletes those no longer wanted, and the finalizer
 // deletes them all when the Caller goes (revokeSessionReads).
+
+// The manager holds what it grants (RBAC refuses a Role granting more than
+// its creator may do): the positions of every caller id.
+// +kubebuilder:rbac:groups=hcp.io,resources=callerpositions,verbs=record
 
 // lingerRecheck is how often a namespace granted only for the caller's
 // remaining sessions is looked at again.

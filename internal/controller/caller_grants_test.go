@@ -58,7 +58,7 @@ func TestCallerSessionReadGrants(t *testing.T) {
 	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: b, Name: resource.SessionReaderName(sub)}}
 	eventually(t, "the named Caller may get HCPSessions in the Callee's namespace", all(
 		exists(role, nil), exists(binding, nil), sessionNamespaces(named, b)))
-	if want := resource.SessionReaderRules(); !reflect.DeepEqual(role.Rules, want) {
+	if want := resource.SessionReaderRules(sub.ID); !reflect.DeepEqual(role.Rules, want) {
 		t.Errorf("Role rules %+v, want %+v", role.Rules, want)
 	}
 	if want := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "hcp-caller-named", Namespace: a}}; !reflect.DeepEqual(binding.Subjects, want) ||

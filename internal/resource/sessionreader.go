@@ -14,6 +14,13 @@ import (
 // seed, internal/sidecar/caller). The operator decides the namespaces
 // (internal/controller, caller_grants.go).
 //
+// The Role grants get, not list or watch, and patch of the status, where
+// the sidecar records its position (status.callerAckedSequence: a new pod
+// resumes from it). Admission narrows that write (config/admission,
+// policy 1) to callerAckedSequence of the sessions of the caller id the
+// Role names in CallerPositionsResource: RBAC cannot tell one session
+// from another, and a session's caller id is immutable.
+//
 // The Role grants get, not list or watch. The sidecar knows the name it
 // reads (the session id), and an HCPSession carries the caller, the
 // capability and the task's intent: list would show a caller every
@@ -43,14 +50,30 @@ func SessionReaderLabels(s Subject) map[string]string {
 	return l
 }
 
-// SessionReaderRules: get HCPSessions, nothing else.
-func SessionReaderRules() []rbacv1.PolicyRule {
-	return []rbacv1.PolicyRule{{APIGroups: []string{hcpv1alpha1.GroupVersion.Group}, Resources: []string{resourceSessions}, Verbs: []string{"get"}}}
+// CallerPositionsResource is the resource of no API that a Role names to
+// let a caller sidecar record its position in the HCPSessions of one
+// caller id in the Role's namespace (resourceNames: the id; verb
+// CallerPositionsVerb). The admission policy asks the authorizer about it;
+// the API server serves nothing of that name.
+const CallerPositionsResource = "callerpositions"
+
+// CallerPositionsVerb is the verb of CallerPositionsResource.
+const CallerPositionsVerb = "record"
+
+// SessionReaderRules: get HCPSessions, patch their status, and record
+// positions in the sessions of caller id callerID; nothing else.
+func SessionReaderRules(callerID string) []rbacv1.PolicyRule {
+	group := hcpv1alpha1.GroupVersion.Group
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{group}, Resources: []string{resourceSessions}, Verbs: []string{"get"}},
+		{APIGroups: []string{group}, Resources: []string{resourceSessions + "/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{group}, Resources: []string{CallerPositionsResource}, ResourceNames: []string{callerID}, Verbs: []string{CallerPositionsVerb}},
+	}
 }
 
 // SessionReaderRole is s's Role in namespace ns.
 func SessionReaderRole(s Subject, ns string) *rbacv1.Role {
-	return &rbacv1.Role{ObjectMeta: sessionReaderMeta(s, ns), Rules: SessionReaderRules()}
+	return &rbacv1.Role{ObjectMeta: sessionReaderMeta(s, ns), Rules: SessionReaderRules(s.ID)}
 }
 
 // SessionReaderRoleBinding binds SessionReaderRole in ns to s's sidecar

@@ -12,15 +12,19 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
-// TestSessionReader: the Role grants get on HCPSessions only, in the
-// Callee's namespace, to the caller sidecar's ServiceAccount; the objects
+// TestSessionReader: the Role grants get on HCPSessions, patch of their
+// status and the caller id's positions only, in the Callee's namespace, to the caller sidecar's ServiceAccount; the objects
 // carry no owner reference (the Caller is in another namespace) and labels
 // that name the Caller; names are valid, bounded, and apart from every
 // BaseName and from a namesake Caller of another namespace.
 func TestSessionReader(t *testing.T) {
 	s := Subject{Role: topology.RoleCaller, Name: "agent", Namespace: "team-a", UID: "u1", ID: "agent"}
 	role, binding := SessionReaderRole(s, "lab"), SessionReaderRoleBinding(s, "lab")
-	want := []rbacv1.PolicyRule{{APIGroups: []string{"hcp.io"}, Resources: []string{"hcpsessions"}, Verbs: []string{"get"}}}
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{"hcp.io"}, Resources: []string{"hcpsessions"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"hcp.io"}, Resources: []string{"hcpsessions/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"hcp.io"}, Resources: []string{"callerpositions"}, ResourceNames: []string{"agent"}, Verbs: []string{"record"}},
+	}
 	if !reflect.DeepEqual(role.Rules, want) {
 		t.Errorf("rules %+v, want %+v", role.Rules, want)
 	}

@@ -177,8 +177,10 @@
 //     dropped. Not in this namespace, the HCPSession is read by name in
 //     each namespace of its Caller's status.sessionNamespaces, where the
 //     operator lets the sidecar get HCPSessions (a Callee in another
-//     namespace keeps its sessions there; findElsewhere); a refusal there
-//     (Forbidden) holds the session like an outage.
+//     namespace keeps its sessions there; findElsewhere), and, through
+//     Options.StatusIn, may record its position there: callerAckedSequence
+//     is kept in either namespace alike; a refusal there (Forbidden) holds
+//     the session like an outage.
 //     The callee and task come from its spec (the session is verified, its
 //     task adopted: adoptTask); a session whose HCPSession names another
 //     caller is refused (ReasonForeignSession), and so is one with no

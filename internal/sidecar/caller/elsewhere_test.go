@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,12 +21,15 @@ import (
 // TestCrossNamespaceSessionWithTheOperatorsGrants: the Callee runs in
 // namespace A, the Caller in B, so the session's HCPSession is in A. The
 // sidecar acts as its ServiceAccount with exactly the RBAC the operator
-// grants it (resource.Role in B; resource.SessionReaderRole in A, get by
-// name, for A listed in its Caller's status.sessionNamespaces). The first
-// pod delivers the first events and is replaced (a new pod, an empty state
-// directory). While the grant in A is not there yet (Forbidden), the new
-// pod holds the session: nothing delivered, nothing acked, nothing refused.
-// Once it is, every remaining event reaches the app.
+// grants it (resource.Role in B; resource.SessionReaderRole in A: get by
+// name, and its position in the status, for A listed in its Caller's
+// status.sessionNamespaces). The first pod delivers the first events,
+// records its position in the HCPSession in A, and is replaced (a new pod,
+// an empty state directory). While the grant in A is missing (Forbidden),
+// the new pod holds the session: nothing delivered, nothing acked, nothing
+// refused. Once it is back, the new pod resumes from the recorded position:
+// every remaining event reaches the app once, none twice, and no gap is
+// announced for the events the first pod delivered.
 func TestCrossNamespaceSessionWithTheOperatorsGrants(t *testing.T) {
 	if testing.Short() {
 		t.Skip("envtest and RabbitMQ")
@@ -51,10 +55,19 @@ func TestCrossNamespaceSessionWithTheOperatorsGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	grant := func() []client.Object {
+		return []client.Object{resource.SessionReaderRole(sub, calleeNS), resource.SessionReaderRoleBinding(sub, calleeNS)}
+	}
+	for _, o := range grant() {
+		if err := a.env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
 	sa := a.impersonate(a.ns, resource.ServiceAccount(sub).Name)
-	w := a.writerAs(b, sa)
+	w := a.writerAs(b, sa, a.ns)
 	asSidecar := func(o *Options) {
 		o.Client, o.Reader, o.Status, o.Config.Namespace = sa, sa, w, a.ns
+		o.StatusIn = func(ns string) StatusWriter { return a.writerAs(b, sa, ns) }
 		o.SeedTimeout = 2 * time.Second
 	}
 
@@ -73,6 +86,15 @@ func TestCrossNamespaceSessionWithTheOperatorsGrants(t *testing.T) {
 		return nil
 	})
 	r1.stop(t)
+	if got := a.ackedIn(calleeNS, s.sessionID); got != 3 {
+		t.Fatalf("callerAckedSequence in %s after the first pod stopped: %d, want 3", calleeNS, got)
+	}
+	for _, o := range grant() {
+		if err := a.env.Client.Delete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gapsBefore := testutil.ToFloat64(b.metrics.Rejects.WithLabelValues(ReasonGapSkipped))
 
 	b.start(asSidecar, withStateDir(t.TempDir()))
 	for _, m := range s.msgs[4:] {
@@ -94,7 +116,7 @@ func TestCrossNamespaceSessionWithTheOperatorsGrants(t *testing.T) {
 		t.Fatalf("queue depth %d while held, want %d (nothing acked)", d, want)
 	}
 
-	for _, o := range []client.Object{resource.SessionReaderRole(sub, calleeNS), resource.SessionReaderRoleBinding(sub, calleeNS)} {
+	for _, o := range grant() {
 		if err := a.env.Client.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -114,6 +136,28 @@ func TestCrossNamespaceSessionWithTheOperatorsGrants(t *testing.T) {
 	if got := unsolicited(); got != 0 {
 		t.Errorf("%s = %.0f, want 0", ReasonUnsolicitedSession, got)
 	}
+	if got := testutil.ToFloat64(b.metrics.Rejects.WithLabelValues(ReasonGapSkipped)) - gapsBefore; got != 0 {
+		t.Errorf("%.0f events announced lost (gap skipped) after the replacement, want 0: the first pod delivered them", got)
+	}
+	if snap := b.app.Snapshot(); snap.Duplicates != 0 || snap.Deduplicated != 0 || snap.Problems != 0 {
+		t.Errorf("app saw %d duplicates, %d redelivered copies, %d problems, want none", snap.Duplicates, snap.Deduplicated, snap.Problems)
+	}
+	eventually(t, 10*time.Second, "the last position recorded in "+calleeNS, func() error {
+		if got := a.ackedIn(calleeNS, s.sessionID); got != n {
+			return fmt.Errorf("callerAckedSequence %d, want %d", got, n)
+		}
+		return nil
+	})
+}
+
+// ackedIn reads status.callerAckedSequence of the HCPSession ns/name.
+func (a *apiBed) ackedIn(ns, name string) int64 {
+	a.t.Helper()
+	var hs v1alpha1.HCPSession
+	if err := a.env.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &hs); err != nil {
+		a.t.Fatal(err)
+	}
+	return hs.Status.CallerAckedSequence
 }
 
 // impersonate is a client acting as the ServiceAccount ns/name.
@@ -131,9 +175,9 @@ func (a *apiBed) impersonate(ns, name string) client.Client {
 	return c
 }
 
-// writerAs runs a status writer that writes as c.
-func (a *apiBed) writerAs(b *bed, c client.Client) *status.Writer {
-	w := status.New(status.Options{Client: c, Namespace: a.ns, Interval: time.Second, Metrics: b.metrics, Log: b.logger().WithName("status")})
+// writerAs runs a status writer of HCPSessions in ns that writes as c.
+func (a *apiBed) writerAs(b *bed, c client.Client, ns string) *status.Writer {
+	w := status.New(status.Options{Client: c, Namespace: ns, Interval: time.Second, Metrics: b.metrics, Log: b.logger().WithName("status")})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()

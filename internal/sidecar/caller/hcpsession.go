@@ -94,8 +94,25 @@ func (s *Sidecar) readHCPSession(ctx context.Context, sid string, fresh bool) (*
 	return nil, failure
 }
 
-// lookupSession reads the HCPSession named sid in the sidecar's namespace
-// (a hit is kept; a miss is re-checked after lookupRetry, or at once with
+// findHCPSession reads the HCPSession sid in the sidecar's namespace
+// (readHCPSession) and, if it is not there or not readable there, in the
+// namespaces the operator lets the sidecar read (findElsewhere). It
+// returns errAbsent only when every place looked at said so, and the
+// Forbidden error of the sidecar's own namespace when that was the only
+// answer there and the others had none.
+func (s *Sidecar) findHCPSession(ctx context.Context, sid string, fresh bool) (*v1alpha1.HCPSession, error) {
+	hs, err := s.readHCPSession(ctx, sid, fresh)
+	if here := err; errors.Is(here, errAbsent) || apierrors.IsForbidden(here) {
+		hs, err = s.findElsewhere(ctx, sid)
+		if errors.Is(err, errAbsent) && apierrors.IsForbidden(here) {
+			err = here // absent elsewhere, unreadable here: nothing known
+		}
+	}
+	return hs, err
+}
+
+// lookupSession reads the HCPSession named sid, in the sidecar's namespace
+// or one the operator granted (findHCPSession; a hit is kept; a miss is re-checked after lookupRetry, or at once with
 // fresh). A read failure is returned in lookup.err and not kept.
 func (s *Sidecar) lookupSession(sid string, fresh bool) lookup {
 	s.mu.Lock()
@@ -113,17 +130,17 @@ func (s *Sidecar) lookupSession(sid string, fresh bool) lookup {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), lookupTimeout)
 	defer cancel()
-	hs, err := s.readHCPSession(ctx, sid, false)
+	hs, err := s.findHCPSession(ctx, sid, false)
 	switch {
 	case err == nil:
 		l = s.lookupOf(hs)
 	case errors.Is(err, errAbsent) || apierrors.IsForbidden(err):
 		l = lookup{at: s.clk.Now()}
 		s.elsewhere.Do(func() {
-			s.log.Info("An HCPSession is not readable in this namespace (its callee runs in another namespace, or RBAC does not allow it); for such sessions callerAckedSequence is not recorded and positions are durable in the local store only",
+			s.log.Info("An HCPSession is not readable in this namespace nor in those the operator granted (RBAC does not allow it yet, or the callee has not recorded it yet); until it is, callerAckedSequence is not recorded and positions are durable in the local store only",
 				"namespace", s.cfg.Namespace, "session", sid, "reason", err.Error())
 		})
-		s.log.V(1).Info("No readable HCPSession for this session in the sidecar's namespace; callerAckedSequence is not recorded",
+		s.log.V(1).Info("No readable HCPSession for this session; callerAckedSequence is not recorded",
 			"session", sid, "namespace", s.cfg.Namespace, "reason", err.Error())
 	default:
 		s.log.Error(err, "Failed to read the HCPSession", "session", sid)

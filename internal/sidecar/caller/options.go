@@ -118,6 +118,13 @@ type Options struct {
 	// SetInterval(time.Duration) method (*status.Writer does), New sets it
 	// to StatusInterval: the writer must be the caller sidecar's own.
 	Status StatusWriter
+	// StatusIn returns the writer of HCPSessions in another namespace (a
+	// Callee's, where the operator lets this sidecar record its position:
+	// resource.SessionReaderRole), called once per namespace; optional:
+	// without it, the position of a session whose HCPSession is in another
+	// namespace is durable in the local store only, and a new pod resumes
+	// such a session from its first queued event.
+	StatusIn func(namespace string) StatusWriter
 	// StatusInterval is the minimum time between two callerAckedSequence
 	// writes of one session; 0 means DefaultStatusInterval, < 0 leaves the
 	// writer's own interval.

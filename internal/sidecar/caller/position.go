@@ -24,6 +24,7 @@ func (s *Sidecar) recordAcked(sid string, seq int64, fresh bool) bool {
 	if s.o.Status == nil {
 		return true
 	}
+	w := s.o.Status
 	if s.o.Client != nil || s.o.Reader != nil {
 		l := s.lookupSession(sid, fresh)
 		if l.err != nil {
@@ -32,14 +33,49 @@ func (s *Sidecar) recordAcked(sid string, seq int64, fresh bool) bool {
 		if !l.found {
 			return false
 		}
+		if w = s.statusFor(l.namespace); w == nil {
+			return true // in another namespace, and no writer there
+		}
 	}
-	s.o.Status.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
+	w.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
 		if seq > st.CallerAckedSequence {
 			st.CallerAckedSequence = seq
 		}
 	})
 	s.notePosition(sid, seq)
 	return true
+}
+
+// statusFor is the status writer of HCPSessions in namespace ns:
+// Options.Status in the sidecar's own, one made by Options.StatusIn in
+// another (a Callee's), nil without StatusIn.
+func (s *Sidecar) statusFor(ns string) StatusWriter {
+	if ns == "" || ns == s.cfg.Namespace {
+		return s.o.Status
+	}
+	if s.o.StatusIn == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.writers[ns]
+	if !ok {
+		w = s.o.StatusIn(ns)
+		if iv, ok := w.(interface{ SetInterval(time.Duration) }); ok && s.o.StatusInterval > 0 {
+			iv.SetInterval(s.o.StatusInterval)
+		}
+		s.writers[ns] = w
+	}
+	return w
+}
+
+// writerOf is the status writer of session sid's HCPSession, by the
+// namespace its last lookup found it in (the sidecar's own if none).
+func (s *Sidecar) writerOf(sid string) StatusWriter {
+	s.mu.Lock()
+	ns := s.lookups[sid].namespace
+	s.mu.Unlock()
+	return s.statusFor(ns)
 }
 
 // notePosition remembers seq as a position to make sure of at stop.
@@ -61,7 +97,7 @@ type statusFlusher interface {
 // flushStatus writes sid's pending status now rather than after the
 // interval (a session's terminal message), without waiting for it.
 func (s *Sidecar) flushStatus(sid string) {
-	f, ok := s.o.Status.(statusFlusher)
+	f, ok := s.writerOf(sid).(statusFlusher)
 	if !ok {
 		return
 	}
@@ -82,6 +118,7 @@ func (s *Sidecar) writePosition(ctx context.Context, sid string, seq int64) erro
 	if s.o.Status == nil {
 		return nil
 	}
+	w := s.o.Status
 	if s.o.Client != nil || s.o.Reader != nil {
 		l := s.lookupSession(sid, true)
 		if l.err != nil {
@@ -90,13 +127,16 @@ func (s *Sidecar) writePosition(ctx context.Context, sid string, seq int64) erro
 		if !l.found {
 			return nil
 		}
+		if w = s.statusFor(l.namespace); w == nil {
+			return nil
+		}
 	}
-	s.o.Status.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
+	w.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
 		if seq > st.CallerAckedSequence {
 			st.CallerAckedSequence = seq
 		}
 	})
-	f, ok := s.o.Status.(statusFlusher)
+	f, ok := w.(statusFlusher)
 	if !ok {
 		return nil
 	}

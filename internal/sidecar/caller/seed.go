@@ -61,13 +61,7 @@ func (w *stream) seed() bool {
 	backoff := 100 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), lookupTimeout)
-		hs, err := s.readHCPSession(ctx, w.id, true)
-		if here := err; errors.Is(here, errAbsent) || apierrors.IsForbidden(here) {
-			hs, err = s.findElsewhere(ctx, w.id)
-			if errors.Is(err, errAbsent) && apierrors.IsForbidden(here) {
-				err = here // absent elsewhere, unreadable here: nothing known
-			}
-		}
+		hs, err := s.findHCPSession(ctx, w.id, true)
 		cancel()
 		switch {
 		case err == nil:
@@ -124,10 +118,10 @@ func (w *stream) refresh(rec SessionRecord) {
 		return // not here, or not this caller's
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), refreshTimeout)
-	hs, err := s.readHCPSession(ctx, w.id, true)
+	hs, err := s.findHCPSession(ctx, w.id, true)
 	cancel()
 	switch {
-	case errors.Is(err, errAbsent):
+	case errors.Is(err, errAbsent) || apierrors.IsForbidden(err):
 		s.mu.Lock()
 		s.lookups[w.id] = lookup{at: s.clk.Now()}
 		s.mu.Unlock()
@@ -163,14 +157,9 @@ func (w *stream) refresh(rec SessionRecord) {
 // adopt applies a session's HCPSession to the new worker (see seed).
 func (w *stream) adopt(hs *v1alpha1.HCPSession) {
 	s := w.s
-	var l lookup
-	if hs.Namespace == "" || hs.Namespace == s.cfg.Namespace {
-		l = s.lookupOf(hs)
-	} else {
-		// In the callee's namespace: verified, but callerAckedSequence
-		// cannot be recorded there (see findElsewhere).
-		l = lookup{foreign: hs.Spec.CallerID != s.cfg.ID}
-	}
+	// In the callee's namespace (findElsewhere), the position is recorded
+	// there through Options.StatusIn.
+	l := s.lookupOf(hs)
 	if l.foreign {
 		w.refused = ReasonForeignSession
 		w.log.Info("WARNING: the HCPSession of this session names another caller; refusing its messages", "caller", hs.Spec.CallerID, "callee", hs.Spec.CalleeID)

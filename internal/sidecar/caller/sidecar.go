@@ -81,6 +81,8 @@ type Sidecar struct {
 	submitMu sync.Mutex
 	// elsewhere logs once that HCPSessions are not in this namespace.
 	elsewhere sync.Once
+	// writers are the status writers of other namespaces (Options.StatusIn).
+	writers map[string]StatusWriter
 }
 
 // New validates opts and opens the state store.
@@ -125,6 +127,7 @@ func New(opts Options) (*Sidecar, error) {
 		answered:  map[string]bool{},
 		lookups:   map[string]lookup{},
 		positions: map[string]int64{},
+		writers:   map[string]StatusWriter{},
 		runCtx:    context.Background(),
 		stopCh:    make(chan struct{}),
 	}

@@ -200,7 +200,11 @@ func Run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 		}
 	})()
 
-	sidecar, err := newMode(ctx, cfg, kube, b, sw, m, clk, log)
+	others := &otherWriters{ctx: ctx, log: log.WithName("status"),
+		opts: status.Options{Client: kube.client, Clock: clk, Metrics: m, Log: log.WithName("status")}}
+	defer others.stop()
+
+	sidecar, err := newMode(ctx, cfg, kube, b, sw, others, m, clk, log)
 	if err != nil {
 		return err
 	}
@@ -221,7 +225,7 @@ func Run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 
 // newMode builds the callee or the caller of cfg.Mode; in callee mode it
 // first takes the pod's owner Lease and keeps it until ctx ends.
-func newMode(ctx context.Context, cfg *config.Config, kube *kube, b *broker, sw *status.Writer, m *metrics.Metrics, clk clock.WithTickerAndDelayedExecution, log logr.Logger) (mode, error) {
+func newMode(ctx context.Context, cfg *config.Config, kube *kube, b *broker, sw *status.Writer, others *otherWriters, m *metrics.Metrics, clk clock.WithTickerAndDelayedExecution, log logr.Logger) (mode, error) {
 	switch cfg.Mode {
 	case config.ModeCallee:
 		keeper, err := podLease(ctx, cfg, kube.reader, log)
@@ -235,7 +239,8 @@ func newMode(ctx context.Context, cfg *config.Config, kube *kube, b *broker, sw 
 		})
 	case config.ModeCaller:
 		return caller.New(caller.Options{
-			Config: cfg, Client: kube.client, Reader: kube.reader, Publisher: b.publisher, Consumer: b.consume, Status: sw, Metrics: m, Log: log, Clock: clk,
+			Config: cfg, Client: kube.client, Reader: kube.reader, Publisher: b.publisher, Consumer: b.consume, Status: sw, StatusIn: others.in,
+			Metrics: m, Log: log, Clock: clk,
 			Recorder: kube.recorder,
 		})
 	}
