@@ -243,6 +243,7 @@ func chaosTable(rows []faultRow) string {
 // no loss, no duplicate, no second execution, no failure.
 func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	r.setCalleeReplicas(t, f.replicas)
+	r.freshPods(t, f.replicas)
 	task := f.sessionTask()
 	// The fault hits the pod running the first session.
 	ids := r.streamingSessions(t, "chaos: "+f.name, task)
