@@ -112,8 +112,9 @@ func (s *Sidecar) findHCPSession(ctx context.Context, sid string, fresh bool) (*
 }
 
 // lookupSession reads the HCPSession named sid, in the sidecar's namespace
-// or one the operator granted (findHCPSession; a hit is kept; a miss is re-checked after lookupRetry, or at once with
-// fresh). A read failure is returned in lookup.err and not kept.
+// or one the operator granted (findHCPSession). A hit is kept; a miss is
+// re-checked after lookupRetry, or at once with fresh. A read failure is
+// returned in lookup.err and not kept.
 func (s *Sidecar) lookupSession(sid string, fresh bool) lookup {
 	s.mu.Lock()
 	l, ok := s.lookups[sid]
