@@ -244,6 +244,11 @@ func chaosTable(rows []faultRow) string {
 func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	r.setCalleeReplicas(t, f.replicas)
 	r.freshPods(t, f.replicas)
+	defer func() {
+		if t.Failed() {
+			r.logRestarted(t)
+		}
+	}()
 	task := f.sessionTask()
 	// The fault hits the pod running the first session.
 	ids := r.streamingSessions(t, "chaos: "+f.name, task)

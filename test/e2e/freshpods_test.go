@@ -65,3 +65,27 @@ func restarts(p *corev1.Pod) int32 {
 	}
 	return n
 }
+
+// logRestarted logs, for a failed run, the previous logs of every callee
+// and caller container that restarted (a fault's kill): the next run
+// replaces those pods (freshPods), and the suite's dump at the end shows
+// only the pods left then.
+func (r *samplesRun) logRestarted(t *testing.T) {
+	ctx := context.WithoutCancel(t.Context())
+	for _, label := range []string{"hcp.io/callee", "hcp.io/caller"} {
+		pods := &corev1.PodList{}
+		if err := r.c.List(ctx, pods, client.InNamespace(r.ns), client.HasLabels{label}); err != nil {
+			t.Logf("listing the %s pods: %v", label, err)
+			continue
+		}
+		for _, p := range pods.Items {
+			for _, s := range append(append([]corev1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+				if s.RestartCount == 0 {
+					continue
+				}
+				out, err := r.kubectl(ctx, nil, "logs", "--previous", "--tail=400", "-n", r.ns, p.Name, "-c", s.Name)
+				t.Logf("pod %s container %s (restarted %d times), its previous run's log (%v):\n%s", p.Name, s.Name, s.RestartCount, err, indent(out))
+			}
+		}
+	}
+}
