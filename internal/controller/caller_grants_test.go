@@ -31,13 +31,7 @@ func TestCallerSessionReadGrants(t *testing.T) {
 	dumpOnFailure(t, a)
 	dumpOnFailure(t, b)
 	vhost := testVhost(b)
-	withHarness := func(id string) func(*hcpv1alpha1.Caller) {
-		return func(c *hcpv1alpha1.Caller) {
-			c.Spec.Broker.Vhost = vhost
-			c.Spec.CallerID = id
-			c.Spec.Harness = &hcpv1alpha1.HarnessSpec{Template: harnessTemplate("example.com/app:1"), Replicas: new(int32(0))}
-		}
-	}
+	withHarness := func(id string) func(*hcpv1alpha1.Caller) { return callerWithHarness(vhost, id) }
 	callee := newCallee(b, "lab", func(c *hcpv1alpha1.Callee) { c.Spec.Harness.Replicas = new(int32(0)) })
 	named := newCaller(a, "named", withHarness("client"))
 	stranger := newCaller(a, "stranger", withHarness("stranger"))
@@ -153,4 +147,14 @@ func callerSA(t *testing.T, ns, sa string) client.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// callerWithHarness makes a Caller one of caller id id on vhost, with a
+// harness scaled to zero (so that it gets a sidecar's grants).
+func callerWithHarness(vhost, id string) func(*hcpv1alpha1.Caller) {
+	return func(c *hcpv1alpha1.Caller) {
+		c.Spec.Broker.Vhost = vhost
+		c.Spec.CallerID = id
+		c.Spec.Harness = &hcpv1alpha1.HarnessSpec{Template: harnessTemplate("example.com/app:1"), Replicas: new(int32(0))}
+	}
 }

@@ -25,13 +25,7 @@ func TestCallerPositionInAnotherNamespace(t *testing.T) {
 	dumpOnFailure(t, a)
 	dumpOnFailure(t, b)
 	vhost := testVhost(b)
-	withHarness := func(id string) func(*hcpv1alpha1.Caller) {
-		return func(c *hcpv1alpha1.Caller) {
-			c.Spec.Broker.Vhost = vhost
-			c.Spec.CallerID = id
-			c.Spec.Harness = &hcpv1alpha1.HarnessSpec{Template: harnessTemplate("example.com/app:1"), Replicas: new(int32(0))}
-		}
-	}
+	withHarness := func(id string) func(*hcpv1alpha1.Caller) { return callerWithHarness(vhost, id) }
 	callee := newCallee(b, "lab", func(c *hcpv1alpha1.Callee) { c.Spec.Harness.Replicas = new(int32(0)) })
 	named, stranger, outsider := newCaller(a, "named", withHarness("client")), newCaller(a, "stranger", withHarness("stranger")),
 		newCaller(a, "outsider", withHarness("outsider"))

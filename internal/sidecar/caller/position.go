@@ -24,18 +24,15 @@ func (s *Sidecar) recordAcked(sid string, seq int64, fresh bool) bool {
 	if s.o.Status == nil {
 		return true
 	}
-	w := s.o.Status
-	if s.o.Client != nil || s.o.Reader != nil {
-		l := s.lookupSession(sid, fresh)
-		if l.err != nil {
-			s.notePosition(sid, seq)
-		}
-		if !l.found {
-			return false
-		}
-		if w = s.statusFor(l.namespace); w == nil {
-			return true // in another namespace, and no writer there
-		}
+	w, l := s.positionWriter(sid, fresh)
+	if l.err != nil {
+		s.notePosition(sid, seq)
+	}
+	if !l.found {
+		return false
+	}
+	if w == nil {
+		return true // in another namespace, and no writer there
 	}
 	w.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
 		if seq > st.CallerAckedSequence {
@@ -44,6 +41,21 @@ func (s *Sidecar) recordAcked(sid string, seq int64, fresh bool) bool {
 	})
 	s.notePosition(sid, seq)
 	return true
+}
+
+// positionWriter looks session sid up (lookupSession) and returns the
+// writer of its HCPSession's namespace (statusFor; nil: none there). With
+// neither Client nor Reader nothing is looked up: the lookup counts as
+// found, and the writer is Options.Status.
+func (s *Sidecar) positionWriter(sid string, fresh bool) (StatusWriter, lookup) {
+	if s.o.Client == nil && s.o.Reader == nil {
+		return s.o.Status, lookup{found: true}
+	}
+	l := s.lookupSession(sid, fresh)
+	if !l.found {
+		return nil, l
+	}
+	return s.statusFor(l.namespace), l
 }
 
 // statusFor is the status writer of HCPSessions in namespace ns:
@@ -118,18 +130,12 @@ func (s *Sidecar) writePosition(ctx context.Context, sid string, seq int64) erro
 	if s.o.Status == nil {
 		return nil
 	}
-	w := s.o.Status
-	if s.o.Client != nil || s.o.Reader != nil {
-		l := s.lookupSession(sid, true)
-		if l.err != nil {
-			return l.err
-		}
-		if !l.found {
-			return nil
-		}
-		if w = s.statusFor(l.namespace); w == nil {
-			return nil
-		}
+	w, l := s.positionWriter(sid, true)
+	if l.err != nil {
+		return l.err
+	}
+	if !l.found || w == nil {
+		return nil
 	}
 	w.Update(sid, func(st *v1alpha1.HCPSessionStatus) {
 		if seq > st.CallerAckedSequence {
