@@ -73,6 +73,18 @@ func serve(args []string) error {
 		var n atomic.Int64
 		rec.FailWhen(func(samplecaller.Message) bool { return n.Add(1)%int64(*failEvery) == 0 })
 	}
+	// HCP_SAMPLE_RECEIPT_LOG: a file (on a hostPath the chaos suite mounts)
+	// that every message is appended to before it is acknowledged
+	// (samplecaller.ReceiptLog).
+	if path := os.Getenv("HCP_SAMPLE_RECEIPT_LOG"); path != "" {
+		pod, _ := os.Hostname()
+		receipts, err := samplecaller.OpenReceiptLog(path, pod)
+		if err != nil {
+			return fmt.Errorf("HCP_SAMPLE_RECEIPT_LOG: %w", err)
+		}
+		defer receipts.Close()
+		rec.SetReceiptLog(receipts)
+	}
 	srv := &http.Server{Addr: *listen, Handler: rec.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errCh := make(chan error, 1)
 	go func() { errCh <- srv.ListenAndServe() }()

@@ -144,6 +144,9 @@ type Recorder struct {
 	batchGone bool
 	// notify receives a tick after every recorded message.
 	notify chan struct{}
+	// receipts, when set, gets every message before it is acknowledged
+	// (SetReceiptLog).
+	receipts *ReceiptLog
 }
 
 // NewRecorder returns an empty Recorder.
@@ -214,7 +217,7 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 		Messages []Message `json:"messages"`
 	}
 	r.mu.Lock()
-	fail, delay, batchMax, batchGone := r.fail, r.delay, r.batchMax, r.batchGone
+	fail, delay, batchMax, batchGone, receipts := r.fail, r.delay, r.batchMax, r.batchGone, r.receipts
 	r.mu.Unlock()
 	isBatch := strings.HasSuffix(req.URL.Path, "/batch")
 	if isBatch && batchGone {
@@ -253,11 +256,18 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
+	at := time.Now()
+	if receipts != nil {
+		if err := receipts.append(batch.Messages, at); err != nil {
+			http.Error(w, "receipt log: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
 	r.mu.Lock()
 	r.requests++
 	r.mu.Unlock()
 	for _, m := range batch.Messages {
-		r.Record(m)
+		r.RecordAt(m, at)
 	}
 	if batchMax > 1 {
 		w.Header().Set(headerBatchMax, strconv.Itoa(batchMax))
@@ -265,8 +275,11 @@ func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// Record checks and records one message.
-func (r *Recorder) Record(m Message) {
+// Record checks and records one message, received now.
+func (r *Recorder) Record(m Message) { r.RecordAt(m, time.Now()) }
+
+// RecordAt checks and records one message received at at.
+func (r *Recorder) RecordAt(m Message, at time.Time) {
 	r.mu.Lock()
 	defer func() {
 		r.mu.Unlock()
@@ -300,12 +313,12 @@ func (r *Recorder) Record(m Message) {
 		}
 		s.Duplicates++
 		r.dups++
-		s.Repeated = append(s.Repeated, received(m))
+		s.Repeated = append(s.Repeated, received(m, at))
 		problem("duplicate %s message_id=%s sequence=%d without redelivered=true", m.Type, m.MessageID, m.Sequence)
 		return
 	}
 	r.seen[m.MessageID] = true
-	s.Messages = append(s.Messages, received(m))
+	s.Messages = append(s.Messages, received(m, at))
 	switch m.Type {
 	case "task_accepted", "task_rejected":
 		if s.Answer != "" {
@@ -399,6 +412,6 @@ func (snap Snapshot) SessionIDs() []string {
 	return ids
 }
 
-func received(m Message) Received {
-	return Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: time.Now(), Data: m.Data, Lost: m.Lost, Payload: m.Payload}
+func received(m Message, at time.Time) Received {
+	return Received{Type: m.Type, MessageID: m.MessageID, Sequence: m.Sequence, EventType: m.EventType, Redelivered: m.Redelivered, At: at, Data: m.Data, Lost: m.Lost, Payload: m.Payload}
 }

@@ -16,9 +16,12 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 )
 
-// A fault that replaces the caller pod replaces the sample app's record
-// with it: what the old app received is kept until it stops, and joined
-// to the new one's (chaos_test.go, callerMoves).
+// A fault that replaces the caller pod replaces the sample app's in-memory
+// record with it. On the local stack every app also writes a receipt log on
+// the node (recordOnNode), which outlives its pod; on an existing cluster
+// what the old app received is polled until it stops, and joined to the
+// new one's (chaos_test.go, callerMoves). A message the old app received
+// in its last poll interval can then be missing from the record.
 
 // recordUntilGone reads the caller app's record every 50 ms until its app
 // container no longer runs (or its pod is gone) and sends the last one. The

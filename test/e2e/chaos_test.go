@@ -261,7 +261,7 @@ func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 		return r.c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: hs.Status.PodName}, owner)
 	})
 	var old <-chan samplecaller.Snapshot
-	if f.callerMoves {
+	if f.callerMoves && r.receiptLog == "" {
 		old = r.recordUntilGone(t)
 	}
 	at := time.Now()
@@ -271,8 +271,10 @@ func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	// A session may end at the old caller app (the new pod is Ready only
 	// after it): what each app received counts, joined.
 	var before samplecaller.Snapshot
-	if f.callerMoves {
+	if old != nil {
 		before = <-old
+	}
+	if f.callerMoves {
 		r.refreshCaller(t)
 	}
 	snap := r.finishedWithin(t, ids, chaosTimeout, before)
@@ -379,11 +381,10 @@ func (r *samplesRun) finishedWithin(t *testing.T, ids []string, d time.Duration,
 	t.Helper()
 	var snap samplecaller.Snapshot
 	eventually(t, d, fmt.Sprintf("%d sessions closed at the app", len(ids)), func(ctx context.Context) error {
-		after, err := r.received(ctx)
-		if err != nil {
+		var err error
+		if snap, err = r.appReceived(ctx, ids, before); err != nil {
 			return err
 		}
-		snap = joinRecords(before, after)
 		for _, id := range ids {
 			if s := snap.Sessions[id]; s == nil || s.FinalState == "" {
 				return fmt.Errorf("session %s not closed at the app yet", id)

@@ -106,6 +106,9 @@ type samplesRun struct {
 	// stepLog is the file on the node where the sample harness records
 	// every step it executes (observe_test.go); "" on an existing cluster.
 	stepLog string
+	// receiptLog is the file on the node where the sample caller apps
+	// record every message they acknowledge; "" on an existing cluster.
+	receiptLog string
 }
 
 // loadSample decodes config/samples/<file> into obj.
@@ -150,10 +153,10 @@ func (r *samplesRun) samplesReady(t *testing.T) {
 	if img := r.cfg.calleeImage; img != "" {
 		r.callee.Spec.Harness.Template.Spec.Containers[0].Image = img
 	}
-	r.recordSteps(t)
 	if img := r.cfg.callerImage; img != "" && r.caller.Spec.Harness != nil {
 		r.caller.Spec.Harness.Template.Spec.Containers[0].Image = img
 	}
+	r.recordOnNode(t)
 	var manifests []byte
 	for _, o := range []client.Object{r.callee, r.caller, r.policy} {
 		y, err := yaml.Marshal(o)

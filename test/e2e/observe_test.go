@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -25,29 +26,55 @@ import (
 // node) is what ran where; the HCPSessions are the callee's view. None of
 // them is a sidecar's own count.
 
-// recordSteps, on the local stack, mounts a directory of the node into the
-// sample Callee's harness and points HCP_SAMPLE_STEP_LOG at a file in it
-// (samplecallee.StepLog). Every harness pod of the run appends to it.
-func (r *samplesRun) recordSteps(t *testing.T) {
+// recordOnNode, on the local stack, mounts a directory of the node into the
+// sample Callee's harness and the sample Caller's app, and points
+// HCP_SAMPLE_STEP_LOG (samplecallee.StepLog) and HCP_SAMPLE_RECEIPT_LOG
+// (samplecaller.ReceiptLog) at files in it. Every harness and app pod of
+// the run appends to them, so what each did outlives its pod.
+func (r *samplesRun) recordOnNode(t *testing.T) {
 	if r.cfg.existing {
 		return
 	}
 	dir := filepath.Join("/var/lib/hcp-e2e", r.id)
 	if err := os.MkdirAll(dir, 0o777); err != nil {
-		t.Fatalf("step log: %v", err)
+		t.Fatalf("records on the node: %v", err)
 	}
-	// The harness runs as a non-root user; the umask took write from others.
+	// The apps run as non-root users; the umask took write from others.
 	if err := os.Chmod(dir, 0o777); err != nil {
-		t.Fatalf("step log: %v", err)
+		t.Fatalf("records on the node: %v", err)
 	}
 	r.parent.Cleanup(func() { _ = os.RemoveAll(dir) })
+	mount := func(spec *corev1.PodSpec, env, file string) {
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "hcp-e2e-records",
+			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
+		c := &spec.Containers[0]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "hcp-e2e-records", MountPath: "/var/run/hcp-e2e-records"})
+		c.Env = append(c.Env, corev1.EnvVar{Name: env, Value: "/var/run/hcp-e2e-records/" + file})
+	}
 	r.stepLog = filepath.Join(dir, "steps.jsonl")
-	spec := &r.callee.Spec.Harness.Template.Spec
-	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "hcp-e2e-steps",
-		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
-	c := &spec.Containers[0]
-	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "hcp-e2e-steps", MountPath: "/var/run/hcp-e2e-steps"})
-	c.Env = append(c.Env, corev1.EnvVar{Name: "HCP_SAMPLE_STEP_LOG", Value: "/var/run/hcp-e2e-steps/steps.jsonl"})
+	mount(&r.callee.Spec.Harness.Template.Spec, "HCP_SAMPLE_STEP_LOG", "steps.jsonl")
+	if r.caller.Spec.Harness != nil {
+		r.receiptLog = filepath.Join(dir, "receipts.jsonl")
+		mount(&r.caller.Spec.Harness.Template.Spec, "HCP_SAMPLE_RECEIPT_LOG", "receipts.jsonl")
+	}
+}
+
+// appReceived is what the caller apps received of the sessions ids: every
+// app pod's, from the receipt log (one stream per session, so a message
+// both an old and a new app got is a duplicate), or, on an existing
+// cluster, the current app's record joined to before (what an app it
+// replaced had received).
+func (r *samplesRun) appReceived(ctx context.Context, ids []string, before samplecaller.Snapshot) (samplecaller.Snapshot, error) {
+	if r.receiptLog == "" {
+		after, err := r.received(ctx)
+		return joinRecords(before, after), err
+	}
+	f, err := os.Open(r.receiptLog)
+	if err != nil {
+		return samplecaller.Snapshot{}, err
+	}
+	defer f.Close()
+	return samplecaller.ReadReceipts(f, func(id string) bool { return slices.Contains(ids, id) })
 }
 
 // steps reads the step log for the sessions ids; nothing on an existing
