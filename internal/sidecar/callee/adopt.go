@@ -131,11 +131,30 @@ func (s *Sidecar) readopt(ctx context.Context) {
 		}
 		ss.armTimersLocked()
 		ss.delivered.Store(true) // the harness had it; the watchdog checks
+		midHandOver := pausedToResume(ss.machine.State(), hs)
 		ss.release()
-		log.Info("Re-adopted a session after a sidecar restart", "state", ss.machine.State(), "lastSequence", ws.LastSeq, "republished", len(ws.Pending))
+		log.Info("Re-adopted a session after a sidecar restart", "state", ss.machine.State(), "lastSequence", ws.LastSeq, "republished", len(ws.Pending), "resuming", midHandOver)
+		if midHandOver {
+			// The previous incarnation paused it to hand the task over
+			// (a takeover, a recovery) and died before it logged PAUSED →
+			// RUNNING: maybe before the harness got the task, maybe just
+			// after (the harness then runs it, and would report the whole
+			// run into a PAUSED session whose completion is refused).
+			// Hand it over again now rather than after the watchdog's
+			// checks: a harness that has it answers so, and the session
+			// goes RUNNING either way.
+			go ss.recoverHarness("re-adopted PAUSED in the middle of a hand-over (the sidecar restarted)")
+		}
 	}
 	s.walSessions = nil
 	s.adopting.Store(false)
+}
+
+// pausedToResume reports whether a re-adopted session is PAUSED by a
+// sidecar to be resumed (harness_moved, harness_restarted), not by its
+// harness (which resumes it itself).
+func pausedToResume(st session.State, hs *v1alpha1.HCPSession) bool {
+	return st == session.StatePaused && (hs.Status.Reason == reasonHarnessMoved || hs.Status.Reason == reasonHarnessRestarted)
 }
 
 // republishLocked publishes a logged message again. Called with lock.
