@@ -3,20 +3,9 @@ package callee
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
-	"time"
-
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/hcp-io/hcp-operator/internal/samplecallee"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
-	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
@@ -65,51 +54,4 @@ func TestReadoptPausedTakeoverHarnessRunning(t *testing.T) {
 	if n, _ := b.harness.Starts(sid); n != 1 {
 		t.Fatalf("the harness started the session %d times, want 1 (the hand-over it had already)", n)
 	}
-}
-
-// TestSIGKILLRightAtTakeover is TestSidecarSIGKILLAfterTakeoverReadoptsTask
-// with the kill of the chaos suite: as soon as the HCPSession names pod B
-// (HCP_KILL_DELAY_MS after that), whatever B's sidecar has done of the
-// takeover by then.
-func TestSIGKILLRightAtTakeover(t *testing.T) {
-	if os.Getenv("HCP_KILL_DELAY_MS") == "" {
-		t.Skip("set HCP_KILL_DELAY_MS (0, 3, 8, 20: a kill before, during and after the hand-over to the harness)")
-	}
-	b := newBed(t, bedOptions{noStart: true})
-	bin := buildCmds(t, "hcp-sidecar")
-	a := b.startReplica("pod-a")
-	b.first = a
-	const steps = 40
-	_, sid, _ := b.submit(newSubmit(func(ts *task.TaskSubmit) {
-		ts.Inputs = json.RawMessage(fmt.Sprintf(`{"steps":%d,"step_ms":100,"checkpoint_every":2}`, steps))
-	}))
-	b.waitMessage(sid, 20*time.Second, "the fifth event", func(m received) bool {
-		return m.env.Type == envelope.TypeEvent && eventOf(m).Sequence >= 5
-	})
-	p := podAddrs{pod: "pod-b", stateDir: t.TempDir(), api: freeAddr(t), probe: freeAddr(t)}
-	hb := samplecallee.New("http://"+p.api, harnessLogger(t).WithName("harness-b"))
-	hsrv := httptest.NewServer(hb.Handler())
-	t.Cleanup(hsrv.Close)
-	t.Cleanup(hb.Crash)
-	p.harnessURL = hsrv.URL
-	sc := b.startSidecarProc(bin, p)
-	delay, _ := strconv.Atoi(os.Getenv("HCP_KILL_DELAY_MS"))
-
-	go func() { _ = a.sc.Drain(t.Context()) }()
-	for {
-		var hs v1alpha1.HCPSession
-		if err := b.env.Client.Get(t.Context(), client.ObjectKey{Namespace: b.ns, Name: sid}, &hs); err == nil && hs.Status.PodName == p.pod {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	time.Sleep(time.Duration(delay) * time.Millisecond)
-	sc.kill()
-	n, running := hb.Starts(sid)
-	t.Logf("killed pod B's sidecar %d ms after the claim; its harness started the session %d times, running %v", delay, n, running)
-	b.startSidecarProc(bin, p)
-	if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
-		t.Fatalf("session_closed = %+v (%s)", closed, summary(b.messages(sid)))
-	}
-	t.Logf("transitions %v", transitionsOf(b.events(sid)))
 }
