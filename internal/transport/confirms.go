@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"k8s.io/utils/clock"
 )
 
 // run opens a confirm channel on every connection and collects its
@@ -15,6 +16,7 @@ import (
 func (p *ConfirmPublisher) run() {
 	defer close(p.runDone)
 	failures := 0
+	var stalledOn *amqp.Connection
 	for {
 		conn, err := p.c.connection(p.runCtx)
 		if err != nil {
@@ -37,9 +39,18 @@ func (p *ConfirmPublisher) run() {
 		p.cur = pc
 		close(p.ready)
 		p.mu.Unlock()
-		p.collect(pc, returns, closes)
+		stalled := p.collect(pc, returns, closes)
 		if p.runCtx.Err() != nil {
 			return
+		}
+		switch {
+		case !stalled:
+			stalledOn = nil
+		case stalledOn == conn:
+			p.c.leaveNode(conn, fmt.Errorf("no publisher confirm on two channels in a row, each for %s", p.c.opts.ConfirmStall))
+			stalledOn = nil
+		default:
+			stalledOn = conn
 		}
 	}
 }
@@ -58,6 +69,7 @@ func openConfirmChannel(conn *amqp.Connection) (*pubChannel, <-chan amqp.Return,
 	returns := ch.NotifyReturn(make(chan amqp.Return, 64))
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	pc := &pubChannel{
+		conn:  conn,
 		ch:    ch,
 		byKey: map[corrKey]*confirmation{},
 		byID:  map[string]*confirmation{},
@@ -67,11 +79,14 @@ func openConfirmChannel(conn *amqp.Connection) (*pubChannel, <-chan amqp.Return,
 }
 
 // collect resolves pc's confirmations in publish order until pc has closed
-// and every confirmation is resolved.
-func (p *ConfirmPublisher) collect(pc *pubChannel, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+// and every confirmation is resolved. It reports whether it closed pc
+// because no confirm came for ConfirmStall.
+func (p *ConfirmPublisher) collect(pc *pubChannel, returns <-chan amqp.Return, closes <-chan *amqp.Error) (stalled bool) {
 	stop := p.runCtx.Done()
 	closed := false
 	var head *confirmation
+	watch := p.stallWatch()
+	defer watch.stop()
 	drain := func() {
 		for {
 			select {
@@ -101,7 +116,7 @@ func (p *ConfirmPublisher) collect(pc *pubChannel, returns <-chan amqp.Return, c
 			// enqueued before is resolved by amqp091-go's channel shutdown.
 			p.detach(pc)
 			if head = pc.pop(); head == nil {
-				return
+				return stalled
 			}
 		}
 		var headDone <-chan struct{}
@@ -130,13 +145,70 @@ func (p *ConfirmPublisher) collect(pc *pubChannel, returns <-chan amqp.Return, c
 			// goroutine may only read after we take a pending return.
 			go func() { _ = pc.ch.Close() }()
 		case <-pc.wake:
+		case <-watch.tick:
+			if closed || stop == nil || !watch.idle(head != nil && !p.c.isBlocked()) {
+				continue
+			}
+			watch.quiet = 0
+			if stalled {
+				// Its close waits on the same unreachable queue leader (a
+				// partition's minority before it pauses): leave the node.
+				p.c.leaveNode(pc.conn, fmt.Errorf("the publishing channel did not close within %s of its confirms stalling", watch.after))
+				continue
+			}
+			stalled = true
+			pc.closeErr = fmt.Errorf("no publisher confirm for %s", watch.after)
+			p.log.Info("No publisher confirm for a while; reopening the publishing channel, its unconfirmed messages are published again (a quorum queue leader may have moved)",
+				"after", watch.after.String())
+			p.detach(pc)
+			go func() { _ = pc.ch.Close() }() // resolves the pending confirmations as lost
 		case <-headDone:
 			// A return sent before this ack is already taken or buffered.
 			drain()
 			p.resolve(pc, head)
 			head = nil
+			watch.progress()
 		}
 	}
+}
+
+// stallWatch watches one channel's confirms for ConfirmStall: a tick every
+// half of it, and idle reports the third tick in a row with confirmations
+// pending and none resolved (a stall of ConfirmStall to 1.5 times it), so
+// no clock is read per confirm.
+type stallWatch struct {
+	tick     <-chan time.Time
+	stop     func()
+	after    time.Duration
+	resolved uint64
+	seen     uint64
+	quiet    int
+}
+
+func (p *ConfirmPublisher) stallWatch() *stallWatch {
+	w := &stallWatch{stop: func() {}, after: p.c.opts.ConfirmStall}
+	if w.after > 0 {
+		if c, ok := p.c.opts.Clock.(clock.WithTicker); ok {
+			t := c.NewTicker(w.after / 2)
+			w.tick, w.stop = t.C(), t.Stop
+		} else {
+			t := time.NewTicker(w.after / 2)
+			w.tick, w.stop = t.C, t.Stop
+		}
+	}
+	return w
+}
+
+func (w *stallWatch) progress() { w.resolved++ }
+
+func (w *stallWatch) idle(pending bool) bool {
+	if !pending || w.resolved != w.seen {
+		w.quiet = 0
+	} else {
+		w.quiet++
+	}
+	w.seen = w.resolved
+	return w.quiet >= 3
 }
 
 func (p *ConfirmPublisher) resolve(pc *pubChannel, f *confirmation) {
@@ -194,6 +266,7 @@ type corrKey struct{ exchange, routingKey, messageID string }
 
 // pubChannel is one confirm-mode channel with its pending confirmations.
 type pubChannel struct {
+	conn     *amqp.Connection
 	ch       *amqp.Channel
 	closeErr error // written and read by the collector only
 

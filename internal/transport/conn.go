@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -34,6 +36,9 @@ type Conn struct {
 	// opts.Addresses the next dial starts from (the supervisor's alone).
 	lastURL  string
 	nextAddr int
+	// leaving, when set, is why this process closed the current
+	// connection to move to another node (leaveNode).
+	leaving atomic.Pointer[error]
 
 	// stop ends the supervisor (hard stop); stopped is closed when it has.
 	stopCtx context.Context
@@ -168,6 +173,34 @@ func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
 // waitUnblocked waits while the broker has blocked the connection
 // (connection.blocked: memory or disk alarm), so that publishers wait with
 // their ctx instead of inside a socket write that no ctx can interrupt.
+// leaveNode closes conn, if it is still the current connection, so that
+// the supervisor dials the next node: a node that took the publishes but
+// confirmed none of them on two channels in a row cannot reach the queues'
+// leaders (a partition's minority before it pauses).
+func (c *Conn) leaveNode(conn *amqp.Connection, why error) {
+	c.mu.Lock()
+	current := c.conn == conn
+	c.mu.Unlock()
+	if !current {
+		return
+	}
+	c.leaving.Store(&why)
+	go func() { _ = conn.CloseDeadline(time.Now().Add(5 * time.Second)) }()
+}
+
+// isBlocked reports whether the broker blocks the connection now.
+func (c *Conn) isBlocked() bool {
+	c.mu.Lock()
+	ch := c.unblocked
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		return false
+	default:
+		return true
+	}
+}
+
 func (c *Conn) waitUnblocked(ctx context.Context) error {
 	c.mu.Lock()
 	ch := c.unblocked

@@ -130,6 +130,10 @@ func (c *Conn) supervise() {
 		if lost == nil { // stop requested
 			return
 		}
+		if why := c.leaving.Swap(nil); why != nil {
+			lost = fmt.Errorf("transport: left the node: %w", *why)
+			c.skipNode()
+		}
 		c.setDisconnected(lost)
 		if c.opts.Clock.Since(upSince) >= c.opts.StableAfter {
 			failures = 0

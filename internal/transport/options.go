@@ -25,6 +25,7 @@ const (
 	DefaultDialTimeout  = 30 * time.Second
 	DefaultStableAfter  = 10 * time.Second
 	DefaultDrainTimeout = 10 * time.Second
+	DefaultConfirmStall = 5 * time.Second
 	// DefaultWindow is the publisher's default bound on unconfirmed messages.
 	DefaultWindow = 256
 )
@@ -92,6 +93,18 @@ type Options struct {
 	// reordering (and, past a reorder buffer, a loss) for an ordered event
 	// stream. The caller sidecar sets it.
 	DrainWithoutCancel bool
+	// ConfirmStall is how long a publishing channel may hold unconfirmed
+	// messages without receiving a single confirm (ack, nack or return)
+	// before the publisher closes it and opens another; its pending
+	// confirmations then fail with ErrConnectionLost and are published
+	// again (default 5s; negative: never). The case it exists for: a channel
+	// opened right after a RabbitMQ node died sends a quorum queue's
+	// enqueues to the leader it knew, on that node, and RabbitMQ 3.10 tells
+	// it of the new leader only when the dead node is back; a new channel
+	// opened once the queue has elected another leader confirms at once.
+	// Not counted while the broker blocks the connection (a resource
+	// alarm holds confirms back on purpose).
+	ConfirmStall time.Duration
 	// Clock drives backoff delays (default: the real clock).
 	Clock clock.Clock
 	// Rand returns values in [0,1) for jitter (default math/rand/v2).
@@ -128,6 +141,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.ConfirmStall == 0 {
+		o.ConfirmStall = DefaultConfirmStall
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
