@@ -184,7 +184,9 @@ func (c *Conn) leaveNode(conn *amqp.Connection, why error) {
 	if !current {
 		return
 	}
-	c.leaving.Store(&why)
+	if c.leaving.Swap(&why) == nil {
+		c.log.Info("Leaving this broker node for the next one", "why", why.Error())
+	}
 	go func() { _ = conn.CloseDeadline(time.Now().Add(5 * time.Second)) }()
 }
 
