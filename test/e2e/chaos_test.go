@@ -246,7 +246,7 @@ func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 	r.freshPods(t, f.replicas)
 	defer func() {
 		if t.Failed() {
-			r.logRestarted(t)
+			r.logPods(t)
 		}
 	}()
 	task := f.sessionTask()

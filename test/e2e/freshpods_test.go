@@ -66,11 +66,12 @@ func restarts(p *corev1.Pod) int32 {
 	return n
 }
 
-// logRestarted logs, for a failed run, the previous logs of every callee
-// and caller container that restarted (a fault's kill): the next run
-// replaces those pods (freshPods), and the suite's dump at the end shows
-// only the pods left then.
-func (r *samplesRun) logRestarted(t *testing.T) {
+// logPods logs, for a failed run, every callee and caller container's log,
+// and the previous run's of each that restarted (a fault's kill): the next
+// run replaces those pods (freshPods), and the suite's dump at the end
+// shows only the pods left then. A session stalled on a pod is explained
+// by its sidecar's and its harness's logs now, not at the end.
+func (r *samplesRun) logPods(t *testing.T) {
 	ctx := context.WithoutCancel(t.Context())
 	for _, label := range []string{"hcp.io/callee", "hcp.io/caller"} {
 		pods := &corev1.PodList{}
@@ -80,11 +81,12 @@ func (r *samplesRun) logRestarted(t *testing.T) {
 		}
 		for _, p := range pods.Items {
 			for _, s := range append(append([]corev1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
-				if s.RestartCount == 0 {
-					continue
+				if s.RestartCount > 0 {
+					out, err := r.kubectl(ctx, nil, "logs", "--previous", "--tail=400", "-n", r.ns, p.Name, "-c", s.Name)
+					t.Logf("pod %s container %s (restarted %d times), its previous run's log (%v):\n%s", p.Name, s.Name, s.RestartCount, err, indent(out))
 				}
-				out, err := r.kubectl(ctx, nil, "logs", "--previous", "--tail=400", "-n", r.ns, p.Name, "-c", s.Name)
-				t.Logf("pod %s container %s (restarted %d times), its previous run's log (%v):\n%s", p.Name, s.Name, s.RestartCount, err, indent(out))
+				out, err := r.kubectl(ctx, nil, "logs", "--tail=400", "-n", r.ns, p.Name, "-c", s.Name)
+				t.Logf("pod %s container %s, its log (%v):\n%s", p.Name, s.Name, err, indent(out))
 			}
 		}
 	}
