@@ -82,7 +82,7 @@ func serve(args []string) error {
 		if err != nil {
 			return fmt.Errorf("HCP_SAMPLE_RECEIPT_LOG: %w", err)
 		}
-		defer receipts.Close()
+		defer func() { _ = receipts.Close() }()
 		rec.SetReceiptLog(receipts)
 	}
 	srv := &http.Server{Addr: *listen, Handler: rec.Handler(), ReadHeaderTimeout: 10 * time.Second}
