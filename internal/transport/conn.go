@@ -174,9 +174,10 @@ func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
 // (connection.blocked: memory or disk alarm), so that publishers wait with
 // their ctx instead of inside a socket write that no ctx can interrupt.
 // leaveNode closes conn, if it is still the current connection, so that
-// the supervisor dials the next node: a node that took the publishes but
-// confirmed none of them on two channels in a row cannot reach the queues'
-// leaders (a partition's minority before it pauses).
+// the supervisor dials the next node: one that takes publishes but
+// confirms none of them on two channels in a row, or does not answer a
+// subscription, cannot reach the queues' leaders (a partition's minority
+// before it pauses, a node that still places a leader on a lost node).
 func (c *Conn) leaveNode(conn *amqp.Connection, why error) {
 	c.mu.Lock()
 	current := c.conn == conn

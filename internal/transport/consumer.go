@@ -132,7 +132,37 @@ func (k *consumer) run(ctx context.Context) error {
 	}
 }
 
+// subscribe subscribes on conn within SubscribeTimeout; past it, the
+// consumer leaves the node (the connection's close ends the call).
 func (k *consumer) subscribe(conn *amqp.Connection) (*amqp.Channel, <-chan amqp.Delivery, error) {
+	limit := k.c.opts.SubscribeTimeout
+	if limit < 0 {
+		return k.subscribeOn(conn)
+	}
+	type result struct {
+		ch  *amqp.Channel
+		d   <-chan amqp.Delivery
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ch, d, err := k.subscribeOn(conn)
+		done <- result{ch, d, err}
+	}()
+	select {
+	case r := <-done:
+		return r.ch, r.d, r.err
+	case <-k.c.opts.Clock.After(limit):
+	}
+	why := fmt.Errorf("subscribing to queue %q took longer than %s", k.queue, limit)
+	k.c.leaveNode(conn, why)
+	if r := <-done; r.err == nil {
+		_ = r.ch.Close()
+	}
+	return nil, nil, why
+}
+
+func (k *consumer) subscribeOn(conn *amqp.Connection) (*amqp.Channel, <-chan amqp.Delivery, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, nil, err

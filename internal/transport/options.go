@@ -18,14 +18,15 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultHeartbeat    = 30 * time.Second
-	DefaultBackoffMin   = time.Second
-	DefaultBackoffMax   = 60 * time.Second
-	DefaultJitter       = 0.2
-	DefaultDialTimeout  = 30 * time.Second
-	DefaultStableAfter  = 10 * time.Second
-	DefaultDrainTimeout = 10 * time.Second
-	DefaultConfirmStall = 5 * time.Second
+	DefaultHeartbeat        = 30 * time.Second
+	DefaultBackoffMin       = time.Second
+	DefaultBackoffMax       = 60 * time.Second
+	DefaultJitter           = 0.2
+	DefaultDialTimeout      = 30 * time.Second
+	DefaultStableAfter      = 10 * time.Second
+	DefaultDrainTimeout     = 10 * time.Second
+	DefaultConfirmStall     = 5 * time.Second
+	DefaultSubscribeTimeout = 10 * time.Second
 	// DefaultWindow is the publisher's default bound on unconfirmed messages.
 	DefaultWindow = 256
 )
@@ -105,6 +106,12 @@ type Options struct {
 	// Not counted while the broker blocks the connection (a resource
 	// alarm holds confirms back on purpose).
 	ConfirmStall time.Duration
+	// SubscribeTimeout bounds a consumer's subscription on a connection
+	// (channel.open, basic.qos, basic.consume; default 10s; negative:
+	// none). Past it the consumer leaves the node and subscribes through
+	// the next: a basic.consume on a quorum queue whose leader the node
+	// still places on a lost node waits for that node.
+	SubscribeTimeout time.Duration
 	// Clock drives backoff delays (default: the real clock).
 	Clock clock.Clock
 	// Rand returns values in [0,1) for jitter (default math/rand/v2).
@@ -144,6 +151,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ConfirmStall == 0 {
 		o.ConfirmStall = DefaultConfirmStall
+	}
+	if o.SubscribeTimeout == 0 {
+		o.SubscribeTimeout = DefaultSubscribeTimeout
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
