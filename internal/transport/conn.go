@@ -170,9 +170,6 @@ func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
 	}
 }
 
-// waitUnblocked waits while the broker has blocked the connection
-// (connection.blocked: memory or disk alarm), so that publishers wait with
-// their ctx instead of inside a socket write that no ctx can interrupt.
 // leaveNode closes conn, if it is still the current connection, so that
 // the supervisor dials the next node: one that takes publishes but
 // confirms none of them on two channels in a row, or does not answer a
@@ -204,6 +201,9 @@ func (c *Conn) isBlocked() bool {
 	}
 }
 
+// waitUnblocked waits while the broker has blocked the connection
+// (connection.blocked: memory or disk alarm), so that publishers wait with
+// their ctx instead of inside a socket write that no ctx can interrupt.
 func (c *Conn) waitUnblocked(ctx context.Context) error {
 	c.mu.Lock()
 	ch := c.unblocked
