@@ -85,7 +85,7 @@ func (p *ConfirmPublisher) collect(pc *pubChannel, returns <-chan amqp.Return, c
 	stop := p.runCtx.Done()
 	closed := false
 	var head *confirmation
-	watch := p.stallWatch()
+	watch := p.watchConfirms()
 	defer watch.stop()
 	drain := func() {
 		for {
@@ -185,7 +185,7 @@ type stallWatch struct {
 	quiet    int
 }
 
-func (p *ConfirmPublisher) stallWatch() *stallWatch {
+func (p *ConfirmPublisher) watchConfirms() *stallWatch {
 	w := &stallWatch{stop: func() {}, after: p.c.opts.ConfirmStall}
 	if w.after > 0 {
 		if c, ok := p.c.opts.Clock.(clock.WithTicker); ok {
