@@ -68,6 +68,12 @@ func (w *Writer) processNext() bool {
 	w.mu.Lock()
 	e := w.entries[name]
 	if e == nil || !w.pending(e) {
+		if e != nil {
+			// A Flush that queued name while its write was in flight is
+			// satisfied: its force must not make the next progress
+			// update skip the interval.
+			e.force = false
+		}
 		w.mu.Unlock()
 		return true
 	}
