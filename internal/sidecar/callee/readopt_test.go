@@ -13,6 +13,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/samplecallee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
+	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -74,11 +75,17 @@ func TestSidecarSIGKILLAfterTakeoverReadoptsTask(t *testing.T) {
 	}
 	sc.kill()
 	b.startSidecarProc(bin, p)
-	hs := b.hcpSession(sid)
-	if hs.Status.PodName != p.pod || hs.Status.OwnerEpoch < 3 {
-		t.Fatalf("after the restart: owner %q epoch %d, want pod-b re-adopting with a new epoch", hs.Status.PodName, hs.Status.OwnerEpoch)
-	}
-	epoch := hs.Status.OwnerEpoch
+	// /readyz can answer before the re-adoption's claim lands (under make
+	// test's load a single read saw epoch 2).
+	var epoch int64
+	testbed.Eventually(t, 30*time.Second, "pod-b re-adopting the session with a new epoch", func(context.Context) error {
+		hs := b.hcpSession(sid)
+		if hs.Status.PodName != p.pod || hs.Status.OwnerEpoch < 3 {
+			return fmt.Errorf("owner %q epoch %d", hs.Status.PodName, hs.Status.OwnerEpoch)
+		}
+		epoch = hs.Status.OwnerEpoch
+		return nil
+	})
 	b.waitMessage(sid, 20*time.Second, "a checkpoint_created from the restarted sidecar (the harness checkpoints after each step)", func(m received) bool {
 		return m.env.Type == envelope.TypeEvent && eventOf(m).EventType == session.EventCheckpointCreated && ownerEpoch(m.d.Headers) == epoch
 	})
