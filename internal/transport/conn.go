@@ -188,13 +188,17 @@ func (c *Conn) leaveNode(conn *amqp.Connection, why error) {
 	go func() { _ = conn.CloseDeadline(time.Now().Add(5 * time.Second)) }()
 }
 
+// unblockedCh is closed while the broker does not block the connection.
+func (c *Conn) unblockedCh() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unblocked
+}
+
 // isBlocked reports whether the broker blocks the connection now.
 func (c *Conn) isBlocked() bool {
-	c.mu.Lock()
-	ch := c.unblocked
-	c.mu.Unlock()
 	select {
-	case <-ch:
+	case <-c.unblockedCh():
 		return false
 	default:
 		return true
@@ -205,11 +209,8 @@ func (c *Conn) isBlocked() bool {
 // (connection.blocked: memory or disk alarm), so that publishers wait with
 // their ctx instead of inside a socket write that no ctx can interrupt.
 func (c *Conn) waitUnblocked(ctx context.Context) error {
-	c.mu.Lock()
-	ch := c.unblocked
-	c.mu.Unlock()
 	select {
-	case <-ch:
+	case <-c.unblockedCh():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("transport: the broker blocks publishing (resource alarm): %w", ctx.Err())

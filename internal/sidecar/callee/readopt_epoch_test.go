@@ -32,12 +32,7 @@ import (
 // pod's Lease to expire.
 func TestRestartAfterClaimBeforeLogResumes(t *testing.T) {
 	b := newBed(t, bedOptions{noStart: true, stateDirs: true})
-	sid := b.orphan(b.pod, v1alpha1.SessionPaused, 7)
-	hs := b.hcpSession(sid)
-	hs.Status.Reason, hs.Status.OwnerEpoch = reasonHarnessMoved, 2
-	must(t, b.env.Client.Status().Update(t.Context(), hs))
-	body := orphanTask(t, sid, `{"steps":6,"step_ms":20,"checkpoint_every":1}`)
-	b.saveCheckpoint(sid, body, checkpoint.Checkpoint{ID: "drain-003", Resumable: true, Sequence: 7, State: []byte(`{"step":3}`)})
+	sid, _ := b.handedOverOrphan(`{"steps":6,"step_ms":20,"checkpoint_every":1}`, 3)
 	_ = b.stateDir(b.pod) // an empty log: the open record was never written
 
 	b.start()

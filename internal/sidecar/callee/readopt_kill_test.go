@@ -3,6 +3,7 @@ package callee
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -24,12 +25,7 @@ import (
 // restarted the task from its checkpoint, once or more.
 func TestReadoptPausedTakeoverHarnessRunning(t *testing.T) {
 	b := newBed(t, bedOptions{noStart: true, stateDirs: true})
-	sid := b.orphan(b.pod, v1alpha1.SessionPaused, 7)
-	hs := b.hcpSession(sid)
-	hs.Status.Reason, hs.Status.OwnerEpoch = reasonHarnessMoved, 2
-	must(t, b.env.Client.Status().Update(t.Context(), hs))
-	body := orphanTask(t, sid, `{"steps":20,"step_ms":50,"checkpoint_every":2}`)
-	b.saveCheckpoint(sid, body, checkpoint.Checkpoint{ID: "drain-006", Resumable: true, Sequence: 7, State: []byte(`{"step":6}`)})
+	sid, body := b.handedOverOrphan(`{"steps":20,"step_ms":50,"checkpoint_every":2}`, 6)
 	l, _, err := wal.Open(b.stateDir(b.pod))
 	must(t, err)
 	must(t, l.Adopt(sid, body, 7))
@@ -54,4 +50,19 @@ func TestReadoptPausedTakeoverHarnessRunning(t *testing.T) {
 	if n, _ := b.harness.Starts(sid); n != 1 {
 		t.Fatalf("the harness started the session %d times, want 1 (the hand-over it had already)", n)
 	}
+}
+
+// handedOverOrphan is a session this pod claimed from a drain (PAUSED,
+// harness_moved, owner epoch 2, sequence 7) with its task's inputs and a
+// checkpoint at step, as a sidecar SIGKILLed in the middle of the
+// takeover leaves it; it returns the session and its task body.
+func (b *bed) handedOverOrphan(inputs string, step int) (string, []byte) {
+	b.t.Helper()
+	sid := b.orphan(b.pod, v1alpha1.SessionPaused, 7)
+	hs := b.hcpSession(sid)
+	hs.Status.Reason, hs.Status.OwnerEpoch = reasonHarnessMoved, 2
+	must(b.t, b.env.Client.Status().Update(b.t.Context(), hs))
+	body := orphanTask(b.t, sid, inputs)
+	b.saveCheckpoint(sid, body, checkpoint.Checkpoint{ID: fmt.Sprintf("drain-%03d", step), Resumable: true, Sequence: 7, State: []byte(fmt.Sprintf(`{"step":%d}`, step))})
+	return sid, body
 }
