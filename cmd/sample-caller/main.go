@@ -5,7 +5,7 @@
 // on POST /hcp/v1/events, checks their guarantees (per session: in order,
 // no duplicates, no gaps) and shows what it received on GET /received:
 //
-//	sample-caller serve --listen :8080 [--fail-every 7] [--delay 5ms]
+//	sample-caller serve --listen :8080 [--fail-every 7] [--delay 5ms] [--batch-max 100] [--stream]
 //
 // Submit mode submits one task through the sidecar and watches it until
 // its session ends:
@@ -62,6 +62,7 @@ func serve(args []string) error {
 	failEvery := fs.Int("fail-every", 0, "answer 500 to every n-th delivery (fault injection; 0: never)")
 	delay := fs.Duration("delay", 0, "time spent processing each delivery")
 	batchMax := fs.Int("batch-max", 100, "offer the sidecar batches of up to this many events (the HCP-Batch-Max answer header; below 2: one event per request)")
+	stream := fs.Bool("stream", false, "offer the sidecar stream delivery (the HCP-Stream answer header): one long-lived POST /hcp/v1/events/stream carries every delivery")
 	_ = fs.Parse(args)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -69,6 +70,9 @@ func serve(args []string) error {
 	rec := samplecaller.NewRecorder()
 	rec.SetDelay(*delay)
 	rec.OfferBatches(*batchMax)
+	if *stream {
+		rec.OfferStream()
+	}
 	if *failEvery > 0 {
 		var n atomic.Int64
 		rec.FailWhen(func(samplecaller.Message) bool { return n.Add(1)%int64(*failEvery) == 0 })
@@ -88,7 +92,7 @@ func serve(args []string) error {
 	srv := &http.Server{Addr: *listen, Handler: rec.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errCh := make(chan error, 1)
 	go func() { errCh <- srv.ListenAndServe() }()
-	fmt.Fprintf(os.Stderr, "sample-caller: serving POST /hcp/v1/events and GET /received on %s\n", *listen)
+	fmt.Fprintf(os.Stderr, "sample-caller: serving POST /hcp/v1/events (/batch, /stream) and GET /received on %s\n", *listen)
 	select {
 	case err := <-errCh:
 		return err

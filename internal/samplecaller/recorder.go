@@ -3,7 +3,8 @@
 // sidecar's local HTTP API (docs/harness-api.md, "Caller side"), as an app
 // in any language would.
 //
-// Recorder serves POST /hcp/v1/events: it records every message the sidecar
+// Recorder serves POST /hcp/v1/events (and the batch and stream endpoints
+// when offered, see offer.go): it records every message the sidecar
 // delivers and checks the stream guarantees as it goes, per session:
 // task_accepted before any event, event sequences contiguous and strictly
 // increasing (no duplicate, no gap, no reordering), nothing but a late
@@ -17,13 +18,9 @@ package samplecaller
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
@@ -112,12 +109,17 @@ type SessionLog struct {
 type Snapshot struct {
 	Total int `json:"total"`
 	// Requests counts the POSTs that carried them (fewer with batches).
-	Requests     int                    `json:"requests"`
-	Duplicates   int                    `json:"duplicates"`
-	Deduplicated int                    `json:"deduplicated"`
-	Problems     int                    `json:"problems"`
-	Failed       int                    `json:"failed_on_purpose"`
-	Sessions     map[string]*SessionLog `json:"sessions"`
+	Requests int `json:"requests"`
+	// Streams counts the streams the sidecar opened (POST
+	// /hcp/v1/events/stream), StreamDeliveries the deliveries processed
+	// on them (lines: one message, or a batch).
+	Streams          int                    `json:"streams"`
+	StreamDeliveries int                    `json:"stream_deliveries"`
+	Duplicates       int                    `json:"duplicates"`
+	Deduplicated     int                    `json:"deduplicated"`
+	Problems         int                    `json:"problems"`
+	Failed           int                    `json:"failed_on_purpose"`
+	Sessions         map[string]*SessionLog `json:"sessions"`
 }
 
 // Recorder is the sample app's event endpoint. The zero value is not
@@ -142,6 +144,14 @@ type Recorder struct {
 	// app without it does.
 	batchMax  int
 	batchGone bool
+	// streamOffer offers the stream on every 2xx answer (HCP-Stream: 1);
+	// streamGone answers the stream endpoint 404 and ends open streams.
+	streamOffer bool
+	streamGone  bool
+	// streams counts the streams opened; the last one is the sidecar's
+	// only live stream (see handleStream). lines counts their deliveries.
+	streams int
+	lines   int
 	// notify receives a tick after every recorded message.
 	notify chan struct{}
 	// receipts, when set, gets every message before it is acknowledged
@@ -169,110 +179,23 @@ func (r *Recorder) SetDelay(d time.Duration) {
 	r.delay = d
 }
 
-// headerBatchMax is the answer header by which an app offers batch
-// delivery (docs/harness-api.md, "Batch delivery").
-const headerBatchMax = "HCP-Batch-Max"
-
-// OfferBatches makes every 2xx answer offer batches of up to n events
-// (n < 2: no offer), so that the sidecar POSTs the events of a session
-// that are ready together to /hcp/v1/events/batch.
-func (r *Recorder) OfferBatches(n int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.batchMax, r.batchGone = n, false
-}
-
-// WithdrawBatches stops the offer and answers /hcp/v1/events/batch with
-// 404, as an older version of an app without the endpoint would.
-func (r *Recorder) WithdrawBatches() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.batchMax, r.batchGone = 0, true
-}
-
 // Changed is signalled (capacity one) after each recorded message.
 func (r *Recorder) Changed() <-chan struct{} { return r.notify }
 
 // Handler serves POST /hcp/v1/events, POST /hcp/v1/events/batch (the
-// sidecar's batch delivery: HCP_APP_MAX_BATCH above 1, or OfferBatches)
-// and GET /received.
+// sidecar's batch delivery: HCP_APP_MAX_BATCH above 1, or OfferBatches),
+// POST /hcp/v1/events/stream (stream delivery: HCP_APP_STREAM, or
+// OfferStream) and GET /received.
 func (r *Recorder) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hcp/v1/events", r.handleEvent)
 	mux.HandleFunc("POST /hcp/v1/events/batch", r.handleEvent)
+	mux.HandleFunc("POST "+streamPath, r.handleStream)
 	mux.HandleFunc("GET /received", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(r.Snapshot())
 	})
 	return mux
-}
-
-func (r *Recorder) handleEvent(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(req.Body, 2<<20))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	var batch struct {
-		Messages []Message `json:"messages"`
-	}
-	r.mu.Lock()
-	fail, delay, batchMax, batchGone, receipts := r.fail, r.delay, r.batchMax, r.batchGone, r.receipts
-	r.mu.Unlock()
-	isBatch := strings.HasSuffix(req.URL.Path, "/batch")
-	if isBatch && batchGone {
-		http.NotFound(w, req)
-		return
-	}
-	if isBatch {
-		err = json.Unmarshal(body, &batch)
-	} else {
-		batch.Messages = make([]Message, 1)
-		err = json.Unmarshal(body, &batch.Messages[0])
-	}
-	if err == nil && len(batch.Messages) == 0 {
-		err = errors.New("no messages")
-	}
-	for _, m := range batch.Messages {
-		if err == nil && (m.SessionID == "" || m.Type == "") {
-			err = errors.New("session_id and type are required")
-		}
-	}
-	if err != nil {
-		http.Error(w, fmt.Sprintf("not an HCP message: %v", err), http.StatusBadRequest)
-		return
-	}
-	if delay > 0 {
-		time.Sleep(delay)
-	}
-	// A batch is processed all or nothing: a failure injected for any of
-	// its messages fails the request.
-	for _, m := range batch.Messages {
-		if fail != nil && fail(m) {
-			r.mu.Lock()
-			r.failed++
-			r.mu.Unlock()
-			http.Error(w, "injected failure", http.StatusInternalServerError)
-			return
-		}
-	}
-	at := time.Now()
-	if receipts != nil {
-		if err := receipts.append(batch.Messages, at); err != nil {
-			http.Error(w, "receipt log: "+err.Error(), http.StatusInternalServerError)
-			return
-		}
-	}
-	r.mu.Lock()
-	r.requests++
-	r.mu.Unlock()
-	for _, m := range batch.Messages {
-		r.RecordAt(m, at)
-	}
-	if batchMax > 1 {
-		w.Header().Set(headerBatchMax, strconv.Itoa(batchMax))
-	}
-	w.WriteHeader(http.StatusNoContent)
 }
 
 // Record checks and records one message, received now.
@@ -369,7 +292,7 @@ func (r *Recorder) RecordAt(m Message, at time.Time) {
 func (r *Recorder) Snapshot() Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := Snapshot{Total: r.total, Requests: r.requests, Duplicates: r.dups, Deduplicated: r.deduped, Problems: r.problems, Failed: r.failed, Sessions: map[string]*SessionLog{}}
+	out := Snapshot{Total: r.total, Requests: r.requests, Streams: r.streams, StreamDeliveries: r.lines, Duplicates: r.dups, Deduplicated: r.deduped, Problems: r.problems, Failed: r.failed, Sessions: map[string]*SessionLog{}}
 	for id, s := range r.sessions {
 		c := *s
 		c.Problems = append([]string(nil), s.Problems...)
