@@ -138,9 +138,9 @@ type AppBatch struct {
 	Messages  []AppMessage `json:"messages"`
 }
 
-// deliver POSTs m to the app and reports whether it answered 2xx.
+// deliver sends m to the app, on the stream when it is on (see
+// appstream.go), else in a POST, and reports whether the app took it.
 func (s *Sidecar) deliver(m AppMessage) error {
-	body := m.AppendJSON(make([]byte, 0, 320+len(m.Payload)+len(m.Data)))
 	trace := tracing.Context{Parent: m.Traceparent, State: m.Tracestate}
 	var span tracing.Span
 	if tracing.Enabled() { // the attributes cost allocations: only when on
@@ -148,26 +148,27 @@ func (s *Sidecar) deliver(m AppMessage) error {
 			attribute.String("hcp.session_id", m.SessionID), attribute.String("hcp.message_id", m.MessageID),
 			attribute.String("hcp.message_type", m.Type), attribute.Int64("hcp.sequence", m.Sequence))
 	}
-	seq := ""
-	if m.Sequence > 0 {
-		seq = strconv.FormatInt(m.Sequence, 10)
+	one := [1]AppMessage{m}
+	streamed, err := s.deliverStream(m.SessionID, one[:])
+	if !streamed {
+		body := m.AppendJSON(make([]byte, 0, 320+len(m.Payload)+len(m.Data)))
+		seq := ""
+		if m.Sequence > 0 {
+			seq = strconv.FormatInt(m.Sequence, 10)
+		}
+		err = s.post(EventsPath, appHeaders(m.SessionID, m.Type, m.MessageID, seq, trace), body, 1)
 	}
-	err := s.post(EventsPath, appHeaders(m.SessionID, m.Type, m.MessageID, seq, trace), body, 1)
 	endDelivery(span, err)
 	return err
 }
 
-// deliverBatch POSTs ms, events of one session in order, to the app's
-// batch endpoint and reports whether it answered 2xx. The request's
+// deliverBatch sends ms, events of one session in order, to the app, as
+// one delivery on the stream when it is on, else in a POST to its batch
+// endpoint, and reports whether the app took them. The request's
 // traceparent is the first message's (each message carries its own in the
 // body); with tracing on, the delivery span is in the first message's
 // trace and links to the others'.
 func (s *Sidecar) deliverBatch(ms []AppMessage) error {
-	size := 64
-	for i := range ms {
-		size += 320 + len(ms[i].Payload) + len(ms[i].Data)
-	}
-	body := (&AppBatch{SessionID: ms[0].SessionID, Messages: ms}).AppendJSON(make([]byte, 0, size))
 	first, last := ms[0], ms[len(ms)-1]
 	trace := tracing.Context{Parent: first.Traceparent, State: first.Tracestate}
 	var span tracing.Span
@@ -180,8 +181,16 @@ func (s *Sidecar) deliverBatch(ms []AppMessage) error {
 			attribute.String("hcp.session_id", first.SessionID), attribute.Int("hcp.batch_size", len(ms)),
 			attribute.Int64("hcp.sequence", first.Sequence), attribute.Int64("hcp.last_sequence", last.Sequence))
 	}
-	err := s.post(BatchPath, appHeaders(first.SessionID, first.Type, first.MessageID+".."+last.MessageID,
-		strconv.FormatInt(first.Sequence, 10)+"-"+strconv.FormatInt(last.Sequence, 10), trace), body, len(ms))
+	streamed, err := s.deliverStream(first.SessionID, ms)
+	if !streamed {
+		size := 64
+		for i := range ms {
+			size += 320 + len(ms[i].Payload) + len(ms[i].Data)
+		}
+		body := (&AppBatch{SessionID: first.SessionID, Messages: ms}).AppendJSON(make([]byte, 0, size))
+		err = s.post(BatchPath, appHeaders(first.SessionID, first.Type, first.MessageID+".."+last.MessageID,
+			strconv.FormatInt(first.Sequence, 10)+"-"+strconv.FormatInt(last.Sequence, 10), trace), body, len(ms))
+	}
 	endDelivery(span, err)
 	return err
 }
@@ -304,6 +313,7 @@ func (s *Sidecar) post(path string, h http.Header, body []byte, n int) error {
 		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
 		return refusal{fmt.Errorf("app answered %s: %s", resp.Status, bytes.TrimSpace(msg))}
 	}
+	s.noteStreamOffer(resp)
 	s.m.AppDeliveries.WithLabelValues("ok").Add(float64(n))
 	return nil
 }

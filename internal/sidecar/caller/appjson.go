@@ -1,6 +1,7 @@
 package caller
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 )
@@ -83,6 +84,35 @@ func (a *AppBatch) AppendJSON(b []byte) []byte {
 		b = a.Messages[i].AppendJSON(b)
 	}
 	return append(b, "]}"...)
+}
+
+// appendDelivery appends the stream line of delivery n:
+// {"delivery":n,"session_id":"…","messages":[…]} and a newline. A message's
+// payload and data are copied as the callee sent them, and valid JSON has
+// newlines (and carriage returns) only as whitespace between tokens: they
+// become spaces, so that the line stays one line.
+func appendDelivery(b []byte, n int64, sessionID string, ms []AppMessage) []byte {
+	b = append(b, `{"delivery":`...)
+	b = strconv.AppendInt(b, n, 10)
+	b = append(b, `,"session_id":`...)
+	b = appendString(b, sessionID)
+	b = append(b, `,"messages":[`...)
+	start := len(b)
+	for i := range ms {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = ms[i].AppendJSON(b)
+	}
+	for i := start; ; {
+		j := bytes.IndexAny(b[i:], "\r\n")
+		if j < 0 {
+			break
+		}
+		b[i+j] = ' '
+		i += j + 1
+	}
+	return append(b, "]}\n"...)
 }
 
 // appendRaw appends a raw JSON value, null when there is none (as

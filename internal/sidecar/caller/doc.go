@@ -290,7 +290,8 @@
 //	submit.go       task_submit: record, publish, republish; abort
 //	api.go          the app API's HTTP handlers and views
 //	app.go          calls to the app: one message, a batch, the app's batch offer
-//	appjson.go      the app message's JSON, built without reflection
+//	appstream.go    stream delivery to the app: one long-lived NDJSON request, acks read as they come
+//	appjson.go      the app message's JSON and the stream's delivery line, built without reflection
 //	store.go        Store: tasks and sessions in memory, reads and durable updates
 //	records.go      TaskRecord and SessionRecord
 //	journal.go      the Store's journal: line format, group commit and its linger, compaction

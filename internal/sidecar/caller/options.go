@@ -166,6 +166,13 @@ type Options struct {
 	// cfg.AppMaxBatch. At 1 the app may still offer batches
 	// (HeaderBatchMax).
 	AppMaxBatch int
+	// AppStream sends every delivery (one message or a batch) as a line
+	// of one long-lived full-duplex POST to the app's StreamPath, acked
+	// line by line, from the first message on, whatever the app's answers
+	// say; default cfg.AppStream. Without it the app may still offer a
+	// stream (HeaderStream). The stream needs an HTTPClient without a
+	// global timeout.
+	AppStream bool
 	// MaxBuffer bounds each session's reorder buffer; 0 means twice the
 	// prefetch (at least 16). Buffered events stay unacked, so the window
 	// bounds the buffer (plus, after a lost channel, its stale copies not
@@ -248,6 +255,7 @@ func (o Options) withDefaults(c *config.Config) Options {
 	if o.AppMaxBatch <= 0 {
 		o.AppMaxBatch = c.AppMaxBatch
 	}
+	o.AppStream = o.AppStream || c.AppStream
 	if o.MaxBuffer <= 0 {
 		o.MaxBuffer = max(2*c.Prefetch, 16)
 	}

@@ -76,6 +76,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	cancel()
 	bg.Wait()
 	s.workers.Wait()
+	s.endStream()
 	if s.ownStore {
 		if cerr := s.store.Close(); cerr != nil {
 			s.log.Error(cerr, "Failed to close the state store")

@@ -68,6 +68,8 @@ type Sidecar struct {
 	batchRefusedAt atomic.Int64
 	buffered       atomic.Int64
 	dispatchedAt   atomic.Int64
+	// appStreams: stream delivery to the app (appstream.go).
+	appStreams streamState
 	// answered holds task message ids whose answer has arrived (even if not
 	// yet delivered to the app), so they are not republished.
 	answered map[string]bool

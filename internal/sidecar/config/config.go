@@ -45,6 +45,7 @@ const (
 	EnvPrefetch            = "HCP_PREFETCH"               // basic.qos prefetch count
 	EnvAppMaxBatch         = "HCP_APP_MAX_BATCH"          // caller: events per POST to the app (1: one per request)
 	EnvAppMaxAttempts      = "HCP_APP_MAX_ATTEMPTS"       // caller: refusals of an event by the app before it is dead-lettered
+	EnvAppStream           = "HCP_APP_STREAM"             // caller: true: every delivery goes over one stream to the app (POST /hcp/v1/events/stream)
 	EnvHeartbeat           = "HCP_HEARTBEAT"              // AMQP heartbeat (Go duration)
 	EnvTLSCAFile           = "HCP_TLS_CA_FILE"            // CA bundle for amqps
 	EnvTLSCertFile         = "HCP_TLS_CERT_FILE"          // client certificate for amqps
@@ -106,6 +107,11 @@ type Config struct {
 	TLSKeyFile     string
 	LogLevel       string
 	StateDir       string
+	// AppStream (caller mode): every delivery (one message or a batch)
+	// goes to the app as a line of one long-lived NDJSON request (POST
+	// /hcp/v1/events/stream), acked line by line; false leaves it to the
+	// app's offer (the HCP-Stream answer header).
+	AppStream bool
 }
 
 // FromEnv reads the configuration from the environment (lookup is os.LookupEnv
@@ -188,6 +194,13 @@ func FromEnv(lookup func(string) (string, bool)) (*Config, error) {
 			errs = append(errs, fmt.Errorf("%s must be an integer in 1..1000", EnvAppMaxAttempts))
 		}
 		c.AppMaxAttempts = ma
+	}
+	if v := get(EnvAppStream, ""); v != "" {
+		st, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s must be true or false", EnvAppStream))
+		}
+		c.AppStream = st
 	}
 	hb, err := time.ParseDuration(get(EnvHeartbeat, DefaultHeartbeat.String()))
 	if err != nil || hb < 0 {

@@ -81,6 +81,28 @@ func TestAppMaxBatch(t *testing.T) {
 	}
 }
 
+// HCP_APP_STREAM: false by default, a boolean, anything else refused with
+// its name.
+func TestAppStream(t *testing.T) {
+	for _, c := range []struct {
+		value   string
+		want    bool
+		wantErr bool
+	}{{"", false, false}, {"true", true, false}, {"1", true, false}, {"false", false, false}, {"yes", false, true}} {
+		extra := []string{EnvAMQPURLFile, "/f"}
+		if c.value != "" {
+			extra = append(extra, EnvAppStream, c.value)
+		}
+		cfg, err := FromEnv(common("caller", extra...))
+		switch {
+		case c.wantErr && (err == nil || !strings.Contains(err.Error(), EnvAppStream)):
+			t.Errorf("%q: %v, want an error naming %s", c.value, err, EnvAppStream)
+		case !c.wantErr && (err != nil || cfg.AppStream != c.want):
+			t.Errorf("%q: %v, %v; want %v", c.value, cfg.AppStream, err, c.want)
+		}
+	}
+}
+
 // HCP_APP_MAX_ATTEMPTS: unset is 0 (the caller sidecar's default),
 // 1..1000, anything else refused with its name.
 func TestAppMaxAttempts(t *testing.T) {
