@@ -381,3 +381,55 @@ func TestAppendDelivery(t *testing.T) {
 		t.Errorf("decoded %+v", d)
 	}
 }
+
+// TestStreamAnswers: how ack and nack lines complete the deliveries in
+// flight: an ack covers every delivery up to its number, a nack refuses
+// its own and acks those before it, an ack of deliveries answered already
+// changes nothing, and a nack of one answered already breaks the stream.
+func TestStreamAnswers(t *testing.T) {
+	st := &appStream{sent: 5}
+	for n := int64(1); n <= 5; n++ {
+		st.waiting = append(st.waiting, &streamWaiter{n: n, done: make(chan error, 1)})
+	}
+	ws := slices.Clone(st.waiting)
+	outcome := func(n int) string {
+		select {
+		case err := <-ws[n-1].done:
+			switch {
+			case err == nil:
+				return "ack"
+			case isRefusal(err):
+				return "refused"
+			}
+			return "error"
+		default:
+			return "waiting"
+		}
+	}
+	n := func(v int64) *int64 { return &v }
+	steps := []struct {
+		a       streamAnswer
+		wantErr bool
+		want    map[int]string // outcomes that must be set by this step
+	}{
+		{streamAnswer{Ack: n(2)}, false, map[int]string{1: "ack", 2: "ack", 3: "waiting"}},
+		{streamAnswer{Nack: n(4), Error: "no"}, false, map[int]string{3: "ack", 4: "refused", 5: "waiting"}},
+		{streamAnswer{Ack: n(3)}, false, map[int]string{5: "waiting"}},
+		{streamAnswer{Nack: n(4)}, true, nil},
+		{streamAnswer{Ack: n(6)}, true, nil},
+		{streamAnswer{Ack: n(5)}, false, map[int]string{5: "ack"}},
+	}
+	for i, s := range steps {
+		if err := st.answer(s.a); (err != nil) != s.wantErr {
+			t.Fatalf("step %d: error %v, want an error: %v", i, err, s.wantErr)
+		}
+		for k, want := range s.want {
+			if got := outcome(k); got != want {
+				t.Errorf("step %d: delivery %d %s, want %s", i, k, got, want)
+			}
+		}
+	}
+	if len(st.waiting) != 0 {
+		t.Errorf("%d deliveries still waiting", len(st.waiting))
+	}
+}
