@@ -2,11 +2,13 @@ package caller
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,9 +17,16 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"k8s.io/utils/clock"
 
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
@@ -431,5 +440,45 @@ func TestStreamAnswers(t *testing.T) {
 	}
 	if len(st.waiting) != 0 {
 		t.Errorf("%d deliveries still waiting", len(st.waiting))
+	}
+}
+
+// BenchmarkDeliverStream is BenchmarkDeliverEvent's untraced event over
+// the stream: deliver writes a line and waits for its ack from a local app
+// that acks each at once.
+func BenchmarkDeliverStream(b *testing.B) {
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		sc := bufio.NewScanner(r.Body)
+		var out []byte
+		for sc.Scan() {
+			var d struct {
+				Delivery int64 `json:"delivery"`
+			}
+			_ = json.Unmarshal(sc.Bytes(), &d)
+			out = append(strconv.AppendInt(append(out[:0], `{"ack":`...), d.Delivery, 10), "}\n"...)
+			if _, err := w.Write(out); err != nil || rc.Flush() != nil {
+				return
+			}
+		}
+	}))
+	defer app.Close()
+	s := &Sidecar{cfg: &config.Config{HarnessURL: app.URL}, o: Options{AppTimeout: 5 * time.Second, AppStream: true, DrainTimeout: time.Second},
+		http: app.Client(), m: metrics.New(prometheus.NewRegistry()), clk: clock.RealClock{}, log: logr.Discard(), runCtx: context.Background()}
+	defer s.endStream()
+	ev := &session.EventPayload{EventType: session.EventProgress, Sequence: 41, Data: json.RawMessage(`{"stage":"heating","percent":40}`)}
+	env, err := envelope.New(envelope.TypeEvent, "4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10", ev)
+	if err != nil {
+		b.Fatal(err)
+	}
+	it := &item{d: amqp.Delivery{Headers: amqp.Table{envelope.HeaderConfirmedThrough: int64(40)}}, env: env, event: ev}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.deliver(s.appMessage(it, "lab", "550e8400-e29b-41d4-a716-446655440000")); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
