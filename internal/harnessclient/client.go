@@ -98,14 +98,7 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		return err
 	}
 	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error *APIError `json:"error"`
-		}
-		if json.Unmarshal(data, &e) != nil || e.Error == nil || e.Error.Code == "" {
-			return &APIError{Status: resp.StatusCode, Peer: c.Peer, Code: CodeHTTPError, Message: oneLine(string(data), maxRawMessage)}
-		}
-		e.Error.Status, e.Error.Peer = resp.StatusCode, c.Peer
-		return e.Error
+		return c.apiError(resp.StatusCode, data)
 	}
 	if out == nil {
 		return nil
@@ -114,6 +107,19 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		return fmt.Errorf("%s answer to %s %s: %w", c.peerPossessive(), method, path, err)
 	}
 	return nil
+}
+
+// apiError is the error of an answer with status and body data: the API's
+// error document, or the body itself on one line.
+func (c *Client) apiError(status int, data []byte) *APIError {
+	var e struct {
+		Error *APIError `json:"error"`
+	}
+	if json.Unmarshal(data, &e) != nil || e.Error == nil || e.Error.Code == "" {
+		return &APIError{Status: status, Peer: c.Peer, Code: CodeHTTPError, Message: oneLine(string(data), maxRawMessage)}
+	}
+	e.Error.Status, e.Error.Peer = status, c.Peer
+	return e.Error
 }
 
 func (c *Client) peerPossessive() string {

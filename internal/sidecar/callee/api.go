@@ -121,8 +121,16 @@ func publishError(err error) *apiError {
 // apiEvents: POST /hcp/v1/sessions/{id}/events with one event object or an
 // array of them (published with consecutive sequence numbers).
 func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
+	stream := isNDJSON(r)
+	if stream && !fullDuplex(w) {
+		return
+	}
 	ss := s.lookup(w, r)
 	if ss == nil {
+		return
+	}
+	if stream {
+		s.apiEventStream(w, r, ss)
 		return
 	}
 	body, err := server.ReadJSON(r, maxBatchBody, false)
@@ -154,11 +162,8 @@ func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 func parseEvents(body []byte) (evs []harnessEvent, batch bool, err error) {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '[' {
-		var ev harnessEvent
-		if err := decodeStrict(body, &ev); err != nil {
-			return nil, false, fmt.Errorf("want {\"event_type\": ..., \"data\": {...}}: %w", err)
-		}
-		if err := checkEvent(&ev); err != nil {
+		ev, err := parseEvent(body)
+		if err != nil {
 			return nil, false, err
 		}
 		return []harnessEvent{ev}, false, nil
@@ -175,6 +180,15 @@ func parseEvents(body []byte) (evs []harnessEvent, batch bool, err error) {
 		}
 	}
 	return evs, true, nil
+}
+
+// parseEvent parses one event object (a request's body, a stream's line).
+func parseEvent(b []byte) (harnessEvent, error) {
+	var ev harnessEvent
+	if err := decodeStrict(b, &ev); err != nil {
+		return ev, fmt.Errorf("want {\"event_type\": ..., \"data\": {...}}: %w", err)
+	}
+	return ev, checkEvent(&ev)
 }
 
 // decodeStrict decodes exactly one JSON value, refusing unknown fields.
