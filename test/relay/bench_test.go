@@ -50,7 +50,13 @@ import (
 // simple, one event per request, answered once the broker confirmed it;
 // batch, the events ready (up to 100) per request, answered once confirmed;
 // async, the same batches with "Prefer: respond-async", answered once
-// sequenced and written to the channel (the fastest documented mode).
+// sequenced and written to the channel; stream, one event stream per
+// session (an NDJSON request body, an event a line, flushed whenever the
+// session has no more events ready), acked cumulatively once confirmed,
+// the harness never waiting for an ack (the sidecar reads at most 1,000
+// lines ahead of its confirms). app is how the caller sidecar hands them
+// to the app (appMode): batch, single or stream; HCP_BENCH_APPS (a
+// comma-separated list, default batch,single,stream) limits them.
 // rate=max publishes as fast as each side takes the events (throughput; its
 // latency is mostly queueing), rate=1000 paces at 1,000 events/s (latency).
 // sessions=N spreads the events round robin over N concurrent sessions
@@ -58,7 +64,7 @@ import (
 // Each round also runs floorRun, the harness API's floor (raw amqp091-go
 // behind the same harness and app, in the same mode), and the table shows
 // it against raw and the relay against it. HCP_BENCH_MODES (a
-// comma-separated list, default async,batch,simple) limits the modes.
+// comma-separated list, default async,batch,simple,stream) limits the modes.
 // harness-events/s is the rate at which the callee sidecar took the
 // harness's events (the publishing half alone). HCP_BENCH_ONLY=relay (or
 // raw) runs one side only, for profiling.
@@ -74,7 +80,7 @@ func BenchmarkRelay(b *testing.B) {
 	}
 	sessionCounts := envInts("HCP_BENCH_SESSIONS", []int{1, 10})
 	for _, mode := range benchModes() {
-		for _, app := range []appMode{appBatch, appSingle} {
+		for _, app := range benchApps() {
 			for _, rate := range []float64{0, 1000} {
 				for _, sessions := range sessionCounts {
 					rateName := "max"
@@ -107,15 +113,25 @@ func BenchmarkRelay(b *testing.B) {
 
 // benchModes are the harness modes of HCP_BENCH_MODES (default all).
 func benchModes() []emitMode {
-	var out []emitMode
-	for _, m := range strings.Split(os.Getenv("HCP_BENCH_MODES"), ",") {
-		switch m := emitMode(strings.TrimSpace(m)); m {
-		case modeAsync, modeBatch, modeSimple:
+	return envList("HCP_BENCH_MODES", []emitMode{modeAsync, modeBatch, modeSimple, modeStream})
+}
+
+// benchApps are the app modes of HCP_BENCH_APPS (default all).
+func benchApps() []appMode {
+	return envList("HCP_BENCH_APPS", []appMode{appBatch, appSingle, appStream})
+}
+
+// envList is the comma-separated list of variable name, those of all that
+// it names, in its order; all if it names none.
+func envList[T ~string](name string, all []T) []T {
+	var out []T
+	for _, m := range strings.Split(os.Getenv(name), ",") {
+		if m := T(strings.TrimSpace(m)); slices.Contains(all, m) && !slices.Contains(out, m) {
 			out = append(out, m)
 		}
 	}
 	if len(out) == 0 {
-		return []emitMode{modeAsync, modeBatch, modeSimple}
+		return all
 	}
 	return out
 }
@@ -130,12 +146,16 @@ const (
 // (docs/harness-api.md): appSingle, one POST per event; appBatch, the
 // events of a session that are ready (up to the prefetch) in one POST to
 // the batch endpoint, which the app offers (caller.HeaderBatchMax) with
-// the Caller's appMaxBatch at its default.
+// the Caller's appMaxBatch at its default; appStream, the same batches as
+// lines of one long-lived full-duplex POST to the app's stream endpoint,
+// which the app offers (caller.HeaderStream) beside the batches, each
+// acked by a line of its answer.
 type appMode string
 
 const (
 	appSingle appMode = "single"
 	appBatch  appMode = "batch"
+	appStream appMode = "stream"
 )
 
 // scenario is one relay configuration of the benchmark.
@@ -248,11 +268,13 @@ func relayScenario(tb testing.TB, sc scenario, n, rounds int) (benchRow, float64
 			return rawConfig(tb, broker, name, cfg)
 		default:
 			next = newRelayRunWith(tb, sc.mode, sc.sessions, bedOptions{Quiet: true, CallerPrefetch: cfg.Prefetch})
-			if sc.app == appBatch {
+			if sc.app == appBatch || sc.app == appStream {
 				// As an app that serves the batch endpoint does, with the
 				// Caller's appMaxBatch left at its default.
 				next.app.batchOffer = cfg.Prefetch
 			}
+			// The stream carries the same batches.
+			next.app.streamOffer = sc.app == appStream
 			return cfg, nil
 		}
 	})

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -8,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
@@ -26,6 +29,11 @@ type benchApp struct {
 	// batchOffer, above 1, is offered to the caller sidecar on every
 	// answer (caller.HeaderBatchMax), before the run.
 	batchOffer int
+	// streamOffer, set before the run, offers the stream on every answer
+	// (caller.HeaderStream) and serves caller.StreamPath.
+	streamOffer bool
+	// streamed counts the deliveries taken on the stream.
+	streamed atomic.Int64
 
 	mu       sync.Mutex
 	rec      *benchutil.Recorder
@@ -40,7 +48,10 @@ type appSession struct {
 	closed    bool
 }
 
-var canonBatchMax = http.CanonicalHeaderKey(caller.HeaderBatchMax)
+var (
+	canonBatchMax = http.CanonicalHeaderKey(caller.HeaderBatchMax)
+	canonStream   = http.CanonicalHeaderKey(caller.HeaderStream)
+)
 
 func newBenchApp() *benchApp { return &benchApp{sessions: map[string]*appSession{}} }
 
@@ -66,6 +77,10 @@ func (a *benchApp) problems() []string {
 }
 
 func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && r.URL.Path == caller.StreamPath && a.streamOffer {
+		a.serveStream(w, r)
+		return
+	}
 	if r.Method != http.MethodPost || (r.URL.Path != caller.EventsPath && r.URL.Path != caller.BatchPath) {
 		http.NotFound(w, r)
 		return
@@ -91,10 +106,77 @@ func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, m := range batch.Messages {
 		a.take(m)
 	}
-	if a.batchOffer > 1 {
-		w.Header()[canonBatchMax] = []string{strconv.Itoa(a.batchOffer)}
-	}
+	a.offer(w.Header())
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// offer sets the app's offers on an answer.
+func (a *benchApp) offer(h http.Header) {
+	if a.batchOffer > 1 {
+		h[canonBatchMax] = []string{strconv.Itoa(a.batchOffer)}
+	}
+	if a.streamOffer {
+		h[canonStream] = []string{"1"}
+	}
+}
+
+// maxStreamLine bounds a delivery on the app's stream (a batch of up to
+// the prefetch's events is under 100 KiB).
+const maxStreamLine = 16 << 20
+
+// serveStream serves caller.StreamPath full duplex: each line a delivery,
+// its messages taken in order as a batch's are, then acked; the ack is
+// left to the next line's (cumulative) when a whole line is buffered
+// already. A line that is not a delivery ends the stream (and is a
+// problem: the sidecar only writes deliveries).
+func (a *benchApp) serveStream(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	if err := rc.EnableFullDuplex(); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	a.offer(w.Header())
+	w.Header().Set("Content-Type", contentTypeNDJSON)
+	w.WriteHeader(http.StatusOK)
+	if rc.Flush() != nil {
+		return
+	}
+	br := bufio.NewReaderSize(r.Body, 64<<10)
+	var out []byte
+	for {
+		line, err := readNDJSONLine(br, maxStreamLine)
+		if err != nil {
+			return // the body's end, or the sidecar gave up on the stream
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var d struct { // fresh: Unmarshal would merge into old elements
+			Delivery int64        `json:"delivery"`
+			Messages []appMessage `json:"messages"`
+		}
+		if err := json.Unmarshal(line, &d); err != nil || d.Delivery < 1 {
+			a.problem(fmt.Sprintf("a line of the stream that is not a delivery (%v): %.200q", err, line))
+			return
+		}
+		for _, m := range d.Messages {
+			a.take(m)
+		}
+		a.streamed.Add(1)
+		if lineBuffered(br) {
+			continue
+		}
+		out = strconv.AppendInt(append(out[:0], `{"ack":`...), d.Delivery, 10)
+		if _, err := w.Write(append(out, "}\n"...)); err != nil || rc.Flush() != nil {
+			return
+		}
+	}
+}
+
+func (a *benchApp) problem(p string) {
+	a.mu.Lock()
+	a.probs = append(a.probs, p)
+	a.mu.Unlock()
 }
 
 // appMessage is what the benchmark's app reads of a caller.AppMessage: as

@@ -41,9 +41,12 @@ import (
 //
 // It is built for every harness mode and app mode the relay is measured
 // in: in async mode a batch is answered once published, in batch and
-// simple mode (one event per request) once its events are confirmed; to
-// an app that takes batches the consumer POSTs what is ready in one body,
-// to one that does not, one POST per event. The bodies it publishes are
+// simple mode (one event per request) once its events are confirmed, in
+// stream mode each line is acked (cumulatively) once confirmed
+// (floorPublisher.serveStream); to an app that takes batches the consumer
+// POSTs what is ready in one body, to one that does not, one POST per
+// event, to one that offers a stream it writes what is ready as a line
+// per session on one stream (deliverStream). The bodies it publishes are
 // the harness's event data padded with JSON white space to the relay's
 // envelope size (cfg.Body), with the relay's headers (cfg.Headers).
 type floorRun struct {
@@ -63,6 +66,7 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 	defer cancel()
 	rec := benchutil.NewRecorder(benchutil.NewRunID("floor"), cfg.Messages)
 	app := newBenchApp()
+	app.streamOffer = f.app == appStream
 	app.setRecorder(rec)
 	appSrv := httptest.NewServer(app)
 	defer appSrv.Close()
@@ -104,6 +108,10 @@ func (f floorRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Resu
 	pub := &floorPublisher{ch: pch, cfg: cfg, seqs: map[string]int64{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hcp/v1/sessions/{id}/events", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Content-Type") == contentTypeNDJSON {
+			pub.serveStream(w, r)
+			return
+		}
 		body, err := server.ReadJSON(r, 64<<20, false)
 		var events []floorEvent
 		if err == nil {
@@ -250,9 +258,13 @@ func (p *floorPublisher) drain(ctx context.Context) error {
 
 // deliver POSTs the deliveries that are ready, up to prefetch, to the
 // app's batch endpoint in one body (app batch; app single: each to the
-// events endpoint) and acks them on its 2xx, until deliveries closes. Taking deliveries and POSTing them overlap: while one
-// batch is at the app, the next is gathered.
+// events endpoint; app stream: deliverStream) and acks them on its 2xx,
+// until deliveries closes. Taking deliveries and POSTing them overlap:
+// while one batch is at the app, the next is gathered.
 func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, prefetch int, appURL string) error {
+	if f.app == appStream {
+		return deliverStream(ctx, deliveries, prefetch, appURL)
+	}
 	url, per := appURL+caller.BatchPath, prefetch
 	if f.app == appSingle {
 		url, per = appURL+caller.EventsPath, 1
@@ -288,17 +300,7 @@ func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, 
 	}()
 	defer close(batches)
 	var buf bytes.Buffer
-	appendMessage := func(d amqp.Delivery) {
-		buf.WriteString(`{"session_id":"`)
-		buf.WriteString(d.CorrelationId)
-		buf.WriteString(`","type":"event","sequence":`)
-		buf.WriteString(d.MessageId)
-		buf.WriteString(`,"event_type":"`)
-		buf.WriteString(d.Type)
-		buf.WriteString(`","data":`)
-		buf.Write(d.Body)
-		buf.WriteByte('}')
-	}
+	appendMessage := func(d amqp.Delivery) { writeAppMessage(&buf, d) }
 	for d := range deliveries {
 		buf = bytes.Buffer{}
 		b := batch{n: 1, last: d}
@@ -324,10 +326,23 @@ func (f floorRun) deliver(ctx context.Context, deliveries <-chan amqp.Delivery, 
 	return nil
 }
 
+// writeAppMessage writes delivery d as the app's message.
+func writeAppMessage(buf *bytes.Buffer, d amqp.Delivery) {
+	buf.WriteString(`{"session_id":"`)
+	buf.WriteString(d.CorrelationId)
+	buf.WriteString(`","type":"event","sequence":`)
+	buf.WriteString(d.MessageId)
+	buf.WriteString(`,"event_type":"`)
+	buf.WriteString(d.Type)
+	buf.WriteString(`","data":`)
+	buf.Write(d.Body)
+	buf.WriteByte('}')
+}
+
 // TestHarnessAPIFloor runs the floor that make bench sets beside the relay,
 // small: every event reaches the app once and in order, at 1 and at 3
-// sessions, paced and not, in async, batch and simple mode, to an app
-// that takes batches and to one that does not.
+// sessions, paced and not, in async, batch, simple and stream mode, to an
+// app that takes batches, to one that does not and over the app's stream.
 func TestHarnessAPIFloor(t *testing.T) {
 	broker := testbed.EnsureRabbitMQ(t)
 	for _, tc := range []struct {
@@ -336,7 +351,8 @@ func TestHarnessAPIFloor(t *testing.T) {
 		sessions int
 		rate     float64
 	}{{modeAsync, appBatch, 1, 0}, {modeAsync, appBatch, 3, 0}, {modeAsync, appBatch, 3, 2000},
-		{modeBatch, appSingle, 3, 0}, {modeSimple, appBatch, 3, 0}} {
+		{modeBatch, appSingle, 3, 0}, {modeSimple, appBatch, 3, 0},
+		{modeStream, appStream, 1, 0}, {modeStream, appStream, 3, 0}, {modeStream, appStream, 3, 2000}, {modeStream, appSingle, 3, 0}, {modeAsync, appStream, 3, 0}} {
 		t.Run(fmt.Sprintf("mode=%s/app=%s/sessions=%d/rate=%v", tc.mode, tc.app, tc.sessions, tc.rate), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
+	"github.com/hcp-io/hcp-operator/internal/harnessclient"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 )
@@ -27,6 +28,12 @@ const (
 	modeBatch emitMode = "batch"
 	// modeAsync: modeBatch with "Prefer: respond-async".
 	modeAsync emitMode = "async"
+	// modeStream: one event stream per session (harnessclient), an event
+	// a line, flushed whenever the session has no more events ready; no
+	// wait for acks (the sidecar's window of lines ahead of its confirms
+	// holds the harness back); at the end the stream is closed and every
+	// line must be done (confirmed).
+	modeStream emitMode = "stream"
 )
 
 const maxBatch = 100
@@ -58,14 +65,29 @@ func newHarnessDriver(base string, mode emitMode) harnessDriver {
 func (r *harnessDriver) emit(ctx context.Context, sids []string, n int, rate float64, rec *benchutil.Recorder) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var streams []*harnessclient.EventStream
+	if r.mode == modeStream {
+		// Opened before the clock starts, as a set-up: what is timed is
+		// the events.
+		var err error
+		if streams, err = r.openStreams(ctx, sids); err != nil {
+			return err
+		}
+	}
 	chans := make([]chan benchEvent, len(sids))
 	errc := make(chan error, len(sids))
 	var wg sync.WaitGroup
 	for i, sid := range sids {
 		chans[i] = make(chan benchEvent, 1024)
 		wg.Go(func() {
-			if err := r.send(ctx, sid, chans[i], n); err != nil {
-				errc <- err
+			var err error
+			if streams != nil {
+				err = r.sendStream(ctx, streams[i], chans[i], n)
+			} else {
+				err = r.send(ctx, sid, chans[i], n)
+			}
+			if err != nil {
+				errc <- fmt.Errorf("session %s: %w", sid, err)
 				cancel()
 			}
 		})
@@ -104,13 +126,7 @@ func (r *harnessDriver) send(ctx context.Context, sid string, ch <-chan benchEve
 	url := r.base + "/hcp/v1/sessions/" + sid + "/events"
 	pad := strings.Repeat("x", eventPadding())
 	var buf bytes.Buffer
-	appendEvent := func(ev benchEvent) {
-		if ev.sent == 0 {
-			ev.sent = time.Now().UnixNano()
-		}
-		fmt.Fprintf(&buf, `{"event_type":"progress","data":{"stage":"bench","percent":%d,"message":"%d %d %s"}}`,
-			ev.seq*100/total, ev.seq, ev.sent, pad)
-	}
+	appendEvent := func(ev benchEvent) { writeEvent(&buf, ev, total, pad) }
 	for ev := range ch {
 		buf.Reset()
 		if r.mode == modeSimple {
@@ -138,6 +154,16 @@ func (r *harnessDriver) send(ctx context.Context, sid string, ch <-chan benchEve
 		}
 	}
 	return nil
+}
+
+// writeEvent writes ev as the harness's JSON event, stamped now if it has
+// no stamp yet.
+func writeEvent(buf *bytes.Buffer, ev benchEvent, total int, pad string) {
+	if ev.sent == 0 {
+		ev.sent = time.Now().UnixNano()
+	}
+	fmt.Fprintf(buf, `{"event_type":"progress","data":{"stage":"bench","percent":%d,"message":"%d %d %s"}}`,
+		ev.seq*100/total, ev.seq, ev.sent, pad)
 }
 
 func (r *harnessDriver) post(ctx context.Context, url string, body []byte, async bool) error {

@@ -75,6 +75,15 @@ func (r *relayRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Res
 	res := rec.Result()
 	r.detail = fmt.Sprintf("the callee sidecar took them all in %s (%.0f/s); the caller sidecar used %d connection(s) to the app",
 		posted.Round(time.Millisecond), r.postedRate, r.bed.AppConns.Load())
+	if r.app.streamOffer {
+		// The app offered its stream on the answers to the sessions'
+		// first messages: the events must have gone over it.
+		n := r.app.streamed.Load()
+		if n == 0 {
+			return benchutil.Result{}, fmt.Errorf("the app offered its stream, and the caller sidecar delivered nothing over it")
+		}
+		r.detail += fmt.Sprintf(", %d deliveries over its stream", n)
+	}
 	if err := r.finish(ctx, sids); err != nil {
 		return benchutil.Result{}, err
 	}

@@ -1,7 +1,10 @@
 package relay
 
 import (
+	"cmp"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -87,15 +90,59 @@ func (r *targetReport) setMemory(n int, c sessionCost) {
 	r.memory[n] = c
 }
 
-// row finds the scenario's row (async harness, app batch: the fastest
-// documented path, for the CPU and latency targets).
-func (r *targetReport) row(sc scenario) (benchRow, bool) {
+// pick is the row a CPU or latency target uses: of the modes measured at
+// a rate and a sessions count, the best for that target, the others'
+// figures beside it.
+type pick struct {
+	row    benchRow
+	others []string // "mode/app figure", best first
+}
+
+// best picks, of the rows with rate and sessions (raw and relay both run)
+// that score has a figure for, the one with the lowest score; ok false
+// if none has. score returns the row's figure as printed and whether it
+// has one; an invalid figure scores +Inf (last, still shown).
+func (r *targetReport) best(rate float64, sessions int, score func(benchRow) (v float64, shown string, ok bool)) (pick, bool) {
+	type cand struct {
+		row   benchRow
+		v     float64
+		shown string
+	}
+	var cs []cand
 	for _, row := range r.rows {
-		if row.sc == sc && row.raw.Runs > 0 && row.relay.Runs > 0 {
-			return row, true
+		if row.sc.rate != rate || row.sc.sessions != sessions || row.raw.Runs == 0 || row.relay.Runs == 0 {
+			continue
+		}
+		if v, shown, ok := score(row); ok {
+			cs = append(cs, cand{row, v, shown})
 		}
 	}
-	return benchRow{}, false
+	if len(cs) == 0 {
+		return pick{}, false
+	}
+	slices.SortStableFunc(cs, func(a, b cand) int { return cmp.Compare(a.v, b.v) })
+	p := pick{row: cs[0].row}
+	for _, c := range cs[1:] {
+		p.others = append(p.others, fmt.Sprintf("%s/%s %s", c.row.sc.mode, c.row.sc.app, c.shown))
+	}
+	return p, true
+}
+
+// which says which row a target used, among how many.
+func (p pick) which() string {
+	s := fmt.Sprintf("mode=%s/app=%s", p.row.sc.mode, p.row.sc.app)
+	if len(p.others) == 0 {
+		return s + ", the only mode measured"
+	}
+	return fmt.Sprintf("%s, the best of %d modes; the others: %s", s, len(p.others)+1, strings.Join(p.others, ", "))
+}
+
+// validCPU is a sidecar CPU estimate's score: +Inf if it is no estimate.
+func validCPU(side time.Duration, v float64) float64 {
+	if side <= 0 {
+		return math.Inf(1)
+	}
+	return v
 }
 
 // sidecarCPU estimates both sidecars' CPU per event: the relay's process
@@ -120,30 +167,36 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 	defer r.mu.Unlock()
 	var out []targetLine
 	for _, n := range sessionCounts {
-		paced := scenario{mode: modeAsync, app: appBatch, rate: 1000, sessions: n}
 		l := targetLine{id: fmt.Sprintf("sidecar CPU per event, 1000/s, %d session(s)", n), target: "≤ 0.25 ms (both sidecars)", anchor: anchorCPU}
-		if row, ok := r.row(paced); ok && row.floor.Runs > 0 {
-			side, how := sidecarCPU(row)
-			l.value, l.ok, l.measured = fmt.Sprintf("%.3f ms (%s)", float64(side)/float64(time.Millisecond), how), side > 0 && side <= targetSidecarCPUPaced, true
+		if p, ok := r.best(1000, n, func(row benchRow) (float64, string, bool) {
+			side, _ := sidecarCPU(row)
+			v := float64(side) / float64(time.Millisecond)
+			return validCPU(side, v), fmt.Sprintf("%.3f ms", v), row.floor.Runs > 0
+		}); ok {
+			side, how := sidecarCPU(p.row)
+			l.value, l.ok, l.measured = fmt.Sprintf("%.3f ms (%s; %s)", float64(side)/float64(time.Millisecond), p.which(), how), side > 0 && side <= targetSidecarCPUPaced, true
 			if side <= 0 {
 				l.value += "; no valid estimate: the floor's stand-ins cost more than the relay's whole process"
 			}
 		} else {
-			l.value = paced.String() + " with its floor did not run"
+			l.value = fmt.Sprintf("no scenario at rate=1000/sessions=%d with its floor ran", n)
 		}
 		out = append(out, l)
 
-		unpaced := scenario{mode: modeAsync, app: appBatch, sessions: n}
 		l = targetLine{id: fmt.Sprintf("sidecar CPU per event, max rate, %d session(s)", n), target: "≤ 1.5× raw amqp091-go's client CPU per event", anchor: anchorCPU}
-		if row, ok := r.row(unpaced); ok && row.floor.Runs > 0 && row.raw.CPUPerMessage.Self > 0 {
-			side, how := sidecarCPU(row)
+		if p, ok := r.best(0, n, func(row benchRow) (float64, string, bool) {
+			side, _ := sidecarCPU(row)
 			ratio := float64(side) / float64(row.raw.CPUPerMessage.Self)
-			l.value, l.ok, l.measured = fmt.Sprintf("%.2f× (%.3f ms; %s)", ratio, float64(side)/float64(time.Millisecond), how), side > 0 && ratio <= targetSidecarCPUMax, true
+			return validCPU(side, ratio), fmt.Sprintf("%.2f×", ratio), row.floor.Runs > 0 && row.raw.CPUPerMessage.Self > 0
+		}); ok {
+			side, how := sidecarCPU(p.row)
+			ratio := float64(side) / float64(p.row.raw.CPUPerMessage.Self)
+			l.value, l.ok, l.measured = fmt.Sprintf("%.2f× (%.3f ms; %s; %s)", ratio, float64(side)/float64(time.Millisecond), p.which(), how), side > 0 && ratio <= targetSidecarCPUMax, true
 			if side <= 0 {
 				l.value += "; no valid estimate: the floor's stand-ins cost more than the relay's whole process"
 			}
 		} else {
-			l.value = unpaced.String() + " with its floor did not run"
+			l.value = fmt.Sprintf("no scenario at rate=max/sessions=%d with its floor ran", n)
 		}
 		out = append(out, l)
 
@@ -152,13 +205,17 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 			limit = targetAddedP99One
 		}
 		l = targetLine{id: fmt.Sprintf("relay p99 − raw p99, 1000/s, %d session(s)", n), target: "≤ " + ms(limit), anchor: anchorLatency}
-		if row, ok := r.row(paced); ok {
+		if p, ok := r.best(1000, n, func(row benchRow) (float64, string, bool) {
 			added := row.relay.P99 - row.raw.P99
-			l.value = fmt.Sprintf("%+.2f ms (relay %s over runs %s–%s, raw %s over runs %s–%s)", float64(added)/float64(time.Millisecond),
+			return float64(added), fmt.Sprintf("%+.2f ms", float64(added)/float64(time.Millisecond)), true
+		}); ok {
+			row := p.row
+			added := row.relay.P99 - row.raw.P99
+			l.value = fmt.Sprintf("%+.2f ms (%s; relay %s over runs %s–%s, raw %s over runs %s–%s)", float64(added)/float64(time.Millisecond), p.which(),
 				ms(row.relay.P99), ms(row.relay.P99Min), ms(row.relay.P99Max), ms(row.raw.P99), ms(row.raw.P99Min), ms(row.raw.P99Max))
 			l.ok, l.measured = added <= limit, true
 		} else {
-			l.value = paced.String() + " did not run"
+			l.value = fmt.Sprintf("no scenario at rate=1000/sessions=%d ran", n)
 		}
 		out = append(out, l)
 	}
@@ -223,6 +280,6 @@ func (r *targetReport) format() string {
 		b.WriteString(l.String())
 		b.WriteByte('\n')
 	}
-	b.WriteString("CPU is per event over each run's timed window, this process only (the broker's is in the table); the sidecars' share is estimated as the relay's process less the stand-in harness and app (the floor's process less raw's client).\n")
+	b.WriteString("CPU is per event over each run's timed window, this process only (the broker's is in the table); the sidecars' share is estimated as the relay's process less the stand-in harness and app (the floor's process less raw's client). The CPU and latency targets take the best of the modes measured at their rate and sessions count (named on each line, the others beside it).\n")
 	return b.String()
 }
