@@ -103,6 +103,13 @@ type ConsumerSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
 	AppMaxBatch int32 `json:"appMaxBatch,omitempty"`
+	// AppStream sends every delivery to the app over one long-lived
+	// full-duplex POST /hcp/v1/events/stream (docs/harness-api.md, "Stream
+	// delivery") from the first message on. Off (the default), the sidecar
+	// sends requests until the app offers the stream itself (answer header
+	// HCP-Stream: 1).
+	// +optional
+	AppStream bool `json:"appStream,omitempty"`
 }
 
 // DeliverySpec sets how the caller sidecar gives up on an event its app

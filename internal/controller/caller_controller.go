@@ -157,6 +157,7 @@ func (r *CallerReconciler) reconcile(ctx context.Context, caller *hcpv1alpha1.Ca
 		Tracing:        r.Options.SidecarTracing,
 		Prefetch:       prefetch,
 		AppMaxBatch:    caller.Spec.Consumer.AppMaxBatch,
+		AppStream:      caller.Spec.Consumer.AppStream,
 		AppMaxAttempts: caller.Spec.MaxAttempts(),
 		// The credentials Secret is read as a file, followed on rotation.
 	})

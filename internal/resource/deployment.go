@@ -97,6 +97,8 @@ type HarnessParams struct {
 	// AppMaxBatch is the caller's spec.consumer.appMaxBatch (0 or 1: the
 	// sidecar's default, one event per request).
 	AppMaxBatch int32
+	// AppStream is the caller's spec.consumer.appStream.
+	AppStream bool
 	// AppMaxAttempts is the caller's spec.delivery.maxAttempts (0: the
 	// sidecar's default).
 	AppMaxAttempts int32
@@ -232,6 +234,9 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 	)
 	if p.AppMaxBatch > 1 {
 		env = append(env, corev1.EnvVar{Name: config.EnvAppMaxBatch, Value: strconv.Itoa(int(p.AppMaxBatch))})
+	}
+	if p.AppStream {
+		env = append(env, corev1.EnvVar{Name: config.EnvAppStream, Value: "true"})
 	}
 	if p.AppMaxAttempts > 0 {
 		env = append(env, corev1.EnvVar{Name: config.EnvAppMaxAttempts, Value: strconv.Itoa(int(p.AppMaxAttempts))})

@@ -502,14 +502,14 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	cr := sampleCaller()
 	cs := ForCaller(cr)
 	ccreds, _ := CredentialsSecret(cs, b, "pw")
-	cside := SidecarContainer(HarnessParams{Subject: cs, Harness: *cr.Spec.Harness, Vhost: "/hcp", Prefetch: 10, AppMaxBatch: 64, AppMaxAttempts: 7})
+	cside := SidecarContainer(HarnessParams{Subject: cs, Harness: *cr.Spec.Harness, Vhost: "/hcp", Prefetch: 10, AppMaxBatch: 64, AppStream: true, AppMaxAttempts: 7})
 	cenv := resolveEnv(t, cside, map[string]map[string][]byte{ccreds.Name: ccreds.Data})
 	ccfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := cenv[k]; return v, ok })
 	if err != nil {
 		t.Fatalf("caller env: %v", err)
 	}
 	if ccfg.Mode != config.ModeCaller || ccfg.HarnessURL != "http://127.0.0.1:3000" || ccfg.TokenKeyPEM != "" || ccfg.TokenKeyFile != "" ||
-		ccfg.AMQPURLFile != "/etc/hcp/credentials/uri" || ccfg.AppMaxBatch != 64 || ccfg.AppMaxAttempts != 7 {
+		ccfg.AMQPURLFile != "/etc/hcp/credentials/uri" || ccfg.AppMaxBatch != 64 || !ccfg.AppStream || ccfg.AppMaxAttempts != 7 {
 		t.Errorf("caller config %+v", ccfg)
 	}
 	if !reflect.DeepEqual(cside.Args, []string{"--mode=caller"}) {
