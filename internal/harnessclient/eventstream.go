@@ -56,7 +56,11 @@ func (c *Client) OpenEventStream(ctx context.Context, id string, async bool) (*E
 		req.Header.Set("Prefer", "respond-async")
 	}
 	// A stream lives as long as the session: no client timeout.
-	resp, err := (&http.Client{Transport: c.HTTP.Transport}).Do(req)
+	var rt http.RoundTripper
+	if c.HTTP != nil {
+		rt = c.HTTP.Transport
+	}
+	resp, err := (&http.Client{Transport: rt}).Do(req)
 	if err != nil {
 		_ = pw.CloseWithError(err)
 		return nil, err
