@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"time"
 )
 
 // StreamAck is a line of a callee sidecar's answer to an event stream
@@ -30,8 +31,9 @@ type StreamAck struct {
 // harness writes, and whose answer acknowledges them cumulatively.
 // Send and Flush are for one goroutine at a time; Acked and Wait for any.
 type EventStream struct {
-	pw *io.PipeWriter
-	bw *bufio.Writer
+	pw     *io.PipeWriter
+	bw     *bufio.Writer
+	cancel context.CancelFunc // ends the request: the body and the answer
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced at every ack
@@ -47,8 +49,13 @@ type EventStream struct {
 // *APIError if it refused (no such session, not running).
 func (c *Client) OpenEventStream(ctx context.Context, id string, async bool) (*EventStream, error) {
 	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(ctx)
+	// The transport reads the body until it ends, even after the
+	// connection failed, and Do waits for that: the body ends with ctx.
+	context.AfterFunc(ctx, func() { _ = pw.CloseWithError(errors.New("the event stream was cancelled")) })
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/hcp/v1/sessions/"+url.PathEscape(id)+"/events", pr)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/x-ndjson")
@@ -59,25 +66,30 @@ func (c *Client) OpenEventStream(ctx context.Context, id string, async bool) (*E
 	var rt http.RoundTripper
 	if c.HTTP != nil {
 		rt = c.HTTP.Transport
+		if c.HTTP.Timeout > 0 { // bounds the answer, not the stream
+			t := time.AfterFunc(c.HTTP.Timeout, cancel)
+			defer t.Stop()
+		}
 	}
 	resp, err := (&http.Client{Transport: rt}).Do(req)
 	if err != nil {
-		_ = pw.CloseWithError(err)
+		cancel()
 		return nil, err
 	}
 	if resp.StatusCode/100 != 2 {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 		_ = resp.Body.Close()
-		_ = pw.Close()
+		cancel()
 		return nil, c.apiError(resp.StatusCode, data)
 	}
-	s := &EventStream{pw: pw, bw: bufio.NewWriterSize(pw, 32<<10), changed: make(chan struct{})}
+	s := &EventStream{pw: pw, bw: bufio.NewWriterSize(pw, 32<<10), cancel: cancel, changed: make(chan struct{})}
 	go s.readAcks(resp.Body, c)
 	return s, nil
 }
 
 // readAcks reads the answer's lines until it ends.
 func (s *EventStream) readAcks(body io.ReadCloser, c *Client) {
+	defer s.cancel()
 	defer func() { _ = body.Close() }()
 	dec := json.NewDecoder(bufio.NewReader(body))
 	var err error
@@ -180,6 +192,10 @@ func (s *EventStream) Wait(ctx context.Context, n int) (StreamAck, error) {
 // if every line sent is done, else why not (the last ack says how many
 // are).
 func (s *EventStream) Close(ctx context.Context) (StreamAck, error) {
+	// A sidecar that does not read (its window full) holds the flush: ctx
+	// ends it, and the stream with it.
+	stop := context.AfterFunc(ctx, s.cancel)
+	defer stop()
 	ferr := s.bw.Flush()
 	_ = s.pw.Close()
 	for {
@@ -187,14 +203,15 @@ func (s *EventStream) Close(ctx context.Context) (StreamAck, error) {
 		a, ended, ch := s.last, s.ended, s.changed
 		err := s.endErr()
 		s.mu.Unlock()
+		if ctx.Err() != nil {
+			return a, ctx.Err()
+		}
 		if ended {
 			return a, errors.Join(err, ferr)
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			_ = s.pw.CloseWithError(ctx.Err())
-			return a, ctx.Err()
 		}
 	}
 }

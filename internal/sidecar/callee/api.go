@@ -122,8 +122,14 @@ func publishError(err error) *apiError {
 // array of them (published with consecutive sequence numbers).
 func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 	stream := isNDJSON(r)
-	if stream && !fullDuplex(w) {
-		return
+	if stream {
+		// One stream per connection: a stream refused or ended early
+		// leaves its body unread, and net/http must not read on for a
+		// next request on the connection.
+		w.Header().Set("Connection", "close")
+		if !fullDuplex(w) {
+			return
+		}
 	}
 	ss := s.lookup(w, r)
 	if ss == nil {

@@ -27,11 +27,14 @@ import (
 const (
 	// ContentTypeNDJSON is the media type of both directions of a stream.
 	ContentTypeNDJSON = "application/x-ndjson"
-	// streamWindow is how many lines the sidecar reads ahead of the
-	// broker's confirms (of the write to the channel, with Prefer:
-	// respond-async): beyond it the sidecar stops reading and TCP holds
-	// the harness back.
-	streamWindow = 1000
+	// streamWindow is how many credit tokens a stream has: a line read
+	// and not yet done (confirmed by the broker; with Prefer:
+	// respond-async, written to the channel) holds one per started
+	// streamTokenBytes, so the sidecar reads at most 1,000 lines, or about
+	// 16 MiB, ahead; beyond it it stops reading and TCP holds the harness
+	// back.
+	streamWindow     = 1000
+	streamTokenBytes = 16 << 10
 	// streamAckEvery is how many lines may be confirmed before an ack is
 	// written although more are already queued behind them.
 	streamAckEvery = 256
@@ -56,7 +59,7 @@ type streamAck struct {
 // pendings to confirm and where the lines end.
 type streamChunk struct {
 	ps      []*pending
-	lines   int // how many lines made it (retried ones publish nothing)
+	tokens  int // the credit its lines hold
 	through int
 	seq     int64
 }
@@ -98,8 +101,13 @@ func (s *Sidecar) apiEventStream(w http.ResponseWriter, r *http.Request, ss *ses
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	stopRead := context.AfterFunc(ctx, func() { _ = rc.SetReadDeadline(time.Now()) })
-	defer stopRead()
+	// Ending ctx wakes a read that waits for the harness, and bounds a
+	// write to a harness that does not read its answer.
+	stop := context.AfterFunc(ctx, func() {
+		_ = rc.SetReadDeadline(time.Now())
+		_ = rc.SetWriteDeadline(time.Now().Add(time.Second))
+	})
+	defer stop()
 	go func() { // the sidecar stopping ends the stream too
 		select {
 		case <-s.life.Done():
@@ -107,22 +115,28 @@ func (s *Sidecar) apiEventStream(w http.ResponseWriter, r *http.Request, ss *ses
 		case <-ctx.Done():
 		}
 	}()
-	acked := make(chan streamAck, 1)
-	go func() { acked <- st.confirm(ctx, cancel, w, rc) }()
+	type outcome struct {
+		last streamAck
+		err  error
+	}
+	confirmed := make(chan outcome, 1)
+	go func() { last, err := st.confirm(ctx, cancel, w, rc); confirmed <- outcome{last, err} }()
 	readErr := st.read(ctx, bufio.NewReaderSize(r.Body, 64<<10))
 	close(st.chunks)
-	last := <-acked
-	if last.Error == nil {
-		switch {
-		case readErr == nil:
-			last.Done = true
-		case ctx.Err() != nil && s.life.Err() != nil:
-			last.Error = &server.Error{Code: server.CodeUnavailable, Message: "the sidecar is stopping; open a new stream"}
-		case ctx.Err() != nil:
-			return // the harness went away: nobody reads the answer
-		default:
-			last.Error = readErr.(*apiError).body
-		}
+	o := <-confirmed
+	last := o.last
+	var refused *apiError
+	switch {
+	case o.err == nil && readErr == nil:
+		last.Done = true
+	case o.err != nil && !errors.Is(o.err, context.Canceled) && !errors.Is(o.err, errAnswerLost):
+		last.Error = publishError(o.err).body
+	case s.life.Err() != nil:
+		last.Error = &server.Error{Code: server.CodeUnavailable, Message: "the sidecar is stopping; open a new stream and send the lines after through again"}
+	case errors.As(readErr, &refused) && o.err == nil:
+		last.Error = refused.body
+	default:
+		return // the harness went away, or stopped reading: nobody reads the answer
 	}
 	writeAckLine(w, rc, last)
 }
@@ -132,25 +146,26 @@ type eventStream struct {
 	ss     *sess
 	async  bool
 	chunks chan streamChunk
-	credit chan struct{} // one token per line read and not yet done
+	credit chan struct{} // the tokens of the lines read and not yet done
 	dead   chan struct{} // closed when the confirmer gives up
 	lines  int
 }
 
 // read reads and publishes lines until the body ends (nil) or fails, a
-// line is refused, or ctx ends; an error other than the body's end is an
-// *apiError.
+// line is refused, ctx ends or the confirmer gives up; an error other
+// than the body's end or ctx's is an *apiError.
 func (st *eventStream) read(ctx context.Context, br *bufio.Reader) error {
 	evs := make([]harnessEvent, 0, 64)
 	for {
 		evs = evs[:0]
 		var (
-			refused *apiError
-			readErr error // after the lines read before it are published
+			refused        *apiError
+			readErr        error // after the lines read before it are published
+			tokens, nbytes int
 		)
 		// Take the lines that are here already (at least one), up to a
-		// batch: they are published together.
-		for len(evs) < maxBatchSize && (len(evs) == 0 || br.Buffered() > 0) {
+		// request's worth: they are published together.
+		for len(evs) < maxBatchSize && nbytes < maxBatchBody && (len(evs) == 0 || br.Buffered() > 0) {
 			line, err := readLine(br)
 			if err != nil {
 				readErr = err
@@ -159,18 +174,20 @@ func (st *eventStream) read(ctx context.Context, br *bufio.Reader) error {
 			if len(bytes.TrimSpace(line)) == 0 {
 				continue
 			}
-			select {
-			case st.credit <- struct{}{}:
-			case <-st.dead:
-				return nil // the confirmer wrote why
+			n := 1 + len(line)/streamTokenBytes
+			if !st.take(ctx, n) {
+				st.give(tokens)
+				return ctx.Err()
 			}
 			ev, err := parseEvent(line)
 			if err != nil {
 				refused = badRequest(fmt.Errorf("line %d: %w", st.lines+len(evs)+1, err))
-				<-st.credit
+				st.give(n)
 				break
 			}
 			evs = append(evs, ev)
+			tokens += n
+			nbytes += len(line)
 		}
 		if len(evs) > 0 {
 			ps, seqs, e := st.ss.publishEvents(ctx, evs)
@@ -178,13 +195,11 @@ func (st *eventStream) read(ctx context.Context, br *bufio.Reader) error {
 				// As for a request that fails: the outcome of this call's
 				// lines is unknown; the harness retries them with their
 				// idempotency keys.
-				for range evs {
-					<-st.credit
-				}
+				st.give(tokens)
 				return e
 			}
 			st.lines += len(evs)
-			st.chunks <- streamChunk{ps: ps, lines: len(evs), through: st.lines, seq: seqs[len(seqs)-1]}
+			st.chunks <- streamChunk{ps: ps, tokens: tokens, through: st.lines, seq: seqs[len(seqs)-1]}
 		}
 		if refused != nil {
 			return refused
@@ -192,6 +207,30 @@ func (st *eventStream) read(ctx context.Context, br *bufio.Reader) error {
 		if readErr != nil {
 			return st.endOfBody(ctx, readErr)
 		}
+	}
+}
+
+// take waits for n credit tokens; false if ctx ended or the confirmer gave
+// up first (the tokens taken are given back).
+func (st *eventStream) take(ctx context.Context, n int) bool {
+	for i := range n {
+		select {
+		case st.credit <- struct{}{}:
+		case <-st.dead:
+			st.give(i)
+			return false
+		case <-ctx.Done():
+			st.give(i)
+			return false
+		}
+	}
+	return true
+}
+
+// give returns n credit tokens.
+func (st *eventStream) give(n int) {
+	for range n {
+		<-st.credit
 	}
 }
 
@@ -237,41 +276,41 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 	return nil, err
 }
 
+// errAnswerLost: an ack could not be written (the harness does not read
+// its answer, or went away).
+var errAnswerLost = errors.New("the stream's answer could not be written")
+
 // confirm waits for each chunk's confirms in order and writes the acks,
 // one per run of chunks that are done (at least every streamAckEvery
-// lines). It returns the last ack to write: the end of the stream, with
-// an error if a publish failed (then it cancels the reader).
-func (st *eventStream) confirm(ctx context.Context, cancel context.CancelFunc, w io.Writer, rc *http.ResponseController) streamAck {
+// lines). It returns the last ack done, and why it stopped early: a
+// publish that failed, ctx, or errAnswerLost; then it cancels the reader.
+func (st *eventStream) confirm(ctx context.Context, cancel context.CancelFunc, w io.Writer, rc *http.ResponseController) (streamAck, error) {
 	var done, written streamAck
+	fail := func(err error) (streamAck, error) {
+		close(st.dead)
+		cancel()
+		for ch := range st.chunks { // let the reader finish
+			st.give(ch.tokens)
+		}
+		return done, err
+	}
 	for ch := range st.chunks {
-		var err error
 		if !st.async {
-			err = waitAll(ctx, ch.ps)
-		}
-		if err != nil {
-			close(st.dead)
-			cancel()
-			for range st.chunks { // let the reader finish
+			if err := waitAll(ctx, ch.ps); err != nil {
+				st.give(ch.tokens)
+				return fail(err)
 			}
-			done.Error = publishError(err).body
-			return done
 		}
-		for range ch.lines {
-			<-st.credit
-		}
+		st.give(ch.tokens)
 		done.Through, done.Sequence = ch.through, ch.seq
 		if len(st.chunks) == 0 || done.Through-written.Through >= streamAckEvery {
 			if !writeAckLine(w, rc, done) {
-				close(st.dead)
-				cancel()
-				for range st.chunks {
-				}
-				return done
+				return fail(errAnswerLost)
 			}
 			written = done
 		}
 	}
-	return done
+	return done, nil
 }
 
 // writeAckLine writes one line of the answer and flushes it.

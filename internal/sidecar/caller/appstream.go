@@ -82,8 +82,9 @@ type appStream struct {
 
 // streamWaiter is one delivery in flight: done gets its outcome once.
 type streamWaiter struct {
-	n    int64
-	done chan error
+	n       int64
+	done    chan error
+	expired bool // AppTimeout passed before it was written (under appStream.mu)
 }
 
 // streamOn reports whether deliveries go over the stream.
@@ -216,10 +217,16 @@ func (st *appStream) send(sessionID string, ms []AppMessage) error {
 
 	st.wmu.Lock()
 	st.mu.Lock()
-	if st.err != nil {
-		err := st.err
+	if st.err != nil || w.expired {
+		err, expired := st.err, w.expired
 		st.mu.Unlock()
 		st.wmu.Unlock()
+		if expired {
+			// Queued behind writes the app did not read for AppTimeout.
+			err = fmt.Errorf("the app did not read its stream for %s", st.s.o.AppTimeout)
+			st.close(err)
+			return refusal{err}
+		}
 		return fmt.Errorf("the stream to the app closed: %w", err)
 	}
 	st.sent++
@@ -243,6 +250,9 @@ func (st *appStream) send(sessionID string, ms []AppMessage) error {
 func (st *appStream) expire(w *streamWaiter) {
 	st.mu.Lock()
 	i := slices.Index(st.waiting, w)
+	if w.n == 0 {
+		w.expired = true // not written yet: send refuses it when its turn comes
+	}
 	if st.err != nil || i < 0 {
 		st.mu.Unlock()
 		return
