@@ -350,6 +350,7 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 	}
 	ss.confirmedUnder() // restored right after its claim
 	ss.seq = session.ResumeSequencer(last, ceiling, DefaultSequenceBlock, ss.reserver(ceiling))
+	ss.seq.ReserveAhead() // the ceiling patch off the events' path
 	// Up to last, every event is in the queue or, published by a replica
 	// that is gone without confirming it, lost for good: no caller should
 	// wait for it. (A re-adopted session lowers this to its first

@@ -1,6 +1,7 @@
 package callee
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hcp-io/hcp-operator/internal/harnessclient"
+	"github.com/hcp-io/hcp-operator/internal/testbed"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -48,7 +50,7 @@ func TestEventStream(t *testing.T) {
 	sid := b.runningSession() // session_created and state_changed are 1 and 2
 	es, err := hc.OpenEventStream(ctx, sid, false)
 	must(t, err)
-	const n = 300
+	const n = 600 // past half the first block of sequences: the next is reserved ahead
 	for i := range n {
 		must(t, es.SendLine([]byte(logLine(i, fmt.Sprintf("k%d", i)))))
 		if i%7 == 0 {
@@ -59,6 +61,14 @@ func TestEventStream(t *testing.T) {
 	if a, err := es.Wait(ctx, n); err != nil || a.Sequence != n+2 {
 		t.Fatalf("waiting for %d lines: %+v %v, want sequence %d", n, a, err, n+2)
 	}
+	// The block 1001-2000 was reserved in the background once half the
+	// first was used, before any of it is needed.
+	testbed.Eventually(t, 5*time.Second, "the ceiling reserved ahead", func(context.Context) error {
+		if c := storedCeiling(b.hcpSession(sid)); c != 2*DefaultSequenceBlock {
+			return fmt.Errorf("ceiling %d at sequence %d, want %d", c, n+2, 2*DefaultSequenceBlock)
+		}
+		return nil
+	})
 	// A retried line (a key already used) gets its sequence back and is not
 	// published again; a fresh one follows.
 	must(t, es.SendLine([]byte(logLine(5, "k5"))))

@@ -149,6 +149,7 @@ func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok s
 	ss.epoch = 1 // the decision is the first claim
 	ss.confirmedUnder()
 	ss.seq = session.NewReservingSequencer(0, DefaultSequenceBlock, ss.reserver(DefaultSequenceBlock))
+	ss.seq.ReserveAhead() // the ceiling patch off the events' path
 	ss.startTrace(hs, false)
 	return ss
 }

@@ -33,6 +33,13 @@ type Sequencer struct {
 	ceiling int64
 	block   int64
 	reserve ReserveFunc
+
+	// Reserving ahead (ReserveAhead): the next block's reservation runs in
+	// the background once half the current block is used.
+	ahead       bool
+	inflight    chan struct{} // closed when the background reservation ends
+	next        int64         // the ceiling it persisted, not in use yet (0: none)
+	aheadFailed bool          // it failed: Next reserves when it must
 }
 
 // NewSequencer returns a Sequencer whose first number is last+1 (1 for a new
@@ -59,30 +66,83 @@ func ResumeSequencer(last, ceiling, block int64, reserve ReserveFunc) *Sequencer
 	return &Sequencer{last: last, ceiling: max(ceiling, last), block: max(block, 1), reserve: reserve}
 }
 
+// ReserveAhead has the next block reserved in the background once half the
+// current one is used, so that Next waits for a reservation only when the
+// numbers outrun it (or it failed). A restart then skips at most one and a
+// half blocks.
+func (s *Sequencer) ReserveAhead() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ahead = s.reserve != nil
+}
+
 // Next returns the next sequence number. It fails only when reserving a new
 // block fails (nothing is handed out then; a later call retries) or the
 // sequence is exhausted.
 func (s *Sequencer) Next() (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.last == math.MaxInt64 {
-		return 0, ErrSequenceExhausted
-	}
-	n := s.last + 1
-	if n > s.ceiling {
-		c := s.ceiling + s.block
-		if c < s.ceiling { // overflow
-			c = math.MaxInt64
+	for {
+		if s.last == math.MaxInt64 {
+			return 0, ErrSequenceExhausted
 		}
-		if s.reserve != nil {
-			if err := s.reserve(c); err != nil {
-				return 0, fmt.Errorf("reserve event sequence up to %d: %w", c, err)
+		n := s.last + 1
+		switch {
+		case n <= s.ceiling:
+			s.last = n
+			if s.ahead && s.inflight == nil && s.next == 0 && !s.aheadFailed && s.ceiling-n < s.block/2 {
+				s.reserveAheadLocked()
 			}
+			return n, nil
+		case s.inflight != nil: // the next block is being reserved
+			ch := s.inflight
+			s.mu.Unlock()
+			<-ch
+			s.mu.Lock()
+		case s.next > s.ceiling:
+			s.ceiling, s.next, s.aheadFailed = s.next, 0, false
+		default:
+			c := s.nextCeiling()
+			if s.reserve != nil {
+				if err := s.reserve(c); err != nil {
+					return 0, fmt.Errorf("reserve event sequence up to %d: %w", c, err)
+				}
+			}
+			s.ceiling, s.aheadFailed = c, false
 		}
-		s.ceiling = c
 	}
-	s.last = n
-	return n, nil
+}
+
+// nextCeiling is the ceiling one block above the current one.
+func (s *Sequencer) nextCeiling() int64 {
+	c := s.ceiling + s.block
+	if c < s.ceiling { // overflow
+		c = math.MaxInt64
+	}
+	return c
+}
+
+// reserveAheadLocked reserves the next block in the background. Called
+// with mu.
+func (s *Sequencer) reserveAheadLocked() {
+	c := s.nextCeiling()
+	if c == s.ceiling {
+		return
+	}
+	ch := make(chan struct{})
+	s.inflight = ch
+	go func() {
+		err := s.reserve(c)
+		s.mu.Lock()
+		if err == nil {
+			s.next = c
+		} else {
+			s.aheadFailed = true
+		}
+		s.inflight = nil
+		s.mu.Unlock()
+		close(ch)
+	}()
 }
 
 // Last returns the last number handed out (or the starting value).

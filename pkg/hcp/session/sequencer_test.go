@@ -5,7 +5,9 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestSequencerMonotonic(t *testing.T) {
@@ -126,4 +128,102 @@ func TestReservingSequencerOverflow(t *testing.T) {
 	if n, err := s.Next(); err != nil || n != math.MaxInt64-1 || last != math.MaxInt64 {
 		t.Fatalf("Next() = %d, %v, reserved %d", n, err, last)
 	}
+}
+
+// TestReserveAhead: with ReserveAhead the next block is reserved in the
+// background once half the block is used, before any of its numbers is
+// handed out; Next waits only when the numbers outrun the reservation; a
+// failed reservation is retried by Next when it must, and nothing is
+// handed out beyond a persisted ceiling.
+func TestReserveAhead(t *testing.T) {
+	var mu sync.Mutex
+	var persisted []int64
+	release := make(chan struct{})
+	reserve := func(c int64) error {
+		if c > 10 {
+			<-release // the API server is slow
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		persisted = append(persisted, c)
+		return nil
+	}
+	s := NewReservingSequencer(0, 10, reserve)
+	s.ReserveAhead()
+	for want := int64(1); want <= 10; want++ {
+		if got, err := s.Next(); err != nil || got != want {
+			t.Fatalf("Next() = %d, %v", got, err)
+		}
+	}
+	// 11 needs the ceiling 20, whose reservation started at 6 and is held:
+	// Next waits for it.
+	got := make(chan int64, 1)
+	go func() { n, _ := s.Next(); got <- n }()
+	select {
+	case n := <-got:
+		t.Fatalf("Next() = %d before the ceiling 20 was persisted", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if n := <-got; n != 11 {
+		t.Fatalf("Next() = %d, want 11", n)
+	}
+	for range 9 { // to 20: the reservation of 30 started at 16
+		if _, err := s.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		p := slices.Clone(persisted)
+		mu.Unlock()
+		if slices.Equal(p, []int64{10, 20, 30}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("persisted %v, want [10 20 30] reserved ahead by 20", p)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// A failed reservation ahead: Next reserves itself when it must, and
+	// hands nothing out if that fails too.
+	boom := errors.New("apiserver down")
+	var fail atomic.Bool
+	fail.Store(true)
+	var calls atomic.Int32
+	f := NewReservingSequencer(0, 4, func(c int64) error {
+		calls.Add(1)
+		if c > 4 && fail.Load() {
+			return boom
+		}
+		return nil
+	})
+	f.ReserveAhead()
+	for range 4 {
+		if _, err := f.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for f.aheadPending() {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := f.Next(); !errors.Is(err, boom) || f.Last() != 4 {
+		t.Fatalf("Next() past a ceiling that could not be persisted: %v, last %d", err, f.Last())
+	}
+	fail.Store(false)
+	if n, err := f.Next(); err != nil || n != 5 {
+		t.Fatalf("Next() = %d, %v once the API answers", n, err)
+	}
+	if c := calls.Load(); c != 4 { // 4, 8 ahead (failed), 8 (failed), 8
+		t.Fatalf("%d reservations, want 4 (no retry per event after a failure ahead)", c)
+	}
+}
+
+// aheadPending reports whether a reservation ahead is in flight.
+func (s *Sequencer) aheadPending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inflight != nil
 }
