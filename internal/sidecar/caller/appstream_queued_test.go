@@ -18,7 +18,7 @@ import (
 func TestAppStreamTimeoutWhileQueued(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	s := &Sidecar{o: Options{AppTimeout: 30 * time.Second}, clk: clk, log: logr.Discard()}
-	body, pw := io.Pipe()   // the request body, read by the test as the app
+	body, pw := io.Pipe()    // the request body, read by the test as the app
 	answers, aw := io.Pipe() // the app's answer
 	st := &appStream{s: s, pw: pw, cancel: func() {}, done: make(chan struct{})}
 	go st.read(answers)
