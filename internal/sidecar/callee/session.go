@@ -33,9 +33,10 @@ const (
 )
 
 // confirmQueueSize bounds the publishes of one session waiting for their
-// confirm; beyond it publishing waits (the transport's window bounds the
-// total anyway).
-const confirmQueueSize = 1024
+// confirm; beyond it publishing waits. The transport's window bounds the
+// confirms in flight to as many, so a longer queue would only cost every
+// live session its memory (8 bytes a slot, allocated with the session).
+const confirmQueueSize = transport.DefaultWindow
 
 // pending is one published message waiting for its confirm.
 type pending struct {
