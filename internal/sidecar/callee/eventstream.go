@@ -25,8 +25,6 @@ import (
 // harness and the sidecar an HTTP exchange per event; the events are the
 // same, sequenced, logged and published exactly as a request's.
 const (
-	// ContentTypeNDJSON is the media type of both directions of a stream.
-	ContentTypeNDJSON = "application/x-ndjson"
 	// streamWindow is how many credit tokens a stream has: a line read
 	// and not yet done (confirmed by the broker; with Prefer:
 	// respond-async, written to the channel) holds one per started
@@ -67,7 +65,7 @@ type streamChunk struct {
 // isNDJSON reports whether the request's body is an event stream.
 func isNDJSON(r *http.Request) bool {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	return err == nil && mt == ContentTypeNDJSON
+	return err == nil && mt == server.ContentTypeNDJSON
 }
 
 // fullDuplex lets the handler answer while the body is still being
@@ -90,7 +88,7 @@ func fullDuplex(w http.ResponseWriter) bool {
 // in order and writes the acks, coalesced.
 func (s *Sidecar) apiEventStream(w http.ResponseWriter, r *http.Request, ss *sess) {
 	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", ContentTypeNDJSON)
+	w.Header().Set("Content-Type", server.ContentTypeNDJSON)
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
 

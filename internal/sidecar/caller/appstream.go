@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 )
 
 // Stream delivery (docs/harness-api.md, "Stream delivery"): instead of a
@@ -36,8 +37,6 @@ const StreamPath = "/hcp/v1/events/stream"
 // as one at once), and offers are then ignored for batchRefusalHold.
 // Options.AppStream uses the stream whatever the answers say.
 const HeaderStream = "HCP-Stream"
-
-const contentTypeNDJSON = "application/x-ndjson"
 
 // maxAckLine bounds one line the app writes on the stream (a nack's error
 // included); a longer one breaks the stream.
@@ -150,7 +149,7 @@ func (s *Sidecar) openStream() (*appStream, error) {
 		cancel()
 		return nil, err
 	}
-	req.Header.Set("Content-Type", contentTypeNDJSON)
+	req.Header.Set("Content-Type", server.ContentTypeNDJSON)
 	// Connection: close has a server that does not read the body answer at
 	// once: Go's, for one, otherwise reads (to discard) up to 256 KiB of
 	// it or its end before it writes a 404, and neither ever comes.

@@ -25,6 +25,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
@@ -262,7 +263,7 @@ func (b *bed) handApp(t *testing.T, misbehave func(stream int, delivery int64) s
 			t.Error(err)
 			return
 		}
-		w.Header().Set("Content-Type", contentTypeNDJSON)
+		w.Header().Set("Content-Type", server.ContentTypeNDJSON)
 		w.WriteHeader(http.StatusOK)
 		_ = rc.Flush()
 		sc := bufio.NewScanner(req.Body)

@@ -39,6 +39,10 @@ const (
 	CodeTimeout              = "timeout"
 )
 
+// ContentTypeNDJSON is the media type of the local APIs' streams (one JSON
+// value a line): the harness's event stream and the stream to the app.
+const ContentTypeNDJSON = "application/x-ndjson"
+
 // DefaultMaxBody is the default request body limit of DecodeJSON (1 MiB,
 // the envelope size limit of L1).
 const DefaultMaxBody = 1 << 20
