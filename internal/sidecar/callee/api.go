@@ -106,9 +106,32 @@ func respond(w http.ResponseWriter, r *http.Request, ps []*pending, body map[str
 	server.WriteJSON(w, http.StatusOK, body)
 }
 
+// respondOwned is respond for a call that lets the harness go on with its
+// task (events, checkpoint, pause, resume): the fence is asked again when
+// the answer is written, since the call may have waited (for its confirms,
+// or in a paused process) past a lapse of the Lease or a takeover. The
+// messages are published either way; a 503 makes the harness retry, and
+// the retry is answered by the idempotency key once ownership is
+// confirmed, or 409 ownership_lost.
+func respondOwned(w http.ResponseWriter, r *http.Request, ss *sess, ps []*pending, body map[string]any) {
+	if !slices.Contains(r.Header.Values("Prefer"), "respond-async") {
+		if err := waitAll(r.Context(), ps); err != nil {
+			writeAPIError(w, publishError(err))
+			return
+		}
+	}
+	if err := ss.sc.fence(ss); err != nil {
+		writeAPIError(w, fencedError(err))
+		return
+	}
+	respond(w, r, nil, body)
+}
+
 // publishError maps a publish outcome to an API error.
 func publishError(err error) *apiError {
 	switch {
+	case errors.Is(err, errFenced), errors.Is(err, errOwnershipLost):
+		return fencedError(err)
 	case errors.Is(err, transport.ErrUnroutable):
 		return &apiError{http.StatusBadGateway, &server.Error{Code: server.CodeUnroutable, Message: "the broker could not route the event: the caller's event queue does not exist (" + err.Error() + ")"}}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -155,9 +178,9 @@ func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if batch {
-		respond(w, r, ps, map[string]any{"sequences": seqs})
+		respondOwned(w, r, ss, ps, map[string]any{"sequences": seqs})
 	} else {
-		respond(w, r, ps, map[string]any{"sequence": seqs[0]})
+		respondOwned(w, r, ss, ps, map[string]any{"sequence": seqs[0]})
 	}
 }
 
@@ -275,13 +298,21 @@ func (s *Sidecar) apiReason(op func(*sess, context.Context, string) ([]*pending,
 	}
 }
 
+// answerState answers with the session's state; a session still running
+// (pause, resume) is answered only while this replica owns it
+// (respondOwned), an outcome recorded (complete, aborted) in any case.
 func (s *Sidecar) answerState(w http.ResponseWriter, r *http.Request, ss *sess, ps []*pending) {
 	body := map[string]any{}
-	if in, e := ss.info(r.Context()); e == nil {
+	in, e := ss.info(r.Context())
+	if e == nil {
 		body["state"] = in.State
 		body["last_sequence"] = in.LastSequence
 	}
-	respond(w, r, ps, body)
+	if e == nil && in.State.IsTerminal() {
+		respond(w, r, ps, body)
+		return
+	}
+	respondOwned(w, r, ss, ps, body)
 }
 
 // apiCheckpoint: checkpoint_created data (created_at defaults to now) and
@@ -325,7 +356,7 @@ func (s *Sidecar) apiCheckpoint(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, e)
 		return
 	}
-	respond(w, r, ps, map[string]any{"sequence": ps[0].seq})
+	respondOwned(w, r, ss, ps, map[string]any{"sequence": ps[0].seq})
 }
 
 // apiComplete: a task_completed payload (summary filled in when omitted).

@@ -300,6 +300,11 @@ func (st *eventStream) confirm(ctx context.Context, cancel context.CancelFunc, w
 			}
 		}
 		st.give(ch.tokens)
+		// An ack lets the harness go on: only an owner gives one
+		// (respondOwned).
+		if err := st.ss.sc.fence(st.ss); err != nil {
+			return fail(err)
+		}
 		done.Through, done.Sequence = ch.through, ch.seq
 		if len(st.chunks) == 0 || done.Through-written.Through >= streamAckEvery {
 			if !writeAckLine(w, rc, done) {

@@ -63,6 +63,12 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 	default:
 		return nil, nil, conflict(st, "events are accepted while the session is RUNNING, PAUSED or ABORTING; it is %s", st)
 	}
+	// Before the key table: a retry's 200 tells the harness to go on, which
+	// only an owner may (a zombie's harness would run its next step beside
+	// the new owner's).
+	if err := ss.sc.fence(ss); err != nil {
+		return nil, nil, fencedError(err)
+	}
 	var ps []*pending
 	var seqs []int64
 	// The status records the batch once: its last sequence and the last
