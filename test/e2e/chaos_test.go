@@ -339,6 +339,10 @@ func (r *samplesRun) streamingSessions(t *testing.T, intent string, task chaosTa
 	return ids
 }
 
+// slowRecovery: a longer pause on the three-node broker logs the
+// containers (judgeSessions).
+const slowRecovery = 10 * time.Second
+
 // judgeSessions measures the sessions ids in what the app received (snap)
 // after a fault at `at`, checks each against its HCPSession, and fails
 // unless the fault cost nothing: no loss, no duplicate, no second
@@ -346,6 +350,16 @@ func (r *samplesRun) streamingSessions(t *testing.T, intent string, task chaosTa
 func (r *samplesRun) judgeSessions(t *testing.T, fault string, ids []string, snap samplecaller.Snapshot, at time.Time) chaosResult {
 	t.Helper()
 	res := chaosResult{fault: fault}
+	slow := false
+	defer func() {
+		if slow && r.cfg.rmqNodes != nil {
+			// A slow recovery passes, but where it waited shows only in
+			// the sidecars' logs, gone with the next run's pods.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			r.dumpLogs(t, ctx, r.ns)
+		}
+	}()
 	for _, id := range ids {
 		s := snap.Sessions[id]
 		m := measure(s, at)
@@ -358,6 +372,11 @@ func (r *samplesRun) judgeSessions(t *testing.T, fault string, ids []string, sna
 			t.Logf("session %s ran steps twice: %s", id, describeStream(s))
 		}
 		res.recovery = max(res.recovery, m.pause)
+		if m.pause > slowRecovery {
+			slow = true
+			t.Logf("session %s paused %s, from %s to %s (the app's clock)", id, m.pause.Round(100*time.Millisecond),
+				m.pauseFrom.UTC().Format("15:04:05.000"), m.pauseTo.UTC().Format("15:04:05.000"))
+		}
 		res.notes = append(res.notes, m.notes...)
 		if s.FinalState != string(hcpv1alpha1.SessionCompleted) {
 			res.failed++

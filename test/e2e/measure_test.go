@@ -21,6 +21,7 @@ import (
 type streamMeasure struct {
 	lost, renumbered, twice int
 	pause                   time.Duration
+	pauseFrom, pauseTo      time.Time // the longest pause's bounds
 	notes                   []string
 }
 
@@ -41,7 +42,9 @@ func measure(s *samplecaller.SessionLog, fault time.Time) streamMeasure {
 			if from.Before(fault) {
 				from = fault
 			}
-			m.pause = max(m.pause, msg.At.Sub(from))
+			if p := msg.At.Sub(from); p > m.pause {
+				m.pause, m.pauseFrom, m.pauseTo = p, from, msg.At
+			}
 		}
 		last = msg.At
 		switch msg.EventType {
