@@ -285,6 +285,13 @@ func (r *samplesRun) runFault(t *testing.T, f fault, tp *tap) chaosResult {
 		time.Sleep(f.settle)
 	}
 	res := r.judgeSessions(t, f.name, ids, snap, at)
+	if f.cluster && res.recovery > slowRecovery {
+		// A slow recovery passes, but where it waited shows only in the
+		// sidecars' logs, gone with the next run's pods.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		r.dumpLogs(t, ctx, r.ns)
+		cancel()
+	}
 	res.violations = r.judge(t, tp, ids, snap, task.steps)
 	res.notes = append(res.notes, r.endedOn(t, ids, owner.Name))
 	if f.minRecovery > 0 && res.recovery < f.minRecovery {
@@ -339,8 +346,8 @@ func (r *samplesRun) streamingSessions(t *testing.T, intent string, task chaosTa
 	return ids
 }
 
-// slowRecovery: a longer pause on the three-node broker logs the
-// containers (judgeSessions).
+// slowRecovery: a longer pause is logged with its bounds (judgeSessions),
+// and after a broker node fault with the containers' logs.
 const slowRecovery = 10 * time.Second
 
 // judgeSessions measures the sessions ids in what the app received (snap)
@@ -350,16 +357,6 @@ const slowRecovery = 10 * time.Second
 func (r *samplesRun) judgeSessions(t *testing.T, fault string, ids []string, snap samplecaller.Snapshot, at time.Time) chaosResult {
 	t.Helper()
 	res := chaosResult{fault: fault}
-	slow := false
-	defer func() {
-		if slow && r.cfg.rmqNodes != nil {
-			// A slow recovery passes, but where it waited shows only in
-			// the sidecars' logs, gone with the next run's pods.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			r.dumpLogs(t, ctx, r.ns)
-		}
-	}()
 	for _, id := range ids {
 		s := snap.Sessions[id]
 		m := measure(s, at)
@@ -373,7 +370,6 @@ func (r *samplesRun) judgeSessions(t *testing.T, fault string, ids []string, sna
 		}
 		res.recovery = max(res.recovery, m.pause)
 		if m.pause > slowRecovery {
-			slow = true
 			t.Logf("session %s paused %s, from %s to %s (the app's clock)", id, m.pause.Round(100*time.Millisecond),
 				m.pauseFrom.UTC().Format("15:04:05.000"), m.pauseTo.UTC().Format("15:04:05.000"))
 		}
