@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +31,14 @@ import (
 // with the same bed before them. Both sidecars, the harness and the app
 // run in this process, so the figures are for the whole relay of a
 // session, both sides together.
+//
+// HCP_BENCH_MEMORY_PROFILE=prefix writes, while the n sessions are live
+// (after the measurement), the heap profile to prefix-heap-n.pprof and the
+// goroutine profile to prefix-goroutine-n.txt, to find the owners of the
+// per-session memory:
+//
+//	HCP_BENCH_MEMORY_SESSIONS=1000 HCP_BENCH_MEMORY_PROFILE=/tmp/mem go test -run '^$' -bench 'BenchmarkRelay/memory' -benchtime 2x -timeout 60m -v ./test/relay
+//	go tool pprof -sample_index=inuse_space -top /tmp/mem-heap-1000.pprof
 func benchMemory(b *testing.B) {
 	if b.N == 1 {
 		return // the framework's probe run (see benchRelayVsRaw)
@@ -105,6 +115,9 @@ func liveSessionCost(b testing.TB, n int, idle time.Duration) (sessionCost, erro
 		return sessionCost{}, err
 	}
 	heap1, g1, rss1 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
+	if err := writeMemoryProfiles(os.Getenv("HCP_BENCH_MEMORY_PROFILE"), n); err != nil {
+		return sessionCost{}, err
+	}
 	// The sessions' first status writes go out within the write budget
 	// (50 a second by default): wait until they are all written, so that
 	// the idle window measures waiting sessions, not that backlog.
@@ -200,6 +213,32 @@ func endConcurrently(ctx context.Context, r *relayRun, sids []string) error {
 		}
 		return nil
 	})
+}
+
+// writeMemoryProfiles writes the heap profile to prefix-heap-n.pprof and
+// the goroutine profile (debug=1) to prefix-goroutine-n.txt; nothing when
+// prefix is empty.
+func writeMemoryProfiles(prefix string, n int) error {
+	if prefix == "" {
+		return nil
+	}
+	for _, p := range []struct {
+		name, file string
+		debug      int
+	}{{"heap", fmt.Sprintf("%s-heap-%d.pprof", prefix, n), 0}, {"goroutine", fmt.Sprintf("%s-goroutine-%d.txt", prefix, n), 1}} {
+		f, err := os.Create(p.file)
+		if err != nil {
+			return err
+		}
+		err = pprof.Lookup(p.name).WriteTo(f, p.debug)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // idleCPU is this process's CPU seconds per second over window.
