@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -32,13 +33,15 @@ import (
 // run in this process, so the figures are for the whole relay of a
 // session, both sides together.
 //
-// HCP_BENCH_MEMORY_PROFILE=prefix writes, while the n sessions are live
-// (after the measurement), the heap profile to prefix-heap-n.pprof and the
-// goroutine profile to prefix-goroutine-n.txt, to find the owners of the
-// per-session memory:
+// HCP_BENCH_MEMORY_PROFILE=prefix writes the heap and goroutine profiles
+// of the bed before the n sessions (prefix-heap-0-n.pprof,
+// prefix-goroutine-0-n.txt) and while they are live, after the
+// measurement (prefix-heap-n.pprof, prefix-goroutine-n.txt), to find the
+// owners of the per-session memory (the difference; -memprofilerate
+// samples finer than the default 512 KiB, at some cost in heap):
 //
-//	HCP_BENCH_MEMORY_SESSIONS=1000 HCP_BENCH_MEMORY_PROFILE=/tmp/mem go test -run '^$' -bench 'BenchmarkRelay/memory' -benchtime 2x -timeout 60m -v ./test/relay
-//	go tool pprof -sample_index=inuse_space -top /tmp/mem-heap-1000.pprof
+//	HCP_BENCH_MEMORY_SESSIONS=1000 HCP_BENCH_MEMORY_PROFILE=/tmp/mem go test -run '^$' -bench 'BenchmarkRelay/memory' -benchtime 2x -memprofilerate 512 -timeout 60m -v ./test/relay
+//	go tool pprof -sample_index=inuse_space -diff_base /tmp/mem-heap-0-1000.pprof -top /tmp/mem-heap-1000.pprof
 func benchMemory(b *testing.B) {
 	if b.N == 1 {
 		return // the framework's probe run (see benchRelayVsRaw)
@@ -110,12 +113,15 @@ func liveSessionCost(b testing.TB, n int, idle time.Duration) (sessionCost, erro
 	}
 	idle0 := idleCPU(idle)
 	heap0, g0, rss0 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
+	if err := writeMemoryProfiles(os.Getenv("HCP_BENCH_MEMORY_PROFILE"), fmt.Sprintf("0-%d", n)); err != nil {
+		return sessionCost{}, err
+	}
 	sids, err := startConcurrently(ctx, r, n)
 	if err != nil {
 		return sessionCost{}, err
 	}
 	heap1, g1, rss1 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
-	if err := writeMemoryProfiles(os.Getenv("HCP_BENCH_MEMORY_PROFILE"), n); err != nil {
+	if err := writeMemoryProfiles(os.Getenv("HCP_BENCH_MEMORY_PROFILE"), strconv.Itoa(n)); err != nil {
 		return sessionCost{}, err
 	}
 	// The sessions' first status writes go out within the write budget
@@ -215,17 +221,17 @@ func endConcurrently(ctx context.Context, r *relayRun, sids []string) error {
 	})
 }
 
-// writeMemoryProfiles writes the heap profile to prefix-heap-n.pprof and
-// the goroutine profile (debug=1) to prefix-goroutine-n.txt; nothing when
-// prefix is empty.
-func writeMemoryProfiles(prefix string, n int) error {
+// writeMemoryProfiles writes the heap profile to prefix-heap-suffix.pprof
+// and the goroutine profile (debug=1) to prefix-goroutine-suffix.txt;
+// nothing when prefix is empty.
+func writeMemoryProfiles(prefix, suffix string) error {
 	if prefix == "" {
 		return nil
 	}
 	for _, p := range []struct {
 		name, file string
 		debug      int
-	}{{"heap", fmt.Sprintf("%s-heap-%d.pprof", prefix, n), 0}, {"goroutine", fmt.Sprintf("%s-goroutine-%d.txt", prefix, n), 1}} {
+	}{{"heap", prefix + "-heap-" + suffix + ".pprof", 0}, {"goroutine", prefix + "-goroutine-" + suffix + ".txt", 1}} {
 		f, err := os.Create(p.file)
 		if err != nil {
 			return err
