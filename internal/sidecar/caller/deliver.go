@@ -172,7 +172,7 @@ func (w *stream) deliverEvents() bool {
 		return false
 	case poisoned:
 		w.deadLetter(w.ready[0])
-		w.ready = w.ready[1:]
+		w.ready = dropFront(w.ready, 1)
 		return true
 	}
 	batch := w.ready[:n]
@@ -183,6 +183,12 @@ func (w *stream) deliverEvents() bool {
 	}
 	// The app has them: the next events may go at once.
 	w.commitEvents(batch)
+	// Their slots let go of them (commitEvents keeps what it needs), so
+	// that a waiting session does not hold its delivered messages.
+	clear(batch)
+	if len(w.ready) == 0 {
+		w.ready = nil
+	}
 	return true
 }
 
@@ -216,7 +222,7 @@ func (w *stream) deliverBarrier(b *barrier) bool {
 		return false
 	}
 	it := b.item
-	w.barriers = w.barriers[1:]
+	w.barriers = dropFront(w.barriers, 1)
 	w.commitBarrier(b)
 	w.s.settle(it, true)
 	if isTerminal(b.kind) {
@@ -230,4 +236,16 @@ func (w *stream) deliverBarrier(b *barrier) bool {
 		}
 	}
 	return true
+}
+
+// dropFront removes the first n elements of q, clearing their slots, so
+// that the backing array keeps no delivered message alive (its body,
+// headers and decoded payload) while the session waits for more; an
+// emptied queue lets its array go.
+func dropFront[T any](q []T, n int) []T {
+	if n >= len(q) {
+		return nil
+	}
+	clear(q[:n])
+	return q[n:]
 }

@@ -168,6 +168,8 @@ func (t *Tracker[T]) Commit(seq int64) error {
 		}
 		return fmt.Errorf("commit %d of session %s: %w", seq, t.sessionID, ErrNotInFlight)
 	}
+	// The slot lets go of the item: the array would keep it alive.
+	t.inflight[0] = Entry[T]{}
 	t.inflight = t.inflight[1:]
 	t.committed = seq
 	if t.store != nil {
