@@ -345,7 +345,6 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 		lock:           make(chan struct{}, 1),
 		machine:        m,
 		events:         events,
-		confirmQ:       make(chan *pending, confirmQueueSize),
 		confirmDone:    make(chan struct{}),
 	}
 	ss.confirmedUnder() // restored right after its claim

@@ -206,7 +206,7 @@ func (ss *sess) leaveLocked() {
 	}
 	ss.gauge(ss.machine.State(), -1)
 	ss.endedAt.Store(ss.sc.clk.Now().UnixNano())
-	close(ss.confirmQ)
+	ss.closeConfirms()
 	ss.endTrace(string(ss.machine.State()), "left_replica", false)
 	ss.sc.forgetLater(ss)
 }

@@ -128,7 +128,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	}
 	ss.terminal.Store(true)
 	ss.endedAt.Store(now.UnixNano())
-	close(ss.confirmQ)
+	ss.closeConfirms()
 	ss.endTrace(string(o.final), o.reason, o.final != session.StateCompleted)
 	ss.log.Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
 	ss.recordEnd(o, now)

@@ -61,7 +61,9 @@ func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.Messa
 		conf = failedConfirmation{err}
 	}
 	p := &pending{index: index, rk: rk, pub: pub, kind: t, seq: seq, conf: conf, done: make(chan struct{})}
-	ss.confirmQ <- p
+	if ss.confirms.push(p) {
+		go ss.confirmLoop()
+	}
 	ss.sc.countOut(string(t))
 	return p, nil
 }
@@ -202,43 +204,72 @@ func resultSummary(tc *task.TaskCompleted) *v1alpha1.SessionResult {
 
 // confirmLoop awaits the confirms of the session's publishes in order,
 // republishing a message whose confirm was lost with the connection (same
-// message_id and sequence: the caller deduplicates) and retrying nacks.
+// message_id and sequence: the caller deduplicates) and retrying nacks. It
+// runs while the session's confirm queue has something (confirmQueue):
+// one run at a time, started by a publish or by the queue's close.
 //
 // Confirmed positions go to the write-ahead log now and then (a lagging
 // mark only means more republishing after a restart, which the caller
 // deduplicates); once the session ended or moved and everything was
-// confirmed, the log forgets it.
+// confirmed, the log forgets it (finishConfirms).
 func (ss *sess) confirmLoop() {
+	for {
+		p, left, over, ok := ss.confirms.pop()
+		if !ok {
+			if over {
+				ss.finishConfirms()
+			}
+			return
+		}
+		ss.confirmOne(p, left)
+	}
+}
+
+// confirmOne awaits p's confirm; left is how many publishes are queued
+// behind it. A failure stops the session's confirmed mark for good
+// (confirmFailed).
+func (ss *sess) confirmOne(p *pending, left int) {
+	p.err = ss.awaitConfirm(p)
+	if p.err != nil {
+		ss.confirmFailed = true
+		ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
+		if errors.Is(p.err, transport.ErrConnectionLost) && !errors.Is(p.err, errOwnershipLost) && !ss.ended() && ss.sc.life.Err() == nil {
+			// Given up after republishLimit lost connections (an
+			// unroutable event is the harness's 502, not this): the
+			// stream has a hole it cannot fill, so end the session
+			// (its terminal record is replayed if this fails too).
+			go ss.terminate(codePublishFailed, fmt.Sprintf("event %d could not be delivered to the caller: %v", p.seq, p.err), true)
+		}
+	} else if !ss.confirmFailed && p.seq > ss.confirmed.Load() {
+		// In order: everything queued before p was confirmed too.
+		ss.confirmed.Store(p.seq)
+	}
+	if !ss.confirmFailed && (left == 0 || p.index%64 == 0) {
+		if err := ss.sc.wal.Confirm(ss.id, p.index); err != nil {
+			ss.log.Error(err, "Failed to record a confirm in the write-ahead log")
+		}
+	}
+	close(p.done)
+}
+
+// finishConfirms runs once the session's confirm queue is closed and
+// empty: the log forgets the session (unless a confirm failed: the next
+// owner republishes from it), and confirmDone is closed.
+func (ss *sess) finishConfirms() {
 	defer ss.sc.sessionsWG.Done()
 	defer close(ss.confirmDone)
-	var failed bool
-	for p := range ss.confirmQ {
-		p.err = ss.awaitConfirm(p)
-		if p.err != nil {
-			failed = true
-			ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
-			if errors.Is(p.err, transport.ErrConnectionLost) && !errors.Is(p.err, errOwnershipLost) && !ss.ended() && ss.sc.life.Err() == nil {
-				// Given up after republishLimit lost connections (an
-				// unroutable event is the harness's 502, not this): the
-				// stream has a hole it cannot fill, so end the session
-				// (its terminal record is replayed if this fails too).
-				go ss.terminate(codePublishFailed, fmt.Sprintf("event %d could not be delivered to the caller: %v", p.seq, p.err), true)
-			}
-		} else if !failed && p.seq > ss.confirmed.Load() {
-			// In order: everything queued before p was confirmed too.
-			ss.confirmed.Store(p.seq)
-		}
-		if !failed && (len(ss.confirmQ) == 0 || p.index%64 == 0) {
-			if err := ss.sc.wal.Confirm(ss.id, p.index); err != nil {
-				ss.log.Error(err, "Failed to record a confirm in the write-ahead log")
-			}
-		}
-		close(p.done)
-	}
-	if !failed {
+	if !ss.confirmFailed {
 		if err := ss.sc.wal.Close(ss.id); err != nil {
 			ss.log.Error(err, "Failed to close the session in the write-ahead log")
 		}
+	}
+}
+
+// closeConfirms ends the session's publishes: the confirm loop finishes
+// what is queued, then the session (finishConfirms).
+func (ss *sess) closeConfirms() {
+	if ss.confirms.close() {
+		go ss.confirmLoop()
 	}
 }
 

@@ -34,8 +34,8 @@ const (
 
 // confirmQueueSize bounds the publishes of one session waiting for their
 // confirm; beyond it publishing waits. The transport's window bounds the
-// confirms in flight to as many, so a longer queue would only cost every
-// live session its memory (8 bytes a slot, allocated with the session).
+// confirms in flight to as many, so a longer queue would only hold more
+// (confirmQueue allocates the slots in use only).
 const confirmQueueSize = transport.DefaultWindow
 
 // pending is one published message waiting for its confirm.
@@ -53,7 +53,7 @@ type pending struct {
 // sess is one session this replica runs. Sequencing and publishing happen
 // under lock, so the sequence order is the publish order on the one
 // publisher channel; confirms are awaited in order by the session's
-// confirmer goroutine, so publishing never waits for the previous confirm.
+// confirm loop, so publishing never waits for the previous confirm.
 type sess struct {
 	sc         *Sidecar
 	id         string
@@ -85,7 +85,10 @@ type sess struct {
 	abortSent      bool
 	timeout        clock.Timer
 	abortTimer     clock.Timer
-	confirmQ       chan *pending
+	// confirms are the publishes waiting for their confirm; confirmFailed
+	// is set once one failed (confirm loop only).
+	confirms      confirmQueue
+	confirmFailed bool
 	// confirmed is the highest sequence up to which every event of the
 	// session has been confirmed by the broker (or, after a takeover, is
 	// beyond recovery); each event carries it (envelope.HeaderConfirmedThrough)
@@ -143,7 +146,6 @@ func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok s
 		abortTimeout: abortTimeout,
 		lock:         make(chan struct{}, 1),
 		machine:      session.New(claims.IssuedAt),
-		confirmQ:     make(chan *pending, confirmQueueSize),
 		confirmDone:  make(chan struct{}),
 		task:         body,
 	}
@@ -159,8 +161,10 @@ func (s *Sidecar) register(ss *sess) {
 	s.mu.Lock()
 	s.sessions[ss.id] = ss
 	s.mu.Unlock()
-	s.sessionsWG.Add(1)
-	go ss.confirmLoop()
+	s.sessionsWG.Add(1) // done by finishConfirms
+	if ss.confirms.own() {
+		go ss.confirmLoop()
+	}
 }
 
 // unregister drops a session that never started.
@@ -168,7 +172,7 @@ func (s *Sidecar) unregister(ss *sess) {
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
 	s.mu.Unlock()
-	close(ss.confirmQ)
+	ss.closeConfirms()
 	ss.endTrace("", "not_started", false)
 }
 

@@ -35,25 +35,15 @@ func BenchmarkPublishEvents(b *testing.B) {
 			}
 			defer func() { _ = log.Release() }()
 			s := &Sidecar{pub: nopPublisher{}, m: metrics.New(prometheus.NewRegistry()), username: "callee.lab@/hcp",
-				wal: log, st: status.New(status.Options{}), clk: clock.RealClock{}, life: context.Background()}
+				wal: log, st: status.New(status.Options{}), clk: clock.RealClock{}, life: context.Background(), sessions: map[string]*sess{}}
 			const sid = "4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10"
 			m, err := session.New(time.Now()).Apply(session.StateRunning, "started", time.Now())
 			if err != nil {
 				b.Fatal(err)
 			}
-			ss := &sess{sc: s, id: sid, callerID: "alpha", confirmQ: make(chan *pending, 256), lock: make(chan struct{}, 1),
-				machine: m, seq: session.NewSequencer(0)}
-			done := make(chan struct{})
-			go func() { // the confirm loop, every 64th confirm recorded
-				for p := range ss.confirmQ {
-					if p.index%64 == 0 {
-						if err := log.Confirm(sid, p.index); err != nil {
-							b.Error(err)
-						}
-					}
-				}
-				close(done)
-			}()
+			ss := &sess{sc: s, id: sid, callerID: "alpha", lock: make(chan struct{}, 1),
+				machine: m, seq: session.NewSequencer(0), confirmDone: make(chan struct{})}
+			s.register(ss) // its confirm loop records every 64th confirm, and the last
 			evs := make([]harnessEvent, n)
 			for i := range evs {
 				evs[i] = harnessEvent{EventType: session.EventProgress, Data: json.RawMessage(`{"stage":"heating","percent":40,"message":"` + fmt.Sprint(i) + `"}`)}
@@ -69,8 +59,8 @@ func BenchmarkPublishEvents(b *testing.B) {
 			}
 			b.StopTimer()
 			cpu := benchutil.SampleCPU().Self - cpu0
-			close(ss.confirmQ)
-			<-done
+			ss.closeConfirms()
+			<-ss.confirmDone
 			b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N*n), "cpu-µs/event")
 			b.ReportMetric(float64(log.MessageWrites())/float64(b.N*n), "writes/event")
 		})
