@@ -455,6 +455,7 @@ func (b *bed) cachedClient(byObject map[client.Object]cache.ByObject, watched ..
 	c, err := cache.New(b.env.Config, cache.Options{
 		Scheme:            b.env.Scheme,
 		DefaultNamespaces: map[string]cache.Config{b.ns: {}},
+		DefaultTransform:  cache.TransformStripManagedFields(), // as internal/sidecar/runner
 		ByObject:          byObject,
 	})
 	must(tb, err)

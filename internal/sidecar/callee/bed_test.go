@@ -328,6 +328,7 @@ func (b *bed) startReplica(pod string) *replica {
 	objCache, err := cache.New(b.env.Config, cache.Options{
 		Scheme:            b.env.Scheme,
 		DefaultNamespaces: map[string]cache.Config{b.ns: {}},
+		DefaultTransform:  cache.TransformStripManagedFields(), // as internal/sidecar/runner
 		ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.HCPSession{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelCalleeID: calleeID})},
 		},

@@ -26,7 +26,9 @@ const cacheSyncTimeout = 2 * time.Minute
 // kube is the sidecar's view of the API server: a cache scoped to the
 // namespace and to the objects this mode reads, a client reading through
 // it, an uncached reader for reads that must not be stale, and the Event
-// recorder.
+// recorder. The cache drops the objects' managed fields, as the manager's
+// does: the sidecar never reads them, its writes are patches, and they are
+// about a third of a cached HCPSession (one per live session).
 type kube struct {
 	cache      cache.Cache
 	watched    []client.Object
@@ -53,6 +55,7 @@ func newKube(cfg *config.Config) (*kube, error) {
 		Scheme:            scheme,
 		DefaultNamespaces: map[string]cache.Config{cfg.Namespace: {}},
 		ByObject:          byObject,
+		DefaultTransform:  cache.TransformStripManagedFields(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the object cache: %w", err)
