@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 )
 
@@ -43,14 +40,7 @@ func TestRetriedEventIsFenced(t *testing.T) {
 
 	// Another replica took the session over; the resumed replica renews
 	// its Lease and re-reads the session.
-	var hs v1alpha1.HCPSession
-	if err := f.c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: "s1"}, &hs); err != nil {
-		t.Fatal(err)
-	}
-	hs.Status.OwnerEpoch, hs.Status.PodName = 2, "pod-b"
-	if err := f.c.Status().Update(ctx, &hs); err != nil {
-		t.Fatal(err)
-	}
+	f.takenOver(t)
 	if err := f.k.Acquire(ctx); err != nil {
 		t.Fatal(err)
 	}

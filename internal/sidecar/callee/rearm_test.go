@@ -71,6 +71,20 @@ func newFenceFixture(t *testing.T) *fenceFixture {
 	return f
 }
 
+// takenOver records a claim of the session by another replica (epoch 2,
+// pod-b), as its takeover writes it.
+func (f *fenceFixture) takenOver(t *testing.T) {
+	t.Helper()
+	var hs v1alpha1.HCPSession
+	if err := f.c.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: "s1"}, &hs); err != nil {
+		t.Fatal(err)
+	}
+	hs.Status.OwnerEpoch, hs.Status.PodName = 2, "pod-b"
+	if err := f.c.Status().Update(t.Context(), &hs); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // After a lapse (a partition, a pause), renewing the Lease does not reopen
 // the fence for a session: only re-reading its HCPSession does. A session
 // another replica claimed meanwhile is then found lost, and its harness is
@@ -85,15 +99,7 @@ func TestFenceStaysClosedAfterTheLeaseComesBack(t *testing.T) {
 	if err := f.s.fence(f.ss); !errors.Is(err, errFenced) {
 		t.Fatalf("fence after a lapse: %v", err)
 	}
-	// Meanwhile another replica took the session over.
-	var hs v1alpha1.HCPSession
-	if err := f.c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: "s1"}, &hs); err != nil {
-		t.Fatal(err)
-	}
-	hs.Status.OwnerEpoch, hs.Status.PodName = 2, "pod-b"
-	if err := f.c.Status().Update(ctx, &hs); err != nil {
-		t.Fatal(err)
-	}
+	f.takenOver(t) // meanwhile
 	// The partition heals: the Lease is renewed before the watch tells.
 	if err := f.k.Acquire(ctx); err != nil || !f.k.Valid() {
 		t.Fatalf("renew: %v", err)
