@@ -12,7 +12,6 @@ import (
 
 	"github.com/hcp-io/hcp-operator/internal/sidecar/checkpoint"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
-	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/task"
@@ -81,65 +80,6 @@ func (s *Sidecar) lookup(w http.ResponseWriter, r *http.Request) *sess {
 }
 
 func writeAPIError(w http.ResponseWriter, e *apiError) { server.WriteError(w, e.status, e.body) }
-
-// respond waits for the confirms of ps (unless the harness asked for an
-// asynchronous answer) and answers with body.
-//
-// By default the call returns once every message it caused is confirmed by
-// the broker, so a 200 means the events are durable in the caller's queue.
-// That costs a broker round trip per call; a harness that posts
-// sequentially is then limited to one call per round trip. It can post
-// batches (one round trip for many events), post concurrently (order across
-// concurrent calls is the order they reach the sidecar), or send
-// "Prefer: respond-async" to get 202 as soon as the events are sequenced
-// and written to the channel (delivery failures are then only logged and
-// counted).
-func respond(w http.ResponseWriter, r *http.Request, ps []*pending, body map[string]any) {
-	if slices.Contains(r.Header.Values("Prefer"), "respond-async") {
-		server.WriteJSON(w, http.StatusAccepted, body)
-		return
-	}
-	if err := waitAll(r.Context(), ps); err != nil {
-		writeAPIError(w, publishError(err))
-		return
-	}
-	server.WriteJSON(w, http.StatusOK, body)
-}
-
-// respondOwned is respond for a call that lets the harness go on with its
-// task (events, checkpoint, pause, resume): the fence is asked again when
-// the answer is written, since the call may have waited (for its confirms,
-// or in a paused process) past a lapse of the Lease or a takeover. The
-// messages are published either way; a 503 makes the harness retry, and
-// the retry is answered by the idempotency key once ownership is
-// confirmed, or 409 ownership_lost.
-func respondOwned(w http.ResponseWriter, r *http.Request, ss *sess, ps []*pending, body map[string]any) {
-	if !slices.Contains(r.Header.Values("Prefer"), "respond-async") {
-		if err := waitAll(r.Context(), ps); err != nil {
-			writeAPIError(w, publishError(err))
-			return
-		}
-	}
-	if err := ss.sc.fence(ss); err != nil {
-		writeAPIError(w, fencedError(err))
-		return
-	}
-	respond(w, r, nil, body)
-}
-
-// publishError maps a publish outcome to an API error.
-func publishError(err error) *apiError {
-	switch {
-	case errors.Is(err, errFenced), errors.Is(err, errOwnershipLost):
-		return fencedError(err)
-	case errors.Is(err, transport.ErrUnroutable):
-		return &apiError{http.StatusBadGateway, &server.Error{Code: server.CodeUnroutable, Message: "the broker could not route the event: the caller's event queue does not exist (" + err.Error() + ")"}}
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return &apiError{http.StatusGatewayTimeout, &server.Error{Code: server.CodeTimeout, Message: "gave up waiting for the broker's confirm; the outcome is unknown: " + err.Error()}}
-	default:
-		return &apiError{http.StatusServiceUnavailable, &server.Error{Code: server.CodeUnavailable, Message: "the broker did not confirm the event: " + err.Error()}}
-	}
-}
 
 // apiEvents: POST /hcp/v1/sessions/{id}/events with one event object or an
 // array of them (published with consecutive sequence numbers).
