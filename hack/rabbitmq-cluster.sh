@@ -181,6 +181,9 @@ restart() {
 
 down() {
   for n in "${nodes[@]}"; do heal "$n" 2>/dev/null || true; done
+  # Already down: the nodes' state (their cookie) is gone, and asking them
+  # would only leave an Erlang crash dump in the working directory.
+  if [ ! -d "$dir" ]; then log "down"; return 0; fi
   for n in "${nodes[@]}"; do
     if running "$n"; then ctl "$n" -q stop >/dev/null 2>&1 || true; fi
     local p
