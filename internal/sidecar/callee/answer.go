@@ -24,37 +24,33 @@ import (
 // "Prefer: respond-async" to get 202 as soon as the events are sequenced
 // and written to the channel (delivery failures are then only logged and
 // counted).
-func respond(w http.ResponseWriter, r *http.Request, ps []*pending, body map[string]any) {
-	if slices.Contains(r.Header.Values("Prefer"), "respond-async") {
-		server.WriteJSON(w, http.StatusAccepted, body)
-		return
-	}
-	if err := waitAll(r.Context(), ps); err != nil {
-		writeAPIError(w, publishError(err))
-		return
-	}
-	server.WriteJSON(w, http.StatusOK, body)
-}
-
-// respondOwned is respond for a call that lets the harness go on with its
-// task (events, checkpoint, pause, resume): the fence is asked again when
-// the answer is written, since the call may have waited (for its confirms,
-// or in a paused process) past a lapse of the Lease or a takeover. The
-// messages are published either way; a 503 makes the harness retry, and
-// the retry is answered by the idempotency key once ownership is
-// confirmed, or 409 ownership_lost.
-func respondOwned(w http.ResponseWriter, r *http.Request, ss *sess, ps []*pending, body map[string]any) {
-	if !slices.Contains(r.Header.Values("Prefer"), "respond-async") {
+//
+// owner is the session of a call that lets the harness go on with its task
+// (events, checkpoint, pause, resume; nil for an outcome recorded): the
+// fence is asked again when the answer is written, since the call may have
+// waited (for its confirms, or in a paused process) past a lapse of the
+// Lease or a takeover. The messages are published either way; a 503 makes
+// the harness retry, and the retry is answered by the idempotency key once
+// ownership is confirmed, or 409 ownership_lost.
+func respond(w http.ResponseWriter, r *http.Request, owner *sess, ps []*pending, body map[string]any) {
+	async := slices.Contains(r.Header.Values("Prefer"), "respond-async")
+	if !async {
 		if err := waitAll(r.Context(), ps); err != nil {
 			writeAPIError(w, publishError(err))
 			return
 		}
 	}
-	if err := ss.sc.fence(ss); err != nil {
-		writeAPIError(w, fencedError(err))
+	if owner != nil {
+		if err := owner.sc.fence(owner); err != nil {
+			writeAPIError(w, fencedError(err))
+			return
+		}
+	}
+	if async {
+		server.WriteJSON(w, http.StatusAccepted, body)
 		return
 	}
-	respond(w, r, nil, body)
+	server.WriteJSON(w, http.StatusOK, body)
 }
 
 // publishError maps a publish outcome to an API error.

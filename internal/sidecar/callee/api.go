@@ -118,9 +118,9 @@ func (s *Sidecar) apiEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if batch {
-		respondOwned(w, r, ss, ps, map[string]any{"sequences": seqs})
+		respond(w, r, ss, ps, map[string]any{"sequences": seqs})
 	} else {
-		respondOwned(w, r, ss, ps, map[string]any{"sequence": seqs[0]})
+		respond(w, r, ss, ps, map[string]any{"sequence": seqs[0]})
 	}
 }
 
@@ -240,19 +240,18 @@ func (s *Sidecar) apiReason(op func(*sess, context.Context, string) ([]*pending,
 
 // answerState answers with the session's state; a session still running
 // (pause, resume) is answered only while this replica owns it
-// (respondOwned), an outcome recorded (complete, aborted) in any case.
+// (respond's owner), an outcome recorded (complete, aborted) in any case.
 func (s *Sidecar) answerState(w http.ResponseWriter, r *http.Request, ss *sess, ps []*pending) {
 	body := map[string]any{}
-	in, e := ss.info(r.Context())
-	if e == nil {
+	owner := ss
+	if in, e := ss.info(r.Context()); e == nil {
 		body["state"] = in.State
 		body["last_sequence"] = in.LastSequence
+		if in.State.IsTerminal() {
+			owner = nil
+		}
 	}
-	if e == nil && in.State.IsTerminal() {
-		respond(w, r, ps, body)
-		return
-	}
-	respondOwned(w, r, ss, ps, body)
+	respond(w, r, owner, ps, body)
 }
 
 // apiCheckpoint: checkpoint_created data (created_at defaults to now) and
@@ -296,7 +295,7 @@ func (s *Sidecar) apiCheckpoint(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, e)
 		return
 	}
-	respondOwned(w, r, ss, ps, map[string]any{"sequence": ps[0].seq})
+	respond(w, r, ss, ps, map[string]any{"sequence": ps[0].seq})
 }
 
 // apiComplete: a task_completed payload (summary filled in when omitted).

@@ -301,7 +301,7 @@ func (st *eventStream) confirm(ctx context.Context, cancel context.CancelFunc, w
 		}
 		st.give(ch.tokens)
 		// An ack lets the harness go on: only an owner gives one
-		// (respondOwned).
+		// (respond).
 		if err := st.ss.sc.fence(st.ss); err != nil {
 			return fail(err)
 		}

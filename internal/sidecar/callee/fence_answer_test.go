@@ -59,7 +59,7 @@ func TestAnswerAfterTheLapseIsFenced(t *testing.T) {
 	f := newFenceFixture(t)
 	r := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/hcp/v1/sessions/s1/events", nil)
 	w := httptest.NewRecorder()
-	respondOwned(w, r, f.ss, nil, map[string]any{"sequence": 7})
+	respond(w, r, f.ss, nil, map[string]any{"sequence": 7})
 	if w.Code != http.StatusOK {
 		t.Fatalf("answer while the owner is confirmed: %d %s", w.Code, w.Body)
 	}
@@ -67,7 +67,7 @@ func TestAnswerAfterTheLapseIsFenced(t *testing.T) {
 	for _, prefer := range []string{"", "respond-async"} {
 		r.Header.Set("Prefer", prefer)
 		w = httptest.NewRecorder()
-		respondOwned(w, r, f.ss, nil, map[string]any{"sequence": 7})
+		respond(w, r, f.ss, nil, map[string]any{"sequence": 7})
 		if w.Code != http.StatusServiceUnavailable {
 			t.Fatalf("answer (Prefer %q) after the Lease lapsed: %d %s, want 503", prefer, w.Code, w.Body)
 		}
