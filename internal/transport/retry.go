@@ -34,6 +34,11 @@ type Retry struct {
 	After func(time.Duration) <-chan time.Time
 	// OnRetry, when set, is told of each failed attempt before the next.
 	OnRetry func(attempt int, err error)
+	// Resent, when set, is called right after each republish of msg has
+	// been sent, before its confirm is awaited: a caller that keeps its
+	// own publishes in order sends those queued behind msg again there,
+	// so that they follow it instead of going ahead of it.
+	Resent func()
 }
 
 // Publish publishes msg and retries it until it is confirmed.
@@ -62,6 +67,9 @@ func (r Retry) Confirm(ctx context.Context, p Publisher, exchange, key string, m
 		var err error
 		if conf == nil {
 			conf, err = p.PublishAsync(ctx, exchange, key, msg)
+			if err == nil && attempt > 0 && r.Resent != nil {
+				r.Resent()
+			}
 		}
 		if err == nil {
 			err = conf.Wait(ctx)

@@ -76,3 +76,42 @@ func TestConfirmStallReopensChannel(t *testing.T) {
 		t.Fatalf("queue holds %d messages, want before and during", got)
 	}
 }
+
+// A channel whose publishes are all nacked at once (here a queue that
+// rejects every publish; in production a node whose quorum queue client
+// still places the leader on a lost node, which RabbitMQ 3.10.8 kept
+// doing for the 36 s that node was gone) makes no progress either: once
+// publishes were retried for ConfirmStall with none acked, the channel is
+// reopened, and after a second such channel the publisher leaves the node.
+// Before, a nack counted as progress and the sidecars stayed on that node
+// until the lost one came back (the relay's node-loss test, under load).
+func TestNacksOnlyReopenChannel(t *testing.T) {
+	const stall = time.Second
+	e := newEnv(t)
+	e.declare("hcp.events", amqp.ExchangeDirect, "full", "k", amqp.Table{"x-queue-type": "quorum", "x-max-length": 0, "x-overflow": "reject-publish"})
+	m := newMetrics()
+	c := e.dial("nacks", m, func(o *transport.Options) { o.ConfirmStall = stall })
+	pub, err := transport.NewPublisher(c, transport.PublisherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Retried as the sidecars retry a nack, until the publisher has left
+	// the node (a reconnection) or 15 s.
+	nacks := 0
+	for m.reconnectCount("amqp") == 0 && ctx.Err() == nil {
+		err := pub.Publish(ctx, "hcp.events", "k", persistent("refused", "{}"))
+		if errors.Is(err, transport.ErrNacked) {
+			nacks++
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if m.reconnectCount("amqp") == 0 {
+		t.Fatalf("%d publishes nacked over 15 s and the publisher stayed on its channel and node; want the node left after two channels of %s with nothing acked", nacks, stall)
+	}
+	t.Logf("left the node after %d nacked publishes", nacks)
+}

@@ -83,6 +83,13 @@ func (q *confirmQueue) close() bool {
 	return q.startLocked()
 }
 
+// queued returns the publishes queued now, oldest first (a copy).
+func (q *confirmQueue) queued() []*pending {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]*pending(nil), q.items...)
+}
+
 // pop takes the oldest publish and says how many are queued behind it. On
 // an empty queue ok is false and the worker must exit: over says the queue
 // is closed too, and the worker finishes the session first.
