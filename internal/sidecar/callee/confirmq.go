@@ -22,6 +22,8 @@ type confirmQueue struct {
 	// then do publishes and the close start workers.
 	owned   bool
 	running bool // a worker runs, or is being started
+	// cur is the publish the worker awaits now (popped last), if any.
+	cur *pending
 }
 
 // own hands the queue to its registered session. It reports whether the
@@ -83,6 +85,22 @@ func (q *confirmQueue) close() bool {
 	return q.startLocked()
 }
 
+// find returns the publish of event seq if the worker awaits it or it is
+// queued, else nil.
+func (q *confirmQueue) find(seq int64) *pending {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.cur != nil && q.cur.seq == seq {
+		return q.cur
+	}
+	for _, p := range q.items {
+		if p.seq == seq {
+			return p
+		}
+	}
+	return nil
+}
+
 // queued returns the publishes queued now, oldest first (a copy).
 func (q *confirmQueue) queued() []*pending {
 	q.mu.Lock()
@@ -96,6 +114,7 @@ func (q *confirmQueue) queued() []*pending {
 func (q *confirmQueue) pop() (p *pending, left int, over, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.cur = nil
 	if len(q.items) == 0 {
 		if cap(q.items) > keptSlots {
 			q.items = nil
@@ -108,6 +127,7 @@ func (q *confirmQueue) pop() (p *pending, left int, over, ok bool) {
 	p = q.items[0]
 	q.items[0] = nil
 	q.items = q.items[1:]
+	q.cur = p
 	if q.space != nil {
 		close(q.space)
 		q.space = nil

@@ -2,7 +2,10 @@ package callee
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -17,6 +20,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/sidecar/wal"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
@@ -130,5 +134,57 @@ func TestNackedPublishesAreResentInOrder(t *testing.T) {
 	}
 	if n := len(pub.published()); n != 10 {
 		t.Errorf("%d publishes; want 10 (each event twice)", n)
+	}
+}
+
+// A harness's retry of an event whose first call still waits for its
+// confirm (that call timed out, or its answer was lost) is answered once
+// the confirm comes, as the first call would have been. Before, the key
+// table answered it 200 at once, and a 200 (the synchronous default) says
+// that the broker has the event.
+func TestRetryOfAnUnconfirmedEventWaitsForItsConfirm(t *testing.T) {
+	f := newFenceFixture(t)
+	ctx := t.Context()
+	log, _, err := wal.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := &heldPublisher{}
+	f.s.pub, f.s.wal, f.s.m, f.s.username = pub, log, metrics.New(prometheus.NewRegistry()), "callee.lab@/hcp"
+	m, err := session.Restore(session.StateRunning, f.clk.Now(), f.clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The envelope wants a UUID; the fixture's HCPSession is not read here.
+	f.ss.machine, f.ss.seq, f.ss.callerID, f.ss.id = m, session.NewSequencer(0), "alpha", "4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10"
+	f.ss.confirms.own()
+	ev := []harnessEvent{{EventType: session.EventProgress, IdempotencyKey: "step-3", Data: json.RawMessage(`{"stage":"s"}`)}}
+	if _, _, e := f.ss.publishEvents(ctx, ev); e != nil {
+		t.Fatal(e)
+	}
+	ps, seqs, e := f.ss.publishEvents(ctx, ev) // the retry
+	if e != nil || len(seqs) != 1 || seqs[0] != 1 {
+		t.Fatalf("the retry: sequences %v, error %+v; want sequence 1", seqs, e)
+	}
+	w := httptest.NewRecorder()
+	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/hcp/v1/sessions/s1/events", nil)
+	answered := make(chan struct{})
+	go func() { respond(w, r, f.ss, ps, map[string]any{"sequence": seqs[0]}); close(answered) }()
+	select {
+	case <-answered:
+		t.Fatalf("the retry was answered %d before its event was confirmed", w.Code)
+	case <-time.After(300 * time.Millisecond):
+	}
+	pub.resolve(0, 1, nil)
+	select {
+	case <-answered:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the retry was not answered after its event was confirmed")
+	}
+	if w.Code != http.StatusOK {
+		t.Errorf("the retry was answered %d %s; want 200", w.Code, w.Body)
+	}
+	if n := len(pub.published()); n != 1 {
+		t.Errorf("the event was published %d times; want once", n)
 	}
 }

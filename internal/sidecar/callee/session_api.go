@@ -84,6 +84,7 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 	var (
 		batch   []outgoing
 		batched map[string]int64 // the keys of this request
+		retried []*pending       // retries of events not confirmed yet
 		err     error
 	)
 	for _, ev := range evs {
@@ -93,7 +94,12 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 				seq, ok = batched[key]
 			}
 			if ok {
-				seqs = append(seqs, seq) // a retry: already published
+				// A retry: already published, and answered once it is
+				// confirmed, as the first call would have been.
+				seqs = append(seqs, seq)
+				if p := ss.unconfirmed(seq); p != nil {
+					retried = append(retried, p)
+				}
 				continue
 			}
 		}
@@ -122,7 +128,17 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 	if err != nil {
 		return ps, seqs, fencedError(err)
 	}
-	return ps, seqs, nil
+	// Not in ps itself: the deferred status note takes ps's last event.
+	return append(ps[:len(ps):len(ps)], retried...), seqs, nil
+}
+
+// unconfirmed returns the publish of event seq while its confirm is
+// awaited, else nil (confirmed, or given up: the session then fails).
+func (ss *sess) unconfirmed(seq int64) *pending {
+	if seq <= ss.confirmed.Load() {
+		return nil
+	}
+	return ss.confirms.find(seq)
 }
 
 // statusProgress is a progress event as the HCPSession's status shows it.
