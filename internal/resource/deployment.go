@@ -105,8 +105,8 @@ type HarnessParams struct {
 	AppMaxAttempts int32
 	// SecretsHash changes when the content of a Secret the sidecar loads
 	// only at start changes (TLSSecretsHash), so that a renewal rolls the
-	// pods. The credentials and token Secrets are not in it: the sidecar
-	// follows their files (internal/sidecar/secretfile).
+	// pods. The credentials Secret (a callee's token keys included) is not
+	// in it: the sidecar follows its files (internal/sidecar/secretfile).
 	SecretsHash string
 	// TLS is spec.broker.tls: its Secrets are mounted into the sidecar.
 	TLS *hcpv1alpha1.BrokerTLS

@@ -65,7 +65,8 @@ func CredentialsSecret(s Subject, b Broker, password string) (*corev1.Secret, er
 	return sec, nil
 }
 
-// TokenKeys are the contents of a callee's token Secret.
+// TokenKeys are a callee's session-token keys, as its credentials Secret
+// holds them (WithTokenKeys).
 type TokenKeys struct {
 	// PrivatePEM (PKCS#8) signs new tokens; PublicPEM (PKIX) is its public
 	// key; VerifyPEM the accepted public keys, current first.
