@@ -68,6 +68,7 @@ func newCore(c client.Client, apiReader client.Reader, s *runtime.Scheme, rec ev
 		epochs:    &epochs{},
 		memo:      newStatusMemo(),
 		pace:      newStatusPace(o.FirstStatusWait),
+		created:   newCreateMemo(),
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -234,13 +235,17 @@ func TestCalleeLifecycle(t *testing.T) {
 
 	// The /scale subresource (kubectl scale, HPA, KEDA) drives the same
 	// field, and reports the pods' selector.
+	// As kubectl scale does: read, set, write, again on a conflict (the
+	// manager may write the Callee's status in between).
 	scale := &autoscalingv1.Scale{}
-	if err := k8sClient.SubResource("scale").Get(t.Context(), callee, scale); err != nil {
-		t.Fatalf("GET callees/scale: %v", err)
-	}
-	scale.Spec.Replicas = 2
-	if err := k8sClient.SubResource("scale").Update(t.Context(), callee, client.WithSubResourceBody(scale)); err != nil {
-		t.Fatalf("PUT callees/scale: %v", err)
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8sClient.SubResource("scale").Get(t.Context(), callee, scale); err != nil {
+			return err
+		}
+		scale.Spec.Replicas = 2
+		return k8sClient.SubResource("scale").Update(t.Context(), callee, client.WithSubResourceBody(scale))
+	}); err != nil {
+		t.Fatalf("GET, PUT callees/scale: %v", err)
 	}
 	eventually(t, "/scale reaches the Deployment and reports its selector", func(ctx context.Context) error {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
