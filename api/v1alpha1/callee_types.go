@@ -115,9 +115,9 @@ type CommandQueueSpec struct {
 
 	// deliveryLimit is x-delivery-limit: a command returned to the queue
 	// this many times is taken out of it by the broker, into the Callee's
-	// dead-letter queue hcp.dlq.cmd.{calleeID} (every command queue
-	// dead-letters through the vhost's exchange hcp.dlx, as does a command
-	// the sidecar rejects without requeue). The sidecar answers first: a
+	// dead-letter queue hcp.dlq.cmd.{calleeID} (where the command queue
+	// dead-letters, as does a command the sidecar rejects without
+	// requeue). The sidecar answers first: a
 	// task_submit it could not process by then is rejected to its caller
 	// (reason internal).
 	// +optional

@@ -113,7 +113,13 @@ const (
 	// signing key: each new value rotates once (use a timestamp). The
 	// retired key keeps verifying tokens of running sessions.
 	AnnotationRotateTokenKey = "hcp.io/rotate-token-key"
-	// AnnotationTokenKeyRotation on the token Secret is the value of
-	// AnnotationRotateTokenKey last carried out.
+	// AnnotationTokenKeyRotation on the Secret with a Callee's token keys
+	// (its credentials Secret) is the value of AnnotationRotateTokenKey last
+	// carried out.
 	AnnotationTokenKeyRotation = "hcp.io/token-key-rotation"
+	// AnnotationTokenKeysMovedTo on the token Secret of an earlier version
+	// (hcp-callee-N-token) names the Secret its keys moved to; the operator
+	// empties it once no pod mounts it, and garbage collection deletes it
+	// with the Callee.
+	AnnotationTokenKeysMovedTo = "hcp.io/token-keys-moved-to"
 )

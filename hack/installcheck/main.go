@@ -87,10 +87,13 @@ func children(namespace string) ([]client.Object, error) {
 		if err != nil {
 			return nil, err
 		}
+		if v.s.Role == topology.RoleCallee {
+			resource.WithTokenKeys(creds, resource.TokenKeys{PrivatePEM: []byte("dry-run"), PublicPEM: []byte("dry-run"), VerifyPEM: []byte("dry-run")})
+		}
 		objs = append(objs, creds, resource.ServiceAccount(v.s), resource.Role(v.s), resource.RoleBinding(v.s),
 			resource.Binding(v.s, v.b), resource.User(v.s, v.b), resource.Permission(v.s, v.b))
 		if v.s.Role == topology.RoleCallee {
-			objs = append(objs, resource.TokenSecret(v.s, resource.TokenKeys{PrivatePEM: []byte("dry-run"), PublicPEM: []byte("dry-run"), VerifyPEM: []byte("dry-run")}), resource.CalleeQueue(callee, v.b))
+			objs = append(objs, resource.CalleeQueue(callee, v.b))
 			if p := resource.CalleeLimitsPolicy(callee, v.b); p != nil {
 				objs = append(objs, p)
 			}

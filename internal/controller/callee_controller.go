@@ -39,8 +39,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// CalleeReconciler declares a Callee's topology, credentials, token key and
-// harness, and reports their state.
+// CalleeReconciler declares a Callee's topology, credentials and token keys
+// (one Secret), and harness, and reports their state.
 type CalleeReconciler struct {
 	client.Client
 	// APIReader reads around the cache (Secrets the cache does not hold).
@@ -68,6 +68,7 @@ func newCore(c client.Client, apiReader client.Reader, s *runtime.Scheme, rec ev
 		epochs:    &epochs{},
 		memo:      newStatusMemo(),
 		pace:      newStatusPace(o.FirstStatusWait),
+		created:   newCreateMemo(),
 	}
 }
 
@@ -112,11 +113,8 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	}
 	// The credentials Secret first: the topology operator's webhook refuses
 	// a User whose import Secret does not exist yet.
+	// It holds the token keys too (resource.WithTokenKeys).
 	creds, err := r.core.ensureCredentials(ctx, v, b)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	tok, err := r.core.ensureTokenKey(ctx, v)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -157,8 +155,9 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 		Image:     r.Options.SidecarImage,
 		Tracing:   r.Options.SidecarTracing,
 		Prefetch:  prefetch,
-		// No hash of the credentials and token Secrets: the sidecar reads
-		// them as files and follows a rotation without a restart.
+		// No hash of the credentials Secret (token keys included): the
+		// sidecar reads it as files and follows a rotation without a
+		// restart.
 	})
 	if err != nil {
 		return ctrl.Result{}, err
@@ -168,6 +167,9 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 		// absence) is unknown then.
 		r.setSidecarUpdatePending(v, h.sidecarHeld, load)
 	}
+	if err := r.core.retireLegacyTokenSecret(ctx, v, creds, h.dep); err != nil {
+		return ctrl.Result{}, err
+	}
 	if err := r.setDeletionCosts(ctx, v, load.perPod); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -175,7 +177,7 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	st.CommandQueue = v.sub.QueueName()
 	st.Username = v.sub.Username(b.Vhost)
 	st.CredentialsSecret = creds.Name
-	st.TokenPublicKey = string(tok.Data[resource.TokenPublicKeyKey])
+	st.TokenPublicKey = string(creds.Data[resource.TokenPublicKeyKey])
 	if h.dep != nil {
 		st.Replicas, st.ReadyReplicas = h.dep.Status.Replicas, h.dep.Status.ReadyReplicas
 		st.Selector = podSelector(h.dep)

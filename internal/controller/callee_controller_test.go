@@ -21,6 +21,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -38,20 +39,27 @@ func TestCalleeLifecycle(t *testing.T) {
 		c.Spec.CommandQueue.DeliveryLimit = new(int32(5))
 	})
 	create(t, callee)
-	base, credsName, tokenName := childNames("callee", "lab-cvd")
+	base, credsName, legacyToken := childNames("callee", "lab-cvd")
 
 	// Everything appears, owned by the Callee.
 	topo := topologyChildren(ns, base)
 	harness := harnessChildren(ns, base)
 	creds := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: credsName}}
-	tok := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tokenName}}
+	// The token keys are in the credentials Secret.
+	tok := creds
 	declarePrerequisites(t, ns, base)
-	children := append(append(slices.Clone(topo), harness...), creds, tok)
+	children := append(append(slices.Clone(topo), harness...), creds)
 	checks := make([]func(context.Context) error, 0, len(children))
 	for _, o := range children {
 		checks = append(checks, exists(o, callee))
 	}
 	eventually(t, "every child exists with the Callee as controller", all(checks...))
+	for _, o := range []client.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: legacyToken}},
+		&topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base + "-dlq"}}} {
+		if err := gone(o)(t.Context()); err != nil {
+			t.Errorf("a child of an earlier version was created: %v", err)
+		}
+	}
 
 	eventually(t, "the Callee holds its id", func(ctx context.Context) error {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(callee), callee); err != nil {
@@ -67,7 +75,8 @@ func TestCalleeLifecycle(t *testing.T) {
 	// Topology objects as DESIGN section 3 says.
 	q := topo[0].(*topologyv1beta1.Queue)
 	vhost := testVhost(ns)
-	if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Vhost != vhost || q.Spec.Arguments != nil {
+	if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Vhost != vhost ||
+		!reflect.DeepEqual(queueArgs(q), resource.DeadLetterArguments("hcp.cmd.lab-cvd")) {
 		t.Errorf("queue %+v args %v", q.Spec, queueArgs(q))
 	}
 	if !managedBy(q, resource.FieldManager) {
@@ -149,10 +158,10 @@ func TestCalleeLifecycle(t *testing.T) {
 	eventually(t, "TopologyReady waits for the Policy", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending,
 		"Policy "+base+": not yet declared by the messaging-topology-operator"))
 	setTopologyStatus(t, pol, true, "")
-	// 13: the Queue, Binding, User, Permission and Policy, the dead-letter
-	// Queue and Binding, and the shared hcp.commands, hcp.events, hcp.dlx and
-	// the default event, command and dead-letter policies.
-	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "13 topology objects ready"))
+	// 12: the Queue, Binding, User, Permission and Policy, the dead-letter
+	// Queue, and the shared hcp.commands, hcp.events, hcp.dlx and the
+	// default event, command and dead-letter policies.
+	eventually(t, "TopologyReady from the children", calleeCondition(callee, hcpv1alpha1.ConditionTopologyReady, metav1.ConditionTrue, hcpv1alpha1.ReasonReconciled, "12 topology objects ready"))
 	setDeploymentAvailable(t, dep, 1)
 	eventually(t, "Ready once the Deployment is available", all(
 		calleeCondition(callee, hcpv1alpha1.ConditionHarnessReady, metav1.ConditionTrue, hcpv1alpha1.ReasonDeploymentAvailable, "1/1 replicas ready"),
@@ -198,8 +207,8 @@ func TestCalleeLifecycle(t *testing.T) {
 	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(q), q); err != nil {
 		t.Fatal(err)
 	}
-	if q.Generation != queueGeneration || q.Spec.Arguments != nil {
-		t.Errorf("a limit change updated the Queue: generation %d -> %d, arguments %v", queueGeneration, q.Generation, q.Spec.Arguments)
+	if q.Generation != queueGeneration || !reflect.DeepEqual(queueArgs(q), resource.DeadLetterArguments("hcp.cmd.lab-cvd")) {
+		t.Errorf("a limit change updated the Queue: generation %d -> %d, arguments %v", queueGeneration, q.Generation, queueArgs(q))
 	}
 	setTopologyStatus(t, pol, true, "")
 	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(dep), dep); err != nil {
@@ -226,13 +235,17 @@ func TestCalleeLifecycle(t *testing.T) {
 
 	// The /scale subresource (kubectl scale, HPA, KEDA) drives the same
 	// field, and reports the pods' selector.
+	// As kubectl scale does: read, set, write, again on a conflict (the
+	// manager may write the Callee's status in between).
 	scale := &autoscalingv1.Scale{}
-	if err := k8sClient.SubResource("scale").Get(t.Context(), callee, scale); err != nil {
-		t.Fatalf("GET callees/scale: %v", err)
-	}
-	scale.Spec.Replicas = 2
-	if err := k8sClient.SubResource("scale").Update(t.Context(), callee, client.WithSubResourceBody(scale)); err != nil {
-		t.Fatalf("PUT callees/scale: %v", err)
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8sClient.SubResource("scale").Get(t.Context(), callee, scale); err != nil {
+			return err
+		}
+		scale.Spec.Replicas = 2
+		return k8sClient.SubResource("scale").Update(t.Context(), callee, client.WithSubResourceBody(scale))
+	}); err != nil {
+		t.Fatalf("GET, PUT callees/scale: %v", err)
 	}
 	eventually(t, "/scale reaches the Deployment and reports its selector", func(ctx context.Context) error {
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
@@ -685,9 +698,9 @@ func TestIDConflict(t *testing.T) {
 	eventually(t, "the same id in another vhost is fine", calleeCondition(elsewhere, hcpv1alpha1.ConditionReady,
 		metav1.ConditionFalse, hcpv1alpha1.ReasonTopologyPending, ""))
 	// The loser created nothing and holds nothing.
-	base, creds, tok := childNames("callee", "spectro-copy")
+	base, creds, legacyTok := childNames("callee", "spectro-copy")
 	for _, o := range append(append(topologyChildren(ns2, base), harnessChildren(ns2, base)...),
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns2, Name: creds}}, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns2, Name: tok}}) {
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns2, Name: creds}}, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns2, Name: legacyTok}}) {
 		if err := gone(o)(t.Context()); err != nil {
 			t.Errorf("the losing Callee created something: %v", err)
 		}

@@ -44,7 +44,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 	q := topo[0].(*topologyv1beta1.Queue)
-	if want := map[string]any{"x-single-active-consumer": true}; !reflect.DeepEqual(queueArgs(q), want) {
+	if want := eventQueueArgs("hcp.evt.alpha"); !reflect.DeepEqual(queueArgs(q), want) {
 		t.Errorf("event queue arguments %v, want only %v (the limits are a policy)", queueArgs(q), want)
 	}
 	// The default limits: the vhost's shared policy, none of its own.
@@ -102,7 +102,7 @@ func TestCallerExternalThenHarness(t *testing.T) {
 	if err := k8sClient.Get(t.Context(), client.ObjectKeyFromObject(q), q); err != nil {
 		t.Fatal(err)
 	}
-	if q.Generation != queueGeneration || !reflect.DeepEqual(queueArgs(q), map[string]any{"x-single-active-consumer": true}) {
+	if q.Generation != queueGeneration || !reflect.DeepEqual(queueArgs(q), eventQueueArgs("hcp.evt.alpha")) {
 		t.Errorf("a limit change updated the Queue: generation %d -> %d, arguments %v", queueGeneration, q.Generation, queueArgs(q))
 	}
 
@@ -224,4 +224,12 @@ func TestOwnDefaultPolicyGoesAfterShared(t *testing.T) {
 	}
 	setTopologyStatus(t, shared, true, "")
 	eventually(t, "the own policy goes once the default one is Ready", gone(own))
+}
+
+// eventQueueArgs are the declaration arguments of event queue name:
+// single active consumer and its dead-letter routing.
+func eventQueueArgs(name string) map[string]any {
+	args := resource.DeadLetterArguments(name)
+	args["x-single-active-consumer"] = true
+	return args
 }

@@ -111,12 +111,19 @@ var childKinds = []childKind{
 			return b
 		},
 		createAfter: readyApplied[*topologyv1beta1.Queue]},
-	// The dead-letter queue and its binding to hcp.dlx (resource/deadletter.go).
+	// The dead-letter queue, and its binding to hcp.dlx only for a queue
+	// declared before its dead letters went straight to it
+	// (resource/deadletter.go).
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Queue{} },
 		build: func(in desiredInput) client.Object { return resource.DeadLetterQueue(in.sub, in.broker) },
 		name:  resource.DeadLetterQueueObjectName},
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.Binding{} },
-		build:       func(in desiredInput) client.Object { return resource.DeadLetterBinding(in.sub, in.broker) },
+		build: func(in desiredInput) client.Object {
+			if !resource.NeedsDeadLetterBinding(argumentsOf(in.queue.Spec.Arguments)) {
+				return nil
+			}
+			return resource.DeadLetterBinding(in.sub, in.broker)
+		},
 		name:        resource.DeadLetterQueueObjectName,
 		createAfter: readyDeadLetterQueue},
 	{group: groupTopology, empty: func() client.Object { return &topologyv1beta1.User{} },

@@ -45,6 +45,9 @@ type core struct {
 	memo *statusMemo
 	// pace holds back status writes that only refresh a wait's detail.
 	pace *statusPace
+	// created holds the children created that the cache has not shown
+	// yet (nil: none remembered).
+	created *createMemo
 }
 
 // view is the part of a Callee or Caller the shared code works on.

@@ -179,8 +179,10 @@ func gone(o client.Object) func(context.Context) error {
 	}
 }
 
-// ownedNames are the names of a subject's children.
-func childNames(role, name string) (base, creds, token string) {
+// childNames are the names of a subject's children: base, its credentials
+// Secret (with a callee's token keys) and the token Secret of an earlier
+// version (legacyToken), which the operator no longer creates.
+func childNames(role, name string) (base, creds, legacyToken string) {
 	base = "hcp-" + role + "-" + name
 	return base, base + "-credentials", base + "-token"
 }
@@ -191,9 +193,9 @@ func topologyChildren(ns, base string) []client.Object {
 		&topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
 		&topologyv1beta1.User{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
 		&topologyv1beta1.Permission{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
-		// The dead-letter queue and its binding.
+		// The dead-letter queue (no Binding: the queue routes its dead
+		// letters to it).
 		&topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base + "-dlq"}},
-		&topologyv1beta1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base + "-dlq"}},
 	}
 }
 

@@ -59,12 +59,11 @@ func TestManagerCache(t *testing.T) {
 		c.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: `{"kind":"Callee","spec":"a second copy"}`}
 	})
 	create(t, plain, conn, foreign, callee)
-	base, credsName, tokenName := childNames("callee", "lab")
+	base, credsName, _ := childNames("callee", "lab")
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
 	eventually(t, "the Callee's children exist", all(
 		exists(dep, callee),
 		exists(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: credsName}}, callee),
-		exists(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tokenName}}, callee),
 	))
 
 	names := func(l client.ObjectList) []string {
@@ -84,7 +83,7 @@ func TestManagerCache(t *testing.T) {
 		if err := cache.List(ctx, &deps, client.InNamespace(ns)); err != nil {
 			return err
 		}
-		if got, want := names(&secrets), []string{"conn", credsName, tokenName}; !slices.Equal(got, want) {
+		if got, want := names(&secrets), []string{"conn", credsName}; !slices.Equal(got, want) {
 			return fmt.Errorf("cached Secrets %v, want %v", got, want)
 		}
 		if got, want := names(&deps), []string{base}; !slices.Equal(got, want) {

@@ -340,6 +340,14 @@ func TestDesiredChildren(t *testing.T) {
 	if topo[1].obj.GetAnnotations()[annotationRedeclare] != "1" {
 		t.Errorf("binding annotations %v", topo[1].obj.GetAnnotations())
 	}
+	// The queue above was declared before its dead letters went straight
+	// to its dead-letter queue: it keeps its dead-letter Binding. One
+	// declared with its dead-letter routing needs none.
+	direct := resource.Queue(sub, in.broker, resource.DeadLetterArguments(sub.QueueName()))
+	if got, want := kinds(desiredChildren(groupTopology, desiredInput{sub: sub, broker: in.broker, queue: direct})),
+		[]string{"*v1beta1.Queue", "*v1beta1.Binding", "*v1beta1.Queue", "*v1beta1.Binding(delete)", "*v1beta1.User", "*v1beta1.Permission"}; !slices.Equal(got, want) {
+		t.Errorf("topology children of a queue with its dead-letter routing %v, want %v", got, want)
+	}
 
 	// No harness (an external Caller): every harness child is deleted.
 	if got, want := kinds(desiredChildren(groupHarness, in)), []string{

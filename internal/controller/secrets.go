@@ -14,6 +14,7 @@ import (
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // randomPassword is 192 random bits, URL-safe.
@@ -25,19 +26,33 @@ func randomPassword() (string, error) {
 	return base64.RawURLEncoding.EncodeToString(b), nil
 }
 
-// ensureCredentials applies the credentials Secret. The password is
-// generated once and kept; username, vhost and uri follow the spec and the
-// broker (the uri's host may change with the connection Secret).
+// ensureCredentials applies the credentials Secret, with a callee's token
+// keys (resource.WithTokenKeys). The password is generated once and kept;
+// username, vhost and uri follow the spec and the broker (the uri's host
+// may change with the connection Secret). Token keys: see nextTokenKeys.
 func (c *core) ensureCredentials(ctx context.Context, v view, b resource.Broker) (*corev1.Secret, error) {
 	name := v.sub.CredentialsSecretName()
 	existing := &corev1.Secret{}
-	password := ""
+	found := true
 	switch err := c.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); {
 	case err == nil:
-		password = string(existing.Data[resource.CredentialsPasswordKey])
 	case !apierrors.IsNotFound(err):
 		return nil, err
+	case v.sub.Role == topology.RoleCallee:
+		// Not in the cache. The cache sees only labelled Secrets: make
+		// sure the token key of an unlabelled one (labels removed by
+		// hand) is not replaced; sessions in flight carry tokens signed
+		// with it.
+		if err := c.apiReader.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return nil, err
+			}
+			found = false
+		}
+	default:
+		found = false
 	}
+	password := string(existing.Data[resource.CredentialsPasswordKey])
 	if password == "" {
 		var err error
 		if password, err = randomPassword(); err != nil {
@@ -48,44 +63,17 @@ func (c *core) ensureCredentials(ctx context.Context, v view, b resource.Broker)
 	if err != nil {
 		return nil, fmt.Errorf("credentials Secret: %w", err)
 	}
-	live, err := c.apply(ctx, v.obj, desired)
-	if err != nil {
-		return nil, err
-	}
-	return live.(*corev1.Secret), nil
-}
-
-// ensureTokenKey applies a callee's token Secret (resource.NextTokenKeys:
-// a key is generated only when there is none or the Callee asks for a
-// rotation with resource.AnnotationRotateTokenKey).
-func (c *core) ensureTokenKey(ctx context.Context, v view) (*corev1.Secret, error) {
-	name := v.sub.TokenSecretName()
-	existing := &corev1.Secret{}
-	switch err := c.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); {
-	case err == nil:
-	case !apierrors.IsNotFound(err):
-		return nil, err
-	default:
-		// Not in the cache. The cache sees only labelled Secrets: make
-		// sure an unlabelled one (labels removed by hand) is not replaced.
-		if err := c.apiReader.Get(ctx, client.ObjectKey{Namespace: v.obj.GetNamespace(), Name: name}, existing); err != nil && !apierrors.IsNotFound(err) {
-			return nil, err
+	var have, keys resource.TokenKeys
+	if v.sub.Role == topology.RoleCallee {
+		if !found {
+			existing = nil
 		}
+		if have, keys, err = c.nextTokenKeys(ctx, v, existing); err != nil {
+			return nil, fmt.Errorf("credentials Secret %s: token keys: %w", name, err)
+		}
+		resource.WithTokenKeys(desired, keys)
 	}
-	have := resource.TokenKeys{ // all empty when there is no Secret yet
-		PrivatePEM: existing.Data[resource.TokenPrivateKeyKey],
-		PublicPEM:  existing.Data[resource.TokenPublicKeyKey],
-		VerifyPEM:  existing.Data[resource.TokenVerifyKeysKey],
-		Rotation:   existing.Annotations[hcpv1alpha1.AnnotationTokenKeyRotation],
-	}
-	keys, err := resource.NextTokenKeys(have, v.obj.GetAnnotations()[hcpv1alpha1.AnnotationRotateTokenKey], func() (ed25519.PrivateKey, error) {
-		_, sk, err := token.GenerateKey()
-		return sk, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("token Secret %s: %w", name, err)
-	}
-	live, err := c.apply(ctx, v.obj, resource.TokenSecret(v.sub, keys))
+	live, err := c.apply(ctx, v.obj, desired)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +83,26 @@ func (c *core) ensureTokenKey(ctx context.Context, v view) (*corev1.Secret, erro
 			name, hcpv1alpha1.AnnotationRotateTokenKey, keys.Rotation)
 	}
 	return live.(*corev1.Secret), nil
+}
+
+// nextTokenKeys decides a callee's token keys (resource.NextTokenKeys: a
+// key is generated only when there is none or the Callee asks for a
+// rotation with hcpv1alpha1.AnnotationRotateTokenKey) from what its
+// credentials Secret creds holds (nil: none yet) or, when that holds none,
+// what the Secret of an earlier version holds (adoptLegacyTokenKeys). It
+// returns what was there and what is to be.
+func (c *core) nextTokenKeys(ctx context.Context, v view, creds *corev1.Secret) (have, next resource.TokenKeys, err error) {
+	have = resource.TokenKeysOf(creds)
+	if len(have.PrivatePEM) == 0 {
+		if have, err = c.adoptLegacyTokenKeys(ctx, v); err != nil {
+			return have, next, err
+		}
+	}
+	next, err = resource.NextTokenKeys(have, v.obj.GetAnnotations()[hcpv1alpha1.AnnotationRotateTokenKey], func() (ed25519.PrivateKey, error) {
+		_, sk, err := token.GenerateKey()
+		return sk, err
+	})
+	return have, next, err
 }
 
 // reasonTokenKeyRotated is the Event a callee's token key rotation records.

@@ -70,14 +70,28 @@ func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childK
 		return nil, err
 	}
 	live := emptyLike(desired)
-	exists := true
-	switch err := c.Get(ctx, client.ObjectKeyFromObject(desired), live); {
+	key := client.ObjectKeyFromObject(desired)
+	exists, viaAPI := true, false
+	switch err := c.Get(ctx, key, live); {
+	case apierrors.IsNotFound(err) && c.created.recent(gvk, key):
+		// Created by this manager, not yet in the cache (createMemo).
+		switch err := c.apiReader.Get(ctx, key, live); {
+		case apierrors.IsNotFound(err):
+			exists = false
+		case err != nil:
+			return nil, err
+		default:
+			viaAPI = true
+			exists = metav1.IsControlledBy(live, owner)
+		}
 	case apierrors.IsNotFound(err):
 		exists = false
 	case err != nil:
 		return nil, err
+	default:
+		c.created.seen(gvk, key)
 	}
-	if !exists {
+	if !exists && !viaAPI {
 		if kind != nil && kind.createAfter != nil && !kind.createAfter(applied) {
 			ctrl.LoggerFrom(ctx).V(1).Info("Child held back until what it needs is ready", "kind", gvk.Kind, "child", klog.KObj(desired))
 			return nil, nil
@@ -90,6 +104,7 @@ func (c *core) applyChild(ctx context.Context, owner client.Object, kind *childK
 		obj := desired.DeepCopyObject().(client.Object)
 		switch err := c.Create(ctx, obj); {
 		case err == nil:
+			c.created.created(gvk, key)
 			c.noteApplied(ctx, owner, obj, gvk.Kind, controllerutil.OperationResultCreated)
 			return obj, nil
 		case !apierrors.IsAlreadyExists(err):

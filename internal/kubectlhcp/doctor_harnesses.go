@@ -85,7 +85,7 @@ func (d *doctor) harnesses(ctx context.Context) []Check {
 		id := "Callee " + c.Namespace + "/" + c.Name
 		if p := secretOK(c.Namespace, c.Status.CredentialsSecret, keys...); p != "" {
 			problems = append(problems, id+": "+p)
-		} else if p := secretOK(c.Namespace, resource.ForCallee(c).TokenSecretName()); p != "" {
+		} else if p := secretOK(c.Namespace, c.Status.CredentialsSecret, resource.TokenPrivateKeyKey, resource.TokenVerifyKeysKey); p != "" {
 			problems = append(problems, id+": session-token key: "+p)
 		} else {
 			fine = append(fine, id)

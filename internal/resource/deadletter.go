@@ -12,21 +12,60 @@ import (
 
 // Dead letters.
 //
-// Every command and event queue dead-letters to the vhost's topic exchange
-// hcp.dlx (topology.DeadLetterExchange): what the broker drops from it (a
-// delivery limit, a message TTL, an overflow) and what a sidecar rejects
-// without requeue (the caller sidecar an event its app refused
-// spec.delivery.maxAttempts times, the callee sidecar a command it cannot
-// process) goes there with its original routing key, and from there into
-// the harness's dead-letter queue hcp.dlq.cmd.{calleeID} (bound with
-// {calleeID}) or hcp.dlq.evt.{callerID} (bound with {callerID}.*.*: event
-// keys have three words, command keys one, so a caller and a callee with
-// one id never share dead letters). The dead-letter exchange is a policy key
-// (dead-letter-exchange), so that it applies to live queues declared
-// before; the dead-letter queues have a shared policy of their own
-// (DeadLetterLimitsPolicy). RabbitMQ dead-letters quorum queue messages
-// at most once (its default strategy): a message dropped while the
+// What the broker drops from a command or event queue (a delivery limit, a
+// message TTL, an overflow) and what a sidecar rejects without requeue
+// (the caller sidecar an event its app refused spec.delivery.maxAttempts
+// times, the callee sidecar a command it cannot process) goes to the
+// harness's own dead-letter queue hcp.dlq.cmd.{calleeID} or
+// hcp.dlq.evt.{callerID}, with RabbitMQ's x-death header saying where it
+// came from (its original routing keys included).
+//
+// A queue declared by this version routes its dead letters without a
+// Binding object: it is declared with x-dead-letter-exchange "" (the
+// default exchange, which routes to the queue named by the key, with no
+// binding) and x-dead-letter-routing-key hcp.dlq.{cmd|evt}.{id}
+// (DeadLetterArguments). The declaration arguments fix that routing for
+// the queue's life, which is what we want: the dead-letter queue's name is
+// a function of the queue's own, so isolation (one harness never receives
+// another's dead letters) holds by construction, and the routing cannot be
+// lost with an exchange. RabbitMQ applies a queue's argument over a
+// policy's value of the same key, so the policies' dead-letter-exchange
+// below does not reach these queues.
+//
+// A queue declared by an earlier version (without those arguments: queue
+// arguments never change) keeps the former routing: every command and
+// event queue dead-letters, by policy, to the vhost's topic exchange
+// hcp.dlx (topology.DeadLetterExchange) with its original routing key, and
+// a Binding per harness (DeadLetterBinding, kept only for such a queue:
+// NeedsDeadLetterBinding) routes to the dead-letter queue: {calleeID}, or
+// {callerID}.*.* (event keys have three words, command keys one, so a
+// caller and a callee with one id never share dead letters). The
+// dead-letter queues have a shared policy of their own
+// (DeadLetterLimitsPolicy). RabbitMQ dead-letters quorum queue messages at
+// most once (its default strategy): a message dropped while the
 // dead-letter queue cannot take it is gone.
+
+// Dead-letter declaration arguments of a command or event queue.
+const (
+	ArgDeadLetterExchange   = "x-dead-letter-exchange"
+	ArgDeadLetterRoutingKey = "x-dead-letter-routing-key"
+)
+
+// DeadLetterArguments are the declaration arguments that route the dead
+// letters of queue (hcp.cmd.{id} or hcp.evt.{id}) to its dead-letter
+// queue through the default exchange: no Binding needed.
+func DeadLetterArguments(queue string) map[string]any {
+	return map[string]any{ArgDeadLetterExchange: "", ArgDeadLetterRoutingKey: topology.DeadLetterQueue(queue)}
+}
+
+// NeedsDeadLetterBinding reports whether a queue declared with args (as
+// declared: the live Queue's, or the desired one's for a new queue)
+// dead-letters through hcp.dlx and so needs its harness's dead-letter
+// Binding: a queue declared before DeadLetterArguments.
+func NeedsDeadLetterBinding(args map[string]any) bool {
+	_, direct := args[ArgDeadLetterRoutingKey]
+	return !direct
+}
 
 // PolicyDeadLetterExchange is the policy key of a queue's dead-letter
 // exchange.
@@ -65,7 +104,8 @@ func DeadLetterQueue(s Subject, b Broker) *topologyv1beta1.Queue {
 }
 
 // DeadLetterBinding binds the subject's dead-letter queue to hcp.dlx with
-// the keys of its own messages (see the section comment).
+// the keys of its own messages, for a queue declared before
+// DeadLetterArguments (see the section comment).
 func DeadLetterBinding(s Subject, b Broker) *topologyv1beta1.Binding {
 	key := topology.CommandDeadLetterKey(s.ID)
 	if s.Role == topology.RoleCaller {

@@ -1,16 +1,21 @@
 package resource
 
 import (
+	"encoding/json"
 	"reflect"
 	"regexp"
 	"testing"
 
+	topologyv1beta1 "github.com/rabbitmq/messaging-topology-operator/api/v1beta1"
+
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
-// Each harness has a dead-letter queue bound to the vhost's hcp.dlx with
-// the keys of its own messages only, and every queue of the vhost (command,
-// event, a Callee's own limits policy) dead-letters to hcp.dlx.
+// Each harness has a dead-letter queue. A queue declared now routes its
+// dead letters to it through the default exchange; one declared before
+// dead-letters to the vhost's hcp.dlx (every policy of the vhost: command,
+// event, a Callee's own limits policy), where a Binding with the keys of
+// its own messages only routes them to it.
 func TestDeadLetterTopology(t *testing.T) {
 	callee, caller := sampleCallee(), sampleCaller()
 	cb, rb := sampleBroker(t, callee.Spec.Broker), sampleBroker(t, caller.Spec.Broker)
@@ -32,6 +37,24 @@ func TestDeadLetterTopology(t *testing.T) {
 			bd.Name != q.Name || !metav1IsControlledBy(bd, tc.s.UID) {
 			t.Errorf("dead-letter binding %+v %+v", bd.ObjectMeta, bd.Spec)
 		}
+	}
+	// Queues declared now route their dead letters themselves, through
+	// the default exchange to their own dead-letter queue: no Binding.
+	cq, err := CallerQueue(caller, rb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q, dlq := range map[*topologyv1beta1.Queue]string{CalleeQueue(callee, cb): "hcp.dlq.cmd.lab-cvd", cq: "hcp.dlq.evt.alpha"} {
+		args := map[string]any{}
+		if err := json.Unmarshal(q.Spec.Arguments.Raw, &args); err != nil {
+			t.Fatal(err)
+		}
+		if args[ArgDeadLetterExchange] != "" || args[ArgDeadLetterRoutingKey] != dlq || NeedsDeadLetterBinding(args) {
+			t.Errorf("queue %s: arguments %v; want its dead letters routed to %s by the default exchange", q.Spec.Name, args, dlq)
+		}
+	}
+	if !NeedsDeadLetterBinding(map[string]any{}) || !NeedsDeadLetterBinding(map[string]any{ArgSingleActiveConsumer: true}) {
+		t.Error("a queue declared before DeadLetterArguments needs its dead-letter Binding")
 	}
 	x := DeadLetterExchange("hcp-system", rb, rb.Reference)
 	if x.Spec.Name != "hcp.dlx" || x.Spec.Type != "topic" || !x.Spec.Durable || x.Namespace != "hcp-system" || len(x.OwnerReferences) != 0 {

@@ -30,7 +30,8 @@ const (
 	TLSCAVolumeName     = "hcp-tls-ca"
 	TLSClientVolumeName = "hcp-tls-client"
 	// CredentialsVolumeName and TokenVolumeName hold the broker URL and the
-	// callee's token keys, as files rather than environment variables.
+	// callee's token keys, as files rather than environment variables: two
+	// volumes of the one credentials Secret, each with its own keys only.
 	CredentialsVolumeName = "hcp-credentials"
 	TokenVolumeName       = "hcp-token"
 	APIPortName           = "hcp-api"
@@ -104,8 +105,8 @@ type HarnessParams struct {
 	AppMaxAttempts int32
 	// SecretsHash changes when the content of a Secret the sidecar loads
 	// only at start changes (TLSSecretsHash), so that a renewal rolls the
-	// pods. The credentials and token Secrets are not in it: the sidecar
-	// follows their files (internal/sidecar/secretfile).
+	// pods. The credentials Secret (a callee's token keys included) is not
+	// in it: the sidecar follows its files (internal/sidecar/secretfile).
 	SecretsHash string
 	// TLS is spec.broker.tls: its Secrets are mounted into the sidecar.
 	TLS *hcpv1alpha1.BrokerTLS
@@ -409,7 +410,8 @@ func injectedVolumes(s Subject, t *hcpv1alpha1.BrokerTLS) []corev1.Volume {
 		secretVolume(CredentialsVolumeName, s.CredentialsSecretName(), CredentialsURIKey),
 	}
 	if s.Role == topology.RoleCallee {
-		vols = append(vols, secretVolume(TokenVolumeName, s.TokenSecretName(), TokenPrivateKeyKey, TokenVerifyKeysKey))
+		// The token keys of the credentials Secret (WithTokenKeys).
+		vols = append(vols, secretVolume(TokenVolumeName, s.CredentialsSecretName(), TokenPrivateKeyKey, TokenVerifyKeysKey))
 	}
 	if t == nil {
 		return vols

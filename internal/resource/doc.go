@@ -1,7 +1,7 @@
 // Package resource builds the desired state of everything the operator
 // creates for a Callee or a Caller: the messaging-topology-operator objects
 // (Vhost, the two shared Exchanges, Queue, Binding, User, Permission), the
-// broker credentials Secret, the session-token signing Secret, the harness
+// broker credentials Secret (with a callee's session-token keys), the harness
 // Deployment with the injected hcp-sidecar, and the sidecar's
 // ServiceAccount, Role and RoleBinding.
 //
@@ -12,8 +12,9 @@
 // # Names
 //
 // Children of a Callee or Caller named N are named hcp-callee-N or
-// hcp-caller-N (the credentials and token Secrets add -credentials and
-// -token), so a Callee and a Caller may share a name. Shared per-vhost
+// hcp-caller-N (the credentials Secret adds -credentials; a Callee's token
+// keys were in one of their own, -token, before they joined it), so a
+// Callee and a Caller may share a name. Shared per-vhost
 // objects are named after the vhost key (VhostKey): hcp-commands-KEY,
 // hcp-events-KEY and hcp-vhost-KEY, one set per namespace.
 //

@@ -135,8 +135,10 @@ func (s Subject) CredentialsSecretName() string {
 	return truncateName(s.BaseName(), maxNameLength-len("-credentials")) + "-credentials"
 }
 
-// TokenSecretName is the Secret with a callee's session-token signing key.
-func (s Subject) TokenSecretName() string {
+// LegacyTokenSecretName is the Secret that held a callee's session-token
+// keys before they moved into its credentials Secret (WithTokenKeys): read
+// once to adopt the keys, emptied once no pod mounts it.
+func (s Subject) LegacyTokenSecretName() string {
 	return truncateName(s.BaseName(), maxNameLength-len("-token")) + "-token"
 }
 

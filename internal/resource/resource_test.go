@@ -172,7 +172,7 @@ func TestCalleeGolden(t *testing.T) {
 	golden(t, "callee.golden.yaml",
 		Vhost(c.Namespace, b, b.Reference, DeletionPolicyRetain), cmd, evt,
 		CalleeQueue(c, b), CalleeLimitsPolicy(c, b), Binding(s, b), User(s, b), Permission(s, b),
-		creds, TokenSecret(s, TokenKeys{PrivatePEM: []byte("PRIVATE"), PublicPEM: []byte("PUBLIC"), VerifyPEM: []byte("PUBLIC"), Rotation: "2026-11-25"}),
+		WithTokenKeys(creds, TokenKeys{PrivatePEM: []byte("PRIVATE"), PublicPEM: []byte("PUBLIC"), VerifyPEM: []byte("PUBLIC"), Rotation: "2026-11-25"}),
 		ServiceAccount(s), Role(s), RoleBinding(s), dep,
 		PodDisruptionBudget(s, hcpv1alpha1.PodDisruptionBudgetSpec{MinAvailable: new(intstr.FromInt32(1))}))
 }

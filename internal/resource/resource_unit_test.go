@@ -64,8 +64,9 @@ func TestCalleeQueueLimitsArePolicy(t *testing.T) {
 			c.Spec.CommandQueue = tc.spec
 			b := sampleBroker(t, c.Spec.Broker)
 			q := CalleeQueue(c, b)
-			if q.Spec.Arguments != nil {
-				t.Errorf("queue arguments = %s, want none", q.Spec.Arguments.Raw)
+			// No limit among its arguments: its dead-letter routing only.
+			if got := args(t, q); !reflect.DeepEqual(got, map[string]any{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "hcp.dlq.cmd.lab-cvd"}) {
+				t.Errorf("queue arguments = %v, want its dead-letter routing only", got)
 			}
 			if q.Spec.Name != "hcp.cmd.lab-cvd" || q.Spec.Type != "quorum" || q.Spec.Durable == nil || !*q.Spec.Durable || q.Spec.Vhost != "/hcp" {
 				t.Errorf("queue spec = %+v", q.Spec)
@@ -135,8 +136,9 @@ func TestCallerQueueLimitsArePolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := args(t, q); !reflect.DeepEqual(got, map[string]any{"x-single-active-consumer": true}) {
-				t.Errorf("arguments = %v, want only x-single-active-consumer", got)
+			if got := args(t, q); !reflect.DeepEqual(got, map[string]any{"x-single-active-consumer": true,
+				"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "hcp.dlq.evt.alpha"}) {
+				t.Errorf("arguments = %v, want only x-single-active-consumer and the dead-letter routing", got)
 			}
 			if q.Spec.Name != "hcp.evt.alpha" {
 				t.Errorf("queue name %q", q.Spec.Name)
@@ -287,7 +289,7 @@ func TestOwnership(t *testing.T) {
 	s := ForCallee(c)
 	creds, _ := CredentialsSecret(s, b, "x")
 	owned := []metav1.Object{CalleeQueue(c, b), Binding(s, b), User(s, b), Permission(s, b), creds,
-		TokenSecret(s, TokenKeys{}), ServiceAccount(s), Role(s), RoleBinding(s),
+		ServiceAccount(s), Role(s), RoleBinding(s),
 		Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness})}
 	for _, o := range owned {
 		refs := o.GetOwnerReferences()
@@ -461,7 +463,7 @@ func TestSidecarEnvMatchesContract(t *testing.T) {
 	b := sampleBroker(t, c.Spec.Broker)
 	s := ForCallee(c)
 	creds, _ := CredentialsSecret(s, b, "pw")
-	tok := TokenSecret(s, TokenKeys{PrivatePEM: []byte("-----BEGIN PRIVATE KEY-----"), PublicPEM: []byte("pub"), VerifyPEM: []byte("pub")})
+	tok := WithTokenKeys(creds, TokenKeys{PrivatePEM: []byte("-----BEGIN PRIVATE KEY-----"), PublicPEM: []byte("pub"), VerifyPEM: []byte("pub")})
 	nodes := []string{"r1:5701", "r2:5702"}
 	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 7, Addresses: nodes})
 	var side *corev1.Container
@@ -619,7 +621,7 @@ func TestConfigHash(t *testing.T) {
 func TestNames(t *testing.T) {
 	long := strings.Repeat("a", 250)
 	s := Subject{Role: topology.RoleCallee, Name: long, Namespace: "n", ID: "x"}
-	for _, n := range []string{s.BaseName(), s.CredentialsSecretName(), s.TokenSecretName()} {
+	for _, n := range []string{s.BaseName(), s.CredentialsSecretName(), s.LegacyTokenSecretName()} {
 		if len(n) > 200 || len(validation.IsDNS1123Subdomain(n)) != 0 {
 			t.Errorf("bad name %q (%d)", n, len(n))
 		}
@@ -627,7 +629,7 @@ func TestNames(t *testing.T) {
 	if v := LabelValue(long); len(v) > 63 || len(validation.IsValidLabelValue(v)) != 0 {
 		t.Errorf("bad label value %q", v)
 	}
-	if s.CredentialsSecretName() == s.TokenSecretName() {
+	if s.CredentialsSecretName() == s.LegacyTokenSecretName() {
 		t.Error("secret names collide")
 	}
 	callee := Subject{Role: topology.RoleCallee, Name: "x"}

@@ -197,7 +197,7 @@ func TestSidecarTLSMounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := TokenSecret(s, TokenKeys{PrivatePEM: []byte("-----BEGIN PRIVATE KEY-----"), PublicPEM: []byte("pub"), VerifyPEM: []byte("pub")})
+	tok := WithTokenKeys(creds, TokenKeys{PrivatePEM: []byte("-----BEGIN PRIVATE KEY-----"), PublicPEM: []byte("pub"), VerifyPEM: []byte("pub")})
 	dep := Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Sidecar: c.Spec.Sidecar, Vhost: b.Vhost, Prefetch: 4, TLS: c.Spec.Broker.TLS})
 	ps := dep.Spec.Template.Spec
 	secrets := map[string]*corev1.Secret{ca.Name: ca, client.Name: client, creds.Name: creds, tok.Name: tok}

@@ -3,6 +3,7 @@ package resource
 import (
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
@@ -89,5 +90,46 @@ func TestNextTokenKeysUpgradesOldSecrets(t *testing.T) {
 	}
 	if _, err := NextTokenKeys(TokenKeys{PrivatePEM: []byte("garbage")}, "", gen); !errors.Is(err, token.ErrKey) {
 		t.Fatalf("an unusable key is reported, not replaced: %v", err)
+	}
+}
+
+// A callee's token keys live in its credentials Secret: TokenKeysOf reads
+// back what WithTokenKeys wrote, and the pod mounts them from that Secret
+// as a volume of their own, apart from the broker URL's.
+func TestTokenKeysInCredentialsSecret(t *testing.T) {
+	c := sampleCallee()
+	b := sampleBroker(t, c.Spec.Broker)
+	s := ForCallee(c)
+	creds, err := CredentialsSecret(s, b, "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := TokenKeys{PrivatePEM: []byte("PRIV"), PublicPEM: []byte("PUB"), VerifyPEM: []byte("SET"), Rotation: "r1"}
+	sec := WithTokenKeys(creds, keys)
+	if got := TokenKeysOf(sec); string(got.PrivatePEM) != "PRIV" || string(got.PublicPEM) != "PUB" || string(got.VerifyPEM) != "SET" || got.Rotation != "r1" {
+		t.Errorf("TokenKeysOf(WithTokenKeys) = %+v", got)
+	}
+	if string(sec.Data[CredentialsPasswordKey]) != "pw" || sec.Labels[LabelTopologyOperator] != TopologyOperatorLabelValue {
+		t.Errorf("the credentials are gone or the Secret lost its label: %v %v", sec.Labels, sec.Data)
+	}
+	if got := TokenKeysOf(nil); len(got.PrivatePEM) != 0 {
+		t.Errorf("TokenKeysOf(nil) = %+v", got)
+	}
+	items := map[string][]string{}
+	for _, v := range Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness, Vhost: b.Vhost}).Spec.Template.Spec.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		if v.Secret.SecretName != s.CredentialsSecretName() {
+			t.Errorf("volume %s mounts Secret %s", v.Name, v.Secret.SecretName)
+		}
+		for _, it := range v.Secret.Items {
+			items[v.Name] = append(items[v.Name], it.Key)
+		}
+	}
+	if got, want := fmt.Sprint(items), fmt.Sprint(map[string][]string{
+		CredentialsVolumeName: {CredentialsURIKey}, TokenVolumeName: {TokenPrivateKeyKey, TokenVerifyKeysKey},
+	}); got != want {
+		t.Errorf("Secret volumes %s, want %s", got, want)
 	}
 }

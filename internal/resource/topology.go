@@ -160,20 +160,31 @@ func Queue(s Subject, b Broker, args map[string]any) *topologyv1beta1.Queue {
 }
 
 // CalleeQueue is hcp.cmd.{calleeID}, declared without limits (see
-// CalleeLimitsPolicy).
+// CalleeLimitsPolicy) and with its dead-letter routing
+// (DeadLetterArguments).
 func CalleeQueue(c *hcpv1alpha1.Callee, b Broker) *topologyv1beta1.Queue {
-	return Queue(ForCallee(c), b, CalleeQueueDeclaration())
+	s := ForCallee(c)
+	return Queue(s, b, withDeadLetters(s, CalleeQueueDeclaration()))
 }
 
 // CallerQueue is hcp.evt.{callerID}, declared with
-// x-single-active-consumer only (see CallerLimitsPolicy). The error is the
-// limits' (an unparsable messageTTL), so that a Caller with one gets no
-// queue either.
+// x-single-active-consumer (see CallerLimitsPolicy) and its dead-letter
+// routing (DeadLetterArguments). The error is the limits' (an unparsable
+// messageTTL), so that a Caller with one gets no queue either.
 func CallerQueue(c *hcpv1alpha1.Caller, b Broker) (*topologyv1beta1.Queue, error) {
 	if _, err := CallerQueueLimits(c.Spec.EventQueue); err != nil {
 		return nil, err
 	}
-	return Queue(ForCaller(c), b, CallerQueueDeclaration()), nil
+	s := ForCaller(c)
+	return Queue(s, b, withDeadLetters(s, CallerQueueDeclaration())), nil
+}
+
+// withDeadLetters adds the subject's DeadLetterArguments to args.
+func withDeadLetters(s Subject, args map[string]any) map[string]any {
+	for k, v := range DeadLetterArguments(s.QueueName()) {
+		args[k] = v
+	}
+	return args
 }
 
 // Binding binds the subject's queue: hcp.cmd.{id} to hcp.commands with key

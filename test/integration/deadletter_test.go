@@ -14,8 +14,8 @@ import (
 // checkDeadLetters: an event the caller rejects without requeue (as its
 // sidecar does with an event its app refused maxAttempts times) and a
 // command the callee rejects (a command it cannot process) land in their
-// dead-letter queues, through hcp.dlx, with the routing keys that keep a
-// caller's and a callee's dead letters apart.
+// dead-letter queues, each routed there by its own queue's arguments (no
+// binding), with x-death naming the queue it came from.
 func checkDeadLetters(t *testing.T, broker *testbed.Broker, vhost string, actors map[string]*actor) {
 	t.Helper()
 	callee, alpha := actors["callee lab"], actors["caller alpha"]
@@ -84,6 +84,7 @@ func checkDeadLetters(t *testing.T, broker *testbed.Broker, vhost string, actors
 		t.Fatal(err)
 	}
 	defer ch.Close()
+	from := map[string]string{"hcp.dlq.evt.alpha": "hcp.evt.alpha", "hcp.dlq.cmd.lab": "hcp.cmd.lab"}
 	for queue, want := range map[string]string{"hcp.dlq.evt.alpha": event, "hcp.dlq.cmd.lab": command} {
 		testbed.Eventually(t, readyTimeout, "the dead letter in "+queue, func(context.Context) error {
 			d, ok, err := ch.Get(queue, true)
@@ -95,8 +96,12 @@ func checkDeadLetters(t *testing.T, broker *testbed.Broker, vhost string, actors
 			case d.MessageId != want:
 				return fmt.Errorf("%s: %s, not %s", queue, d.MessageId, want)
 			}
-			if _, ok := d.Headers["x-death"]; !ok {
+			deaths, _ := d.Headers["x-death"].([]any)
+			if len(deaths) == 0 {
 				return fmt.Errorf("%s: no x-death header on %s", queue, want)
+			}
+			if death, _ := deaths[0].(amqp.Table); death["queue"] != from[queue] {
+				return fmt.Errorf("%s: %s dead-lettered from %v, want %s", queue, want, death["queue"], from[queue])
 			}
 			return nil
 		})

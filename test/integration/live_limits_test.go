@@ -170,8 +170,12 @@ func TestLiveLimitsWithWebhooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(q.Arguments) != 1 || q.Arguments["x-queue-type"] != "quorum" {
-		t.Errorf("hcp.cmd.lab declared with %v, want only x-queue-type", q.Arguments)
+	// Its type and its dead-letter route (resource.DeadLetterArguments),
+	// no limit: the limits are policies, so that they can change.
+	want := map[string]any{"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "hcp.dlq.cmd.lab"}
+	if len(q.Arguments) != len(want) || q.Arguments["x-queue-type"] != want["x-queue-type"] ||
+		q.Arguments["x-dead-letter-exchange"] != want["x-dead-letter-exchange"] || q.Arguments["x-dead-letter-routing-key"] != want["x-dead-letter-routing-key"] {
+		t.Errorf("hcp.cmd.lab declared with %v, want only %v", q.Arguments, want)
 	}
 
 	// A session's commands wait in the queue.

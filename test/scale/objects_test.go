@@ -88,9 +88,10 @@ func generateKey() (ed25519.PrivateKey, error) {
 	return sk, err
 }
 
-// calleeChildren is what CalleeReconciler applies for c: credentials and
-// token Secrets, Queue, Binding, the dead-letter Queue and Binding, User,
-// Permission, the limits Policy when the spec sets limits, then
+// calleeChildren is what CalleeReconciler applies for c: the credentials
+// Secret with the token keys, Queue, Binding, the dead-letter Queue (its
+// routing is the queue's: no Binding), User, Permission, the limits Policy
+// when the spec sets limits, then
 // ServiceAccount, Role, RoleBinding and the Deployment.
 func calleeChildren(c *hcpv1alpha1.Callee, b resource.Broker, password string) ([]client.Object, error) {
 	sub := resource.ForCallee(c)
@@ -102,8 +103,8 @@ func calleeChildren(c *hcpv1alpha1.Callee, b resource.Broker, password string) (
 	if err != nil {
 		return nil, err
 	}
-	objs := []client.Object{creds, resource.TokenSecret(sub, keys),
-		resource.CalleeQueue(c, b), resource.Binding(sub, b), resource.DeadLetterQueue(sub, b), resource.DeadLetterBinding(sub, b),
+	objs := []client.Object{resource.WithTokenKeys(creds, keys),
+		resource.CalleeQueue(c, b), resource.Binding(sub, b), resource.DeadLetterQueue(sub, b),
 		resource.User(sub, b), resource.Permission(sub, b)}
 	if p := resource.CalleeLimitsPolicy(c, b); p != nil {
 		objs = append(objs, p)
@@ -126,7 +127,7 @@ func callerChildren(c *hcpv1alpha1.Caller, b resource.Broker, password string) (
 	if err != nil {
 		return nil, err
 	}
-	objs := []client.Object{creds, q, resource.Binding(sub, b), resource.DeadLetterQueue(sub, b), resource.DeadLetterBinding(sub, b),
+	objs := []client.Object{creds, q, resource.Binding(sub, b), resource.DeadLetterQueue(sub, b),
 		resource.User(sub, b), resource.Permission(sub, b)}
 	p, err := resource.CallerLimitsPolicy(c, b)
 	if err != nil {

@@ -37,7 +37,7 @@ const (
 	EnvAMQPAddresses       = "HCP_AMQP_ADDRESSES"         // optional: the broker nodes, HOST:PORT,HOST:PORT,…, tried in turn instead of the URL's host
 	EnvUsername            = "HCP_USERNAME"               // broker username (the user_id set on every publish)
 	EnvTokenKey            = "HCP_TOKEN_KEY"              // callee: PEM PKCS#8 Ed25519 private key (local runs; pods use EnvTokenKeyFile)
-	EnvTokenKeyFile        = "HCP_TOKEN_KEY_FILE"         // callee: file holding it: the mounted token Secret's private.pem, followed on rotation
+	EnvTokenKeyFile        = "HCP_TOKEN_KEY_FILE"         // callee: file holding it: private.pem of the mounted credentials Secret, followed on rotation
 	EnvTokenVerifyKeysFile = "HCP_TOKEN_VERIFY_KEYS_FILE" // callee: PEM public keys accepted on abort tokens (current and retired), followed on rotation
 	EnvHarnessURL          = "HCP_HARNESS_URL"            // callee: base URL of the harness; caller: base URL of the app
 	EnvAPIAddr             = "HCP_API_ADDR"               // listen address of the local harness API

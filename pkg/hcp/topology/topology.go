@@ -22,10 +22,13 @@ const (
 	EventQueuePrefix   = "hcp.evt."
 
 	// DeadLetterExchange (topic, durable, one per vhost) is the
-	// dead-letter exchange of every command and event queue: a message the
-	// broker drops from one (a delivery limit, a TTL, an overflow) or a
-	// sidecar rejects without requeue goes there with its original routing
-	// key, and from there to its harness's dead-letter queue.
+	// dead-letter exchange of the command and event queues declared before
+	// their dead letters went straight to their dead-letter queues through
+	// the default exchange (the operator's internal/resource/deadletter.go):
+	// a message the broker drops from one (a delivery limit, a TTL, an
+	// overflow) or a sidecar rejects without requeue goes there with its
+	// original routing key, and from there to its harness's dead-letter
+	// queue.
 	DeadLetterExchange     = "hcp.dlx"
 	DeadLetterExchangeType = "topic"
 	// DeadLetterQueuePrefix starts every dead-letter queue: hcp.dlq.cmd.{id}
