@@ -36,7 +36,7 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 	})
 
 	// Expected declaration: quorum queues, and a single active consumer
-	// on the event queue, nothing else. The limits are each queue's
+	// on the event queue, and the dead-letter route. The limits are each queue's
 	// policy (they can change on a live queue): the sample's, passed
 	// through, plus the operator's fixed choices (DESIGN section 3):
 	// reject-publish on a length-limited command queue; on the event
@@ -46,9 +46,17 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each routes its dead letters to its own dead-letter queue through
+	// the default exchange (resource.DeadLetterArguments): no Binding.
+	withDeadLetters := func(queue string, args map[string]any) map[string]any {
+		for k, v := range resource.DeadLetterArguments(queue) {
+			args[k] = v
+		}
+		return args
+	}
 	wantQueues := map[string]map[string]any{
-		topology.CommandQueue(calleeID): {"x-queue-type": "quorum"},
-		topology.EventQueue(callerID):   {"x-queue-type": "quorum", "x-single-active-consumer": true},
+		topology.CommandQueue(calleeID): withDeadLetters(topology.CommandQueue(calleeID), map[string]any{"x-queue-type": "quorum"}),
+		topology.EventQueue(callerID):   withDeadLetters(topology.EventQueue(callerID), map[string]any{"x-queue-type": "quorum", "x-single-active-consumer": true}),
 		// The dead-letter queues (resource/deadletter.go).
 		topology.DeadLetterQueue(topology.CommandQueue(calleeID)): {"x-queue-type": "quorum"},
 		topology.DeadLetterQueue(topology.EventQueue(callerID)):   {"x-queue-type": "quorum"},
@@ -132,8 +140,6 @@ func (r *samplesRun) brokerTopology(t *testing.T) {
 	lines = append(lines, bindings...)
 	if want := []string{
 		fmt.Sprintf("binding %s -> %s [%s]", topology.CommandsExchange, topology.CommandQueue(calleeID), topology.CommandRoutingKey(calleeID)),
-		fmt.Sprintf("binding %s -> %s [%s]", topology.DeadLetterExchange, topology.DeadLetterQueue(topology.CommandQueue(calleeID)), topology.CommandDeadLetterKey(calleeID)),
-		fmt.Sprintf("binding %s -> %s [%s]", topology.DeadLetterExchange, topology.DeadLetterQueue(topology.EventQueue(callerID)), topology.EventDeadLetterKey(callerID)),
 		fmt.Sprintf("binding %s -> %s [%s]", topology.EventsExchange, topology.EventQueue(callerID), topology.EventBindingKey(callerID)),
 	}; !slices.Equal(bindings, want) {
 		t.Errorf("bindings %v, want exactly %v", bindings, want)

@@ -93,7 +93,6 @@ func (r *samplesRun) deleteCallee(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := []string{
-		fmt.Sprintf("binding %s -> %s [%s]", topology.DeadLetterExchange, topology.DeadLetterQueue(topology.EventQueue(callerID)), topology.EventDeadLetterKey(callerID)),
 		fmt.Sprintf("binding %s -> %s [%s]", topology.EventsExchange, topology.EventQueue(callerID), topology.EventBindingKey(callerID)),
 	}; !slices.Equal(bindings, want) {
 		t.Errorf("bindings after deleting the Callee: %v, want %v", bindings, want)
