@@ -34,27 +34,45 @@ import (
 // HCP_CALLER_SIDECAR_HELPER_CPUPROFILE=file the sidecar process writes its
 // CPU profile there (run one sub-benchmark).
 //
+// The app takes one POST per event unless the name starts with app=batch
+// (it offers HCP-Batch-Max: 100, so the events ready together go in one
+// POST) or app=stream (it offers HCP-Stream and batches: every delivery is
+// a line of one long-lived request), the relay benchmark's app modes.
+//
 //	go test -run '^$' -bench BenchmarkCallerCPU -benchtime 5000x -count 6 ./internal/sidecar/caller
 func BenchmarkCallerCPU(b *testing.B) {
 	for _, tc := range []struct {
+		app      string
 		rate     float64
 		sessions int
-	}{{1000, 1}, {1000, 10}, {0, 1}} {
+	}{{"single", 1000, 1}, {"single", 1000, 10}, {"single", 0, 1},
+		{"batch", 1000, 1}, {"batch", 1000, 10}, {"stream", 1000, 1}, {"stream", 1000, 10}} {
 		rate := "max"
 		if tc.rate > 0 {
 			rate = fmt.Sprint(tc.rate)
 		}
-		b.Run(fmt.Sprintf("rate=%s/sessions=%d", rate, tc.sessions), func(b *testing.B) {
-			benchCallerCPU(b, tc.rate, tc.sessions)
+		name := fmt.Sprintf("rate=%s/sessions=%d", rate, tc.sessions)
+		if tc.app != "single" {
+			name = "app=" + tc.app + "/" + name
+		}
+		b.Run(name, func(b *testing.B) {
+			benchCallerCPU(b, tc.app, tc.rate, tc.sessions)
 		})
 	}
 }
 
-func benchCallerCPU(b *testing.B, rate float64, sessions int) {
+func benchCallerCPU(b *testing.B, app string, rate float64, sessions int) {
 	if b.N == 1 {
 		return
 	}
 	bd := newBed(b, "lab")
+	switch app {
+	case "batch":
+		bd.app.OfferBatches(100)
+	case "stream":
+		bd.app.OfferBatches(100)
+		bd.app.OfferStream()
+	}
 	var env []string
 	if path := os.Getenv(profileEnv); path != "" {
 		env = append(env, profileEnv+"="+path)
