@@ -281,6 +281,13 @@ func (s *Store) Sessions() []SessionRecord {
 // UpdateTask applies fn to the task (a zero record with MessageID id when
 // absent, created only if fn returns true) and writes it durably.
 func (s *Store) UpdateTask(id string, fn func(*TaskRecord) bool) (TaskRecord, error) {
+	next, t := s.RecordTask(id, fn)
+	return next, t.Wait()
+}
+
+// RecordTask is UpdateTask without the wait, as RecordSession is for
+// sessions: visible at once, durable once the ticket is done.
+func (s *Store) RecordTask(id string, fn func(*TaskRecord) bool) (TaskRecord, *Ticket) {
 	s.mu.Lock()
 	cur, ok := s.tasks[id]
 	next := TaskRecord{MessageID: id}
@@ -289,16 +296,16 @@ func (s *Store) UpdateTask(id string, fn func(*TaskRecord) bool) (TaskRecord, er
 	}
 	if !fn(&next) {
 		s.mu.Unlock()
-		return next, nil
+		return next, doneTicket(nil)
 	}
 	next.MessageID = id
 	rec := next
 	s.putTask(&rec)
 	// Encode under mu: lines reach the journal in the order of the
 	// in-memory changes, so the last line of a record is its latest state.
-	done := s.enqueue(journalLine{Task: &rec})
+	t := s.enqueue(journalLine{Task: &rec})
 	s.mu.Unlock()
-	return next, wait(done)
+	return next, t
 }
 
 // UpdateSession is UpdateTask for sessions.

@@ -152,9 +152,18 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 		span.AddEvent("already submitted")
 		return submitResult{rec: old, existing: true}, nil
 	}
-	// Recorded before publishing, as if published: a crash after the publish
-	// still leaves a record to match the answer to and to republish from.
-	rec, err := s.store.UpdateTask(env.MessageID, func(t *TaskRecord) bool {
+	if err := s.store.err(); err != nil { // the journal failed earlier: publish nothing
+		s.submitMu.Unlock()
+		span.Fail(err.Error())
+		return submitResult{}, &apiError{status: 503, code: "state_unavailable", msg: err.Error()}
+	}
+	// Recorded as if published, and published while the record's group
+	// commit is under way: the app is answered once both are done. A crash
+	// in between leaves the app unanswered, as a crash after a publish
+	// always could; its retry with the same message_id is deduplicated by
+	// the callee, and an answer to a submit without a record is delivered
+	// all the same (as one to a submit of an earlier pod).
+	rec, stored := s.store.RecordTask(env.MessageID, func(t *TaskRecord) bool {
 		*t = TaskRecord{
 			MessageID:     env.MessageID,
 			CalleeID:      p.CalleeID,
@@ -172,11 +181,13 @@ func (s *Sidecar) submit(ctx context.Context, req SubmitRequest) (submitResult, 
 		return true
 	})
 	s.submitMu.Unlock()
-	if err != nil {
-		span.Fail(err.Error())
-		return submitResult{}, &apiError{status: 503, code: "state_unavailable", msg: err.Error()}
-	}
+	stored.Hurry()
 	perr := s.publishSubmit(ctx, rec)
+	if err := stored.Wait(); err != nil {
+		span.Fail(err.Error())
+		return submitResult{}, &apiError{status: 503, code: "state_unavailable",
+			msg: "the task could not be recorded (" + err.Error() + "); it may have been sent: retry with the same message_id"}
+	}
 	if perr != nil {
 		span.Fail(perr.Error())
 	}
