@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -205,16 +206,17 @@ func (s *Sidecar) batchLimit() int {
 	return max(int(s.appBatchMax.Load()), 1)
 }
 
-// noteBatchOffer records what the app's answer to a POST on path says of
-// batches (HeaderBatchMax), unless Options.AppMaxBatch fixes the size.
-func (s *Sidecar) noteBatchOffer(path string, resp *http.Response) {
+// noteBatchOffer records what the app's answer (status code, headers) to
+// a POST on path says of batches (HeaderBatchMax), unless
+// Options.AppMaxBatch fixes the size.
+func (s *Sidecar) noteBatchOffer(path string, code int, header http.Header) {
 	if s.o.AppMaxBatch > 1 {
 		return
 	}
 	offer := int32(0)
-	switch code := resp.StatusCode; {
+	switch {
 	case code >= 200 && code <= 299:
-		v := resp.Header.Get(HeaderBatchMax)
+		v := header.Get(HeaderBatchMax)
 		if v == "" { // most answers: no parse, no error to allocate
 			break
 		}
@@ -236,7 +238,7 @@ func (s *Sidecar) noteBatchOffer(path string, resp *http.Response) {
 		if offer > 1 {
 			s.log.Info("The app takes batches of events; delivering them together", "maxBatch", offer, "header", HeaderBatchMax)
 		} else {
-			s.log.Info("The app no longer offers batches; delivering one event per request", "status", resp.StatusCode)
+			s.log.Info("The app no longer offers batches; delivering one event per request", "status", code)
 		}
 	}
 }
@@ -287,33 +289,51 @@ func appHeaders(sessionID, msgType, idempotencyKey, seq string, trace tracing.Co
 // been processed by the app without the sidecar knowing, which is exactly
 // the duplicate a graceful shutdown must not cause.
 func (s *Sidecar) post(path string, h http.Header, body []byte, n int) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), s.o.AppTimeout)
-	defer cancel()
-	url := strings.TrimSuffix(s.cfg.HarnessURL, "/") + path
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
+	var resp appResponse
+	var err error
+	if s.appConns != nil {
+		resp, err = s.appConns.post(path, h, body, s.o.AppTimeout)
+	} else {
+		resp, err = s.postHTTP(path, h, body)
 	}
-	req.Header = h
-	resp, err := s.http.Do(req)
 	if err != nil {
 		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
-		if ctx.Err() != nil {
+		if errors.Is(err, errAppTimeout) {
 			// The app took the request and did not answer in time: a
 			// message that hangs it counts as refused.
 			return refusal{err}
 		}
 		return err
 	}
+	s.noteBatchOffer(path, resp.code, resp.header)
+	if resp.code < 200 || resp.code > 299 {
+		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
+		return refusal{fmt.Errorf("app answered %s: %s", resp.status, bytes.TrimSpace(resp.msg))}
+	}
+	s.noteStreamOffer(resp.header)
+	s.m.AppDeliveries.WithLabelValues("ok").Add(float64(n))
+	return nil
+}
+
+// postHTTP is post through Options.HTTPClient (see appConns for when).
+func (s *Sidecar) postHTTP(path string, h http.Header, body []byte) (appResponse, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx()), s.o.AppTimeout)
+	defer cancel()
+	url := strings.TrimSuffix(s.cfg.HarnessURL, "/") + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return appResponse{}, err
+	}
+	req.Header = h
+	resp, err := s.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return appResponse{}, fmt.Errorf("%w: %w", errAppTimeout, err)
+		}
+		return appResponse{}, err
+	}
 	defer func() { _ = resp.Body.Close() }()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
-	s.noteBatchOffer(path, resp)
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		s.m.AppDeliveries.WithLabelValues("error").Add(float64(n))
-		return refusal{fmt.Errorf("app answered %s: %s", resp.Status, bytes.TrimSpace(msg))}
-	}
-	s.noteStreamOffer(resp)
-	s.m.AppDeliveries.WithLabelValues("ok").Add(float64(n))
-	return nil
+	return appResponse{status: resp.Status, code: resp.StatusCode, header: resp.Header, msg: msg}, nil
 }

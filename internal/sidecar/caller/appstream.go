@@ -92,8 +92,8 @@ func (s *Sidecar) streamOn() bool { return s.o.AppStream || s.appStreams.offered
 // noteStreamOffer records an offer on a 2xx answer to a request. Only the
 // stream endpoint withdraws one: while the stream is on, no request is
 // answered.
-func (s *Sidecar) noteStreamOffer(resp *http.Response) {
-	if s.o.AppStream || resp.Header.Get(HeaderStream) != "1" || s.appStreams.offered.Load() {
+func (s *Sidecar) noteStreamOffer(header http.Header) {
+	if s.o.AppStream || header.Get(HeaderStream) != "1" || s.appStreams.offered.Load() {
 		return
 	}
 	if at := s.appStreams.refusedAt.Load(); at != 0 && s.clk.Since(time.Unix(0, at)) < batchRefusalHold {
@@ -192,7 +192,7 @@ func (s *Sidecar) openStream() (*appStream, error) {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fail(refusal{fmt.Errorf("app answered %s on %s: %s", resp.Status, StreamPath, bytes.TrimSpace(msg))})
 	}
-	s.noteBatchOffer(StreamPath, resp)
+	s.noteBatchOffer(StreamPath, resp.StatusCode, resp.Header)
 	st := &appStream{s: s, pw: pw, cancel: cancel, done: make(chan struct{})}
 	go st.read(resp.Body)
 	s.log.Info("Opened a stream to the app", "path", StreamPath)

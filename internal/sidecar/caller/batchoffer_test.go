@@ -51,7 +51,7 @@ func TestNoteBatchOffer(t *testing.T) {
 	s := &Sidecar{m: metrics.New(prometheus.NewRegistry()), clk: clk}
 	for _, st := range steps {
 		clk.Step(st.after)
-		s.noteBatchOffer(st.path, st.resp)
+		s.noteBatchOffer(st.path, st.resp.StatusCode, st.resp.Header)
 		if got := s.batchLimit(); got != st.want {
 			t.Errorf("%s: batch limit %d, want %d", st.what, got, st.want)
 		}
@@ -61,7 +61,7 @@ func TestNoteBatchOffer(t *testing.T) {
 	}
 
 	fixed := &Sidecar{o: Options{AppMaxBatch: 30}, m: metrics.New(prometheus.NewRegistry())}
-	fixed.noteBatchOffer(EventsPath, answer(204, "5"))
+	fixed.noteBatchOffer(EventsPath, 204, answer(204, "5").Header)
 	if got := fixed.batchLimit(); got != 30 {
 		t.Errorf("with AppMaxBatch 30 and an offer of 5: batch limit %d, want 30 (the option wins)", got)
 	}

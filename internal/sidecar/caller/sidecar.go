@@ -19,12 +19,15 @@ import (
 
 // Sidecar is the caller-mode sidecar.
 type Sidecar struct {
-	cfg      *config.Config
-	o        Options
-	log      logr.Logger
-	m        *metrics.Metrics
-	clk      clock.WithTickerAndDelayedExecution
-	http     *http.Client
+	cfg  *config.Config
+	o    Options
+	log  logr.Logger
+	m    *metrics.Metrics
+	clk  clock.WithTickerAndDelayedExecution
+	http *http.Client
+	// appConns, if not nil, carries the POSTs to the app instead of http
+	// (see appConns).
+	appConns *appConns
 	store    *Store
 	ownStore bool
 	queue    string
@@ -132,6 +135,9 @@ func New(opts Options) (*Sidecar, error) {
 		writers:   map[string]StatusWriter{},
 		runCtx:    context.Background(),
 		stopCh:    make(chan struct{}),
+	}
+	if opts.HTTPClient == nil {
+		s.appConns = newAppConns(c.HarnessURL)
 	}
 	s.m.AppBatchMax.Set(float64(s.batchLimit()))
 	if s.store == nil {

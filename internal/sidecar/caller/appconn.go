@@ -1,0 +1,252 @@
+package caller
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// appConns POSTs to the app over plain HTTP/1.1 keep-alive connections of
+// its own, on the calling goroutine: the request is written and its answer
+// read by the session worker itself. net/http's client hands every request
+// to two goroutines of the connection (one writes, one reads) and back, and
+// arms a timer and a context per request; at a steady stream of single
+// events those hand-offs and wake-ups were a good part of the sidecar's CPU
+// per event. It is used only for what it can do exactly as the default
+// client would: an http:// app URL without user info or query, no proxy
+// from the environment, and the default client (Options.HTTPClient unset).
+// Responses are parsed by net/http (http.ReadResponse).
+type appConns struct {
+	addr   string // host:port to dial
+	host   string // the Host header
+	prefix string // the URL's path, without a trailing slash
+	dialer net.Dialer
+
+	mu   sync.Mutex
+	idle []*appConn
+}
+
+// maxIdleAppConns bounds the idle connections kept: one per concurrently
+// delivering session, as the default client's MaxIdleConnsPerHost.
+const maxIdleAppConns = 64
+
+// appConn is one connection to the app.
+type appConn struct {
+	nc  net.Conn
+	cr  countingReader
+	br  *bufio.Reader
+	buf []byte
+}
+
+// countingReader counts what was read from the connection since the last
+// request was written: an answer that never began on a reused connection
+// (the app closed it while idle) may be retried on a new one.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// newAppConns returns the direct client for the app at rawURL, or nil when
+// the request must go through net/http (see appConns).
+func newAppConns(rawURL string) *appConns {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Opaque != "" || u.Host == "" {
+		return nil
+	}
+	if p, err := http.ProxyFromEnvironment(&http.Request{URL: u}); err != nil || p != nil {
+		return nil
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "80")
+	}
+	return &appConns{addr: addr, host: u.Host, prefix: strings.TrimSuffix(u.EscapedPath(), "/"),
+		dialer: net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}}
+}
+
+// appResponse is what post reads of an answer.
+type appResponse struct {
+	status string
+	code   int
+	header http.Header
+	msg    []byte // the first 512 bytes of the body
+}
+
+// errAppTimeout: no answer within the deadline (a refusal, as for a
+// request whose context timed out).
+var errAppTimeout = errors.New("the app did not answer in time")
+
+// post sends body to path with headers h and reads the answer, within
+// timeout. A connection the app had closed while idle is replaced once,
+// as net/http retries a request with an Idempotency-Key.
+func (a *appConns) post(path string, h http.Header, body []byte, timeout time.Duration) (appResponse, error) {
+	deadline := time.Now().Add(timeout)
+	for attempt := 0; ; attempt++ {
+		c, reused, err := a.get(deadline)
+		if err != nil {
+			return appResponse{}, timeoutOr(err)
+		}
+		resp, err := c.roundTrip(a, path, h, body, deadline)
+		if err == nil {
+			return resp, nil
+		}
+		_ = c.nc.Close()
+		if reused && attempt == 0 && c.cr.n == 0 && !isTimeout(err) {
+			continue
+		}
+		return appResponse{}, timeoutOr(err)
+	}
+}
+
+// get returns an idle connection or dials one.
+func (a *appConns) get(deadline time.Time) (*appConn, bool, error) {
+	a.mu.Lock()
+	if n := len(a.idle); n > 0 {
+		c := a.idle[n-1]
+		a.idle[n-1] = nil
+		a.idle = a.idle[:n-1]
+		a.mu.Unlock()
+		return c, true, nil
+	}
+	a.mu.Unlock()
+	d := a.dialer
+	d.Deadline = deadline
+	nc, err := d.Dial("tcp", a.addr)
+	if err != nil {
+		return nil, false, err
+	}
+	c := &appConn{nc: nc}
+	c.cr.r = nc
+	c.br = bufio.NewReaderSize(&c.cr, 4096)
+	return c, false, nil
+}
+
+// put keeps c for the next request, or closes it.
+func (a *appConns) put(c *appConn) {
+	_ = c.nc.SetDeadline(time.Time{})
+	a.mu.Lock()
+	if len(a.idle) < maxIdleAppConns {
+		a.idle = append(a.idle, c)
+		a.mu.Unlock()
+		return
+	}
+	a.mu.Unlock()
+	_ = c.nc.Close()
+}
+
+// roundTrip writes one request and reads its answer; on success c is back
+// in the pool (or closed, if the answer says so).
+func (c *appConn) roundTrip(a *appConns, path string, h http.Header, body []byte, deadline time.Time) (appResponse, error) {
+	c.cr.n = 0
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return appResponse{}, err
+	}
+	buf, err := appendRequest(c.buf[:0], a.host, a.prefix+path, h, len(body))
+	if err != nil {
+		return appResponse{}, err
+	}
+	buf = append(buf, body...)
+	if cap(buf) <= 64<<10 {
+		c.buf = buf
+	}
+	if _, err := c.nc.Write(buf); err != nil {
+		return appResponse{}, err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode <= 199 && resp.StatusCode != http.StatusSwitchingProtocols {
+		// An interim answer (103 Early Hints, say): the answer follows,
+		// as net/http's client skips them.
+		resp, err = http.ReadResponse(c.br, nil)
+	}
+	if err != nil {
+		return appResponse{}, err
+	}
+	out := appResponse{status: resp.Status, code: resp.StatusCode, header: resp.Header}
+	out.msg, err = io.ReadAll(io.LimitReader(resp.Body, 512))
+	if err == nil {
+		// The rest, up to 64 KiB, is read so that the connection can be
+		// used again; an answer longer than that closes it.
+		var n int64
+		n, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10+1))
+		if err == nil && n > 64<<10 {
+			resp.Close = true
+		}
+	}
+	if err != nil {
+		// The status line and headers arrived: the app answered. A body
+		// cut short only costs the connection.
+		_ = c.nc.Close()
+		return out, nil
+	}
+	if resp.Close || resp.ProtoMajor != 1 || resp.ProtoMinor < 1 {
+		_ = c.nc.Close()
+		return out, nil
+	}
+	a.put(c)
+	return out, nil
+}
+
+// appendRequest appends a POST's request line and headers to b, with
+// Content-Length n, as net/http writes them; header values with a line
+// break or another control character are refused, as net/http refuses
+// them.
+func appendRequest(b []byte, host, target string, h http.Header, n int) ([]byte, error) {
+	b = append(b, "POST "...)
+	b = append(b, target...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(n), 10)
+	b = append(b, "\r\n"...)
+	for k, vs := range h {
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				return b, fmt.Errorf("net/http: invalid header field value for %q", k)
+			}
+			b = append(b, k...)
+			b = append(b, ": "...)
+			b = append(b, strings.TrimSpace(v)...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	return append(b, "\r\n"...), nil
+}
+
+// validHeaderValue is httpguts.ValidHeaderFieldValue: no control
+// characters but horizontal tab.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// timeoutOr turns a timeout into errAppTimeout (wrapping it).
+func timeoutOr(err error) error {
+	if isTimeout(err) {
+		return fmt.Errorf("%w: %w", errAppTimeout, err)
+	}
+	return err
+}
