@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 )
 
 // appConns POSTs to the app over plain HTTP/1.1 keep-alive connections of
@@ -249,4 +251,73 @@ func timeoutOr(err error) error {
 		return fmt.Errorf("%w: %w", errAppTimeout, err)
 	}
 	return err
+}
+
+// streamConn is the body of a stream opened by appConns.openStream: each
+// Write is one chunk, written at once on the connection by the caller (no
+// pipe, no goroutine of a transport in between).
+type streamConn struct {
+	nc  net.Conn
+	buf []byte
+}
+
+// Write sends p as one chunk of the request body.
+func (c *streamConn) Write(p []byte) (int, error) {
+	c.buf = strconv.AppendInt(c.buf[:0], int64(len(p)), 16)
+	c.buf = append(c.buf, "\r\n"...)
+	c.buf = append(c.buf, p...)
+	c.buf = append(c.buf, "\r\n"...)
+	_, err := c.nc.Write(c.buf)
+	if cap(c.buf) > 1<<20 {
+		c.buf = nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Close ends the request body (the last chunk); the app then ends its
+// answer.
+func (c *streamConn) Close() error {
+	_, err := c.nc.Write([]byte("0\r\n\r\n"))
+	return err
+}
+
+// CloseWithError breaks the stream: the connection is closed.
+func (c *streamConn) CloseWithError(error) error { return c.nc.Close() }
+
+// openStream opens a stream (POST StreamPath, a chunked body, Connection:
+// close, as openHTTPStream sends it) on a connection of its own and reads
+// the app's answer, within timeout (errAppTimeout past it). The answer's
+// body is the app's ack lines; closing the connection ends both.
+func (a *appConns) openStream(timeout time.Duration) (*streamConn, *http.Response, error) {
+	deadline := time.Now().Add(timeout)
+	d := a.dialer
+	d.Deadline = deadline
+	nc, err := d.Dial("tcp", a.addr)
+	if err != nil {
+		return nil, nil, timeoutOr(err)
+	}
+	c := &streamConn{nc: nc}
+	b := append([]byte(nil), "POST "...)
+	b = append(b, a.prefix+StreamPath...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, a.host...)
+	b = append(b, "\r\nUser-Agent: Go-http-client/1.1\r\nConnection: close\r\nContent-Type: "+server.ContentTypeNDJSON+"\r\nTransfer-Encoding: chunked\r\n\r\n"...)
+	if err := nc.SetDeadline(deadline); err != nil {
+		return c, nil, err
+	}
+	if _, err := nc.Write(b); err != nil {
+		return c, nil, timeoutOr(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil {
+		return c, nil, timeoutOr(err)
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		_ = resp.Body.Close()
+		return c, nil, err
+	}
+	return c, resp, nil
 }

@@ -3,20 +3,15 @@ package caller
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
-	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 )
 
 // Stream delivery (docs/harness-api.md, "Stream delivery"): instead of a
@@ -63,8 +58,8 @@ type streamState struct {
 // appStream is one open POST {app}/hcp/v1/events/stream.
 type appStream struct {
 	s      *Sidecar
-	pw     *io.PipeWriter // the request body
-	cancel context.CancelFunc
+	pw     streamBody // the request body
+	cancel func()
 	done   chan struct{} // closed when the reader returns
 
 	// wmu: one writer at a time, so lines go out whole and in the order
@@ -136,67 +131,6 @@ func (s *Sidecar) appStream() (*appStream, error) {
 	st, err := s.openStream()
 	s.appStreams.cur = st
 	return st, err
-}
-
-// openStream POSTs to StreamPath and waits (up to AppTimeout) for the
-// app's answer. Like a request, the stream is not bound to the run
-// context: a graceful stop ends it after the last delivery (endStream).
-func (s *Sidecar) openStream() (*appStream, error) {
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(s.ctx()))
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(s.cfg.HarnessURL, "/")+StreamPath, pr)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	req.Header.Set("Content-Type", server.ContentTypeNDJSON)
-	// Connection: close has a server that does not read the body answer at
-	// once: Go's, for one, otherwise reads (to discard) up to 256 KiB of
-	// it or its end before it writes a 404, and neither ever comes.
-	req.Close = true
-	// The transport reads the body until it ends, even after the request
-	// failed or was cancelled (and Do waits for that): end it with the
-	// request.
-	context.AfterFunc(ctx, func() { _ = pw.CloseWithError(errStreamEnded) })
-	timer := s.clk.AfterFunc(s.o.AppTimeout, cancel)
-	resp, err := s.http.Do(req)
-	inTime := timer.Stop()
-	fail := func(err error) (*appStream, error) {
-		if resp != nil {
-			_ = resp.Body.Close()
-		}
-		cancel()
-		_ = pw.Close()
-		return nil, err
-	}
-	switch {
-	case !inTime:
-		// The app took the request and did not answer in time: as for a
-		// request, that counts as refused.
-		return fail(refusal{fmt.Errorf("the app did not answer %s within %s", StreamPath, s.o.AppTimeout)})
-	case err != nil:
-		return fail(err)
-	}
-	switch code := resp.StatusCode; {
-	case code >= 200 && code <= 299:
-	case code == http.StatusNotFound || code == http.StatusMethodNotAllowed || code == http.StatusNotImplemented:
-		if s.o.AppStream {
-			return fail(refusal{fmt.Errorf("app answered %s on %s (%s is set)", resp.Status, StreamPath, config.EnvAppStream)})
-		}
-		// An older app rolled out: requests again, offers ignored a while.
-		s.appStreams.refusedAt.Store(s.clk.Now().UnixNano())
-		s.appStreams.offered.Store(false)
-		s.log.Info("The app does not serve its stream endpoint; delivering by requests", "status", resp.Status, "hold", batchRefusalHold.String())
-		return fail(errStreamNotServed)
-	default:
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fail(refusal{fmt.Errorf("app answered %s on %s: %s", resp.Status, StreamPath, bytes.TrimSpace(msg))})
-	}
-	s.noteBatchOffer(StreamPath, resp.StatusCode, resp.Header)
-	st := &appStream{s: s, pw: pw, cancel: cancel, done: make(chan struct{})}
-	go st.read(resp.Body)
-	s.log.Info("Opened a stream to the app", "path", StreamPath)
-	return st, nil
 }
 
 func (st *appStream) open() bool {
