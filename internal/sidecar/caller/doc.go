@@ -291,6 +291,8 @@
 //	api.go          the app API's HTTP handlers and views
 //	app.go          calls to the app: one message, a batch, the app's batch offer
 //	appstream.go    stream delivery to the app: one long-lived NDJSON request, acks read as they come
+//	appstreamopen.go opening the stream: on a direct connection, or through net/http
+//	appconn.go      direct keep-alive connections to the app, written and read by the session worker
 //	appjson.go      the app message's JSON and the stream's delivery line, built without reflection
 //	store.go        Store: tasks and sessions in memory, reads and durable updates
 //	records.go      TaskRecord and SessionRecord
