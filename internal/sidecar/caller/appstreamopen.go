@@ -22,7 +22,7 @@ func (s *Sidecar) openStream() (*appStream, error) {
 		cancel func()
 		resp   *http.Response
 		err    error
-		inTime = true
+		inTime bool
 	)
 	if s.appConns != nil {
 		var c *streamConn
