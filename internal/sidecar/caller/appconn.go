@@ -208,11 +208,8 @@ func (c *appConn) roundTrip(a *appConns, path string, h http.Header, body []byte
 // break or another control character are refused, as net/http refuses
 // them.
 func appendRequest(b []byte, host, target string, h http.Header, n int) ([]byte, error) {
-	b = append(b, "POST "...)
-	b = append(b, target...)
-	b = append(b, " HTTP/1.1\r\nHost: "...)
-	b = append(b, host...)
-	b = append(b, "\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: "...)
+	b = appendPostLine(b, host, target)
+	b = append(b, "Content-Length: "...)
 	b = strconv.AppendInt(b, int64(n), 10)
 	b = append(b, "\r\n"...)
 	for k, vs := range h {
@@ -227,6 +224,16 @@ func appendRequest(b []byte, host, target string, h http.Header, n int) ([]byte,
 		}
 	}
 	return append(b, "\r\n"...), nil
+}
+
+// appendPostLine appends a POST's request line and the Host and
+// User-Agent headers net/http sends.
+func appendPostLine(b []byte, host, target string) []byte {
+	b = append(b, "POST "...)
+	b = append(b, target...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	return append(b, "\r\nUser-Agent: Go-http-client/1.1\r\n"...)
 }
 
 // validHeaderValue is httpguts.ValidHeaderFieldValue: no control
@@ -248,9 +255,17 @@ func isTimeout(err error) bool {
 // timeoutOr turns a timeout into errAppTimeout (wrapping it).
 func timeoutOr(err error) error {
 	if isTimeout(err) {
-		return fmt.Errorf("%w: %w", errAppTimeout, err)
+		return timeoutErr(err)
 	}
 	return err
+}
+
+// timeoutErr is errAppTimeout, wrapping err if there is one.
+func timeoutErr(err error) error {
+	if err == nil {
+		return errAppTimeout
+	}
+	return fmt.Errorf("%w: %w", errAppTimeout, err)
 }
 
 // streamConn is the body of a stream opened by appConns.openStream: each
@@ -300,11 +315,8 @@ func (a *appConns) openStream(timeout time.Duration) (*streamConn, *http.Respons
 		return nil, nil, timeoutOr(err)
 	}
 	c := &streamConn{nc: nc}
-	b := append([]byte(nil), "POST "...)
-	b = append(b, a.prefix+StreamPath...)
-	b = append(b, " HTTP/1.1\r\nHost: "...)
-	b = append(b, a.host...)
-	b = append(b, "\r\nUser-Agent: Go-http-client/1.1\r\nConnection: close\r\nContent-Type: "+server.ContentTypeNDJSON+"\r\nTransfer-Encoding: chunked\r\n\r\n"...)
+	b := appendPostLine(nil, a.host, a.prefix+StreamPath)
+	b = append(b, "Connection: close\r\nContent-Type: "+server.ContentTypeNDJSON+"\r\nTransfer-Encoding: chunked\r\n\r\n"...)
 	if err := nc.SetDeadline(deadline); err != nil {
 		return c, nil, err
 	}

@@ -22,17 +22,15 @@ func (s *Sidecar) openStream() (*appStream, error) {
 		cancel func()
 		resp   *http.Response
 		err    error
-		inTime bool
 	)
 	if s.appConns != nil {
 		var c *streamConn
 		c, resp, err = s.appConns.openStream(s.o.AppTimeout)
-		inTime = !errors.Is(err, errAppTimeout)
 		if c != nil {
 			body, cancel = c, func() { _ = c.nc.Close() }
 		}
 	} else {
-		body, cancel, resp, inTime, err = s.openHTTPStream()
+		body, cancel, resp, err = s.openHTTPStream()
 	}
 	fail := func(err error) (*appStream, error) {
 		if resp != nil {
@@ -45,7 +43,7 @@ func (s *Sidecar) openStream() (*appStream, error) {
 		return nil, err
 	}
 	switch {
-	case !inTime:
+	case errors.Is(err, errAppTimeout):
 		// The app took the request and did not answer in time: as for a
 		// request, that counts as refused.
 		return fail(refusal{fmt.Errorf("the app did not answer %s within %s", StreamPath, s.o.AppTimeout)})
@@ -82,13 +80,14 @@ type streamBody interface {
 }
 
 // openHTTPStream is openStream's request through Options.HTTPClient (see
-// appConns for when): the body is a pipe that the transport copies.
-func (s *Sidecar) openHTTPStream() (body streamBody, cancel func(), resp *http.Response, inTime bool, err error) {
+// appConns for when): the body is a pipe that the transport copies. No
+// answer within AppTimeout is errAppTimeout, as for a request.
+func (s *Sidecar) openHTTPStream() (body streamBody, cancel func(), resp *http.Response, err error) {
 	pr, pw := io.Pipe()
 	ctx, cancelCtx := context.WithCancel(context.WithoutCancel(s.ctx()))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(s.cfg.HarnessURL, "/")+StreamPath, pr)
 	if err != nil {
-		return pw, cancelCtx, nil, true, err
+		return pw, cancelCtx, nil, err
 	}
 	req.Header.Set("Content-Type", server.ContentTypeNDJSON)
 	// Connection: close has a server that does not read the body answer at
@@ -101,6 +100,8 @@ func (s *Sidecar) openHTTPStream() (body streamBody, cancel func(), resp *http.R
 	context.AfterFunc(ctx, func() { _ = pw.CloseWithError(errStreamEnded) })
 	timer := s.clk.AfterFunc(s.o.AppTimeout, cancelCtx)
 	resp, err = s.http.Do(req)
-	inTime = timer.Stop()
-	return pw, cancelCtx, resp, inTime, err
+	if !timer.Stop() {
+		err = timeoutErr(err)
+	}
+	return pw, cancelCtx, resp, err
 }
