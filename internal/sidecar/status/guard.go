@@ -128,17 +128,23 @@ func testEpoch(epoch int64) jsonOp {
 	return jsonOp{Op: "test", Path: "/status/ownerEpoch", Value: json.RawMessage(strconv.FormatInt(epoch, 10))}
 }
 
+// firstWriteReads bounds how often a session's first guarded write reads
+// the object again after another writer changed it in between.
+const firstWriteReads = 4
+
 // writeGuarded writes target over base, conditional on the stored owner
 // epoch being epoch (see the top of this file).
 func (w *Writer) writeGuarded(ctx context.Context, name string, base, target v1alpha1.HCPSessionStatus, epoch int64) error {
-	var ops []jsonOp
-	whole := false
 	if base.OwnerEpoch == epoch {
-		ops = append(ops, testEpoch(epoch))
-	} else {
-		// This writer sets the epoch (the first write of a session
-		// admitted at its creation, whose status is empty): conditional
-		// on the object as read now.
+		return w.patchGuarded(ctx, name, base, target, epoch, testEpoch(epoch), false)
+	}
+	// This writer sets the epoch (the first write of a session admitted
+	// at its creation, whose status is empty): conditional on the object
+	// as read now. Another writer's change in between (the caller
+	// sidecar's callerAckedSequence just after the create) fails the
+	// test without taking the session: read again and write in the same
+	// attempt, instead of failing it into a backoff.
+	for read := 1; ; read++ {
 		stored, err := w.read(ctx, name)
 		if err != nil {
 			return err
@@ -147,17 +153,27 @@ func (w *Writer) writeGuarded(ctx context.Context, name string, base, target v1a
 		case se > epoch:
 			return &fencedError{stored: se, mine: epoch}
 		case se == epoch:
-			ops = append(ops, testEpoch(epoch))
-		default:
-			ops = append(ops, jsonOp{Op: "test", Path: "/metadata/resourceVersion", Value: json.RawMessage(strconv.Quote(stored.ResourceVersion))})
-			whole = isZero(stored.Status)
+			return w.patchGuarded(ctx, name, base, target, epoch, testEpoch(epoch), false)
+		}
+		rv := jsonOp{Op: "test", Path: "/metadata/resourceVersion", Value: json.RawMessage(strconv.Quote(stored.ResourceVersion))}
+		err = w.patchGuarded(ctx, name, base, target, epoch, rv, isZero(stored.Status))
+		// A failed test is 422 Invalid. So is a patch the API server
+		// refuses for itself: it fails like any write, after
+		// firstWriteReads tries.
+		if err == nil || !apierrors.IsInvalid(err) || read == firstWriteReads {
+			return err
 		}
 	}
+}
+
+// patchGuarded patches the status from base to target behind the test
+// operation cond; whole replaces the status at once.
+func (w *Writer) patchGuarded(ctx context.Context, name string, base, target v1alpha1.HCPSessionStatus, epoch int64, cond jsonOp, whole bool) error {
 	more, err := statusOps(base, target, whole)
 	if err != nil {
 		return err
 	}
-	patch, err := json.Marshal(append(ops, more...))
+	patch, err := json.Marshal(append([]jsonOp{cond}, more...))
 	if err != nil {
 		return err
 	}
