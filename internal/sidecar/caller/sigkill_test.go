@@ -35,6 +35,11 @@ const lingerEnv = "HCP_CALLER_SIDECAR_HELPER_LINGER"
 // when it stops on SIGTERM.
 const profileEnv = "HCP_CALLER_SIDECAR_HELPER_CPUPROFILE"
 
+// memProfileEnv names a file for the helper process's allocation profile
+// (go tool pprof -sample_index=alloc_space), written when it stops on
+// SIGTERM: what each event allocates, in the process that does it.
+const memProfileEnv = "HCP_CALLER_SIDECAR_HELPER_MEMPROFILE"
+
 // TestHelperCallerSidecarProcess is not a test on its own: the SIGKILL test
 // runs the test binary again with it, as the sidecar process to kill.
 func TestHelperCallerSidecarProcess(t *testing.T) {
@@ -54,6 +59,9 @@ func TestHelperCallerSidecarProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if path := os.Getenv(memProfileEnv); path != "" {
+		defer writeHeapProfile(t, path)
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{LogTimestamp: true})
 	conn, err := transport.Dial(context.Background(), transport.Options{URL: cfg.AMQPURL, ConnectionName: "caller-sidecar-process",
@@ -85,6 +93,19 @@ func TestHelperCallerSidecarProcess(t *testing.T) {
 	defer stop()
 	if err := sc.Run(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// writeHeapProfile writes the process's allocation profile to path.
+func writeHeapProfile(t *testing.T, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer func() { _ = f.Close() }()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		t.Error(err)
 	}
 }
 
