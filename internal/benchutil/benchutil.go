@@ -178,6 +178,19 @@ func (r Result) Report(b *testing.B) {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%d msgs in %v: %.0f msgs/s, p50 %v, p99 %v, %d duplicates", r.Messages, r.Elapsed.Round(time.Millisecond),
+	s := fmt.Sprintf("%d msgs in %v: %.0f msgs/s, p50 %v, p99 %v, %d duplicates", r.Messages, r.Elapsed.Round(time.Millisecond),
 		r.Throughput(), r.Percentile(0.5).Round(time.Microsecond), r.Percentile(0.99).Round(time.Microsecond), r.Duplicates)
+	if p := r.Pressure(); p > 0 {
+		s += fmt.Sprintf(", CPU pressure %.0f%%", 100*p)
+	}
+	return s
+}
+
+// Pressure is the share of the run's elapsed time in which some runnable
+// task on the machine waited for a processor (CPU.Waited; 0 unknown).
+func (r Result) Pressure() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.CPU.Waited) / float64(r.Elapsed)
 }

@@ -22,6 +22,8 @@ type Summary struct {
 	ThroughputMin, ThroughputMax float64
 	P99Min, P99Max               time.Duration
 	SelfCPUMin, SelfCPUMax       time.Duration // per message
+	// Pressure is the median of the runs' Result.Pressure.
+	Pressure float64
 }
 
 // Summarize takes the median of each figure over rs.
@@ -35,8 +37,9 @@ func Summarize(rs []Result) Summary {
 	p99 := make([]time.Duration, len(rs))
 	self := make([]time.Duration, len(rs))
 	broker := make([]time.Duration, len(rs))
+	pressure := make([]float64, len(rs))
 	for i, r := range rs {
-		tp[i], p50[i], p99[i] = r.Throughput(), r.Percentile(0.5), r.Percentile(0.99)
+		tp[i], p50[i], p99[i], pressure[i] = r.Throughput(), r.Percentile(0.5), r.Percentile(0.99), r.Pressure()
 		c := r.CPUPerMessage()
 		self[i], broker[i] = c.Self, c.Broker
 	}
@@ -44,8 +47,9 @@ func Summarize(rs []Result) Summary {
 		slices.Sort(s)
 	}
 	slices.Sort(tp)
+	slices.Sort(pressure)
 	m := len(rs) / 2
-	s.Throughput, s.P50, s.P99 = tp[m], p50[m], p99[m]
+	s.Throughput, s.P50, s.P99, s.Pressure = tp[m], p50[m], p99[m], pressure[m]
 	s.CPUPerMessage = CPU{Self: self[m], Broker: broker[m]}
 	last := len(rs) - 1
 	s.ThroughputMin, s.ThroughputMax = tp[0], tp[last]
@@ -59,7 +63,7 @@ func (s Summary) String() string {
 		s.Runs, s.Throughput, s.ThroughputMin, s.ThroughputMax,
 		s.P50.Round(time.Microsecond), s.P99.Round(time.Microsecond), s.P99Min.Round(time.Microsecond), s.P99Max.Round(time.Microsecond),
 		s.CPUPerMessage.Self.Round(100*time.Nanosecond), s.SelfCPUMin.Round(100*time.Nanosecond), s.SelfCPUMax.Round(100*time.Nanosecond),
-		s.CPUPerMessage.Broker.Round(100*time.Nanosecond))
+		s.CPUPerMessage.Broker.Round(100*time.Nanosecond)) + fmt.Sprintf(", CPU pressure %.0f%%", 100*s.Pressure)
 }
 
 // Interleave runs every runner rounds times, alternating between them in

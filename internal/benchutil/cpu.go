@@ -13,19 +13,27 @@ import (
 // CPU is the processor time spent by this process (the benchmark with
 // everything it runs in-process: clients, sidecars, harness, app) and by
 // the RabbitMQ node on the same machine (0 when it cannot be found).
+//
+// Waited is not processor time but the machine's CPU pressure: the time in
+// which at least one runnable task waited for a processor
+// (/proc/pressure/cpu, "some"; 0 where the kernel has no PSI). Beside a
+// run's elapsed time it says how contended the shared cores were, which
+// is what a tail latency on them mostly measures.
 type CPU struct {
 	Self, Broker time.Duration
+	Waited       time.Duration
 }
 
 // Sub is c minus an earlier sample.
 func (c CPU) Sub(earlier CPU) CPU {
-	return CPU{Self: c.Self - earlier.Self, Broker: c.Broker - earlier.Broker}
+	return CPU{Self: c.Self - earlier.Self, Broker: c.Broker - earlier.Broker, Waited: c.Waited - earlier.Waited}
 }
 
-// SampleCPU reads both counters: getrusage for this process, and
-// /proc/PID/stat of the broker's Erlang VM (beam.smp).
+// SampleCPU reads the counters: getrusage for this process,
+// /proc/PID/stat of the broker's Erlang VM (beam.smp), and the CPU
+// pressure.
 func SampleCPU() CPU {
-	var c CPU
+	c := CPU{Waited: cpuWaited()}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		c.Self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -109,6 +117,31 @@ func procStatus(pid, field string) int64 {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err == nil {
 				return kb * 1024
+			}
+		}
+	}
+	return 0
+}
+
+// pressureFile is the kernel's CPU pressure stall information.
+const pressureFile = "/proc/pressure/cpu"
+
+// cpuWaited is the "some" line's total of pressureFile: microseconds in
+// which some runnable task waited for a processor, since boot.
+func cpuWaited() time.Duration {
+	b, err := os.ReadFile(pressureFile)
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	if !strings.HasPrefix(line, "some ") {
+		return 0
+	}
+	for f := range strings.FieldsSeq(line) {
+		if v, ok := strings.CutPrefix(f, "total="); ok {
+			us, err := strconv.ParseInt(v, 10, 64)
+			if err == nil {
+				return time.Duration(us) * time.Microsecond
 			}
 		}
 	}

@@ -13,6 +13,13 @@ func spin(d time.Duration) {
 	}
 }
 
+// spinCPU spins until this process has used d more of processor time: on
+// a loaded machine a wall-clock spin gets only part of its time.
+func spinCPU(d time.Duration) {
+	for start := SampleCPU().Self; SampleCPU().Self-start < d; {
+	}
+}
+
 // The run order rotates each round, so that no runner always goes first.
 func TestInterleaveRotatesTheRunOrder(t *testing.T) {
 	var order []string
@@ -39,11 +46,11 @@ func TestRecorderSamplesCPUOverTheTimedWindowOnly(t *testing.T) {
 	var rec *Recorder
 	res, err := Interleave(t.Context(), 1, map[string]Runner{"sut": func(context.Context, Config) (Result, error) {
 		rec = NewRecorder(NewRunID("cpu"), 1)
-		spin(150 * time.Millisecond) // set-up
+		spinCPU(150 * time.Millisecond) // set-up
 		rec.Start()
-		spin(30 * time.Millisecond)
+		spinCPU(30 * time.Millisecond)
 		rec.ObserveHeaders(rec.Stamp(0))
-		spin(150 * time.Millisecond) // tear-down
+		spinCPU(150 * time.Millisecond) // tear-down
 		return rec.Result(), nil
 	}}, func(string) (Config, error) { return Config{}, nil })
 	if err != nil {

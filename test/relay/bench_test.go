@@ -67,7 +67,11 @@ import (
 // comma-separated list, default async,batch,simple,stream) limits the modes.
 // harness-events/s is the rate at which the callee sidecar took the
 // harness's events (the publishing half alone). HCP_BENCH_ONLY=relay (or
-// raw) runs one side only, for profiling.
+// raw) runs one side only, for profiling. HCP_BENCH_SPLIT=1 adds to each
+// relay run the two halves of the events' latency, split where the callee
+// sidecar built the envelope (splitHops). Each run's line ends with the
+// machine's CPU pressure during it (benchutil.Result.Pressure): on shared
+// cores, the tail latency follows it.
 //
 // status-writes runs 3 sessions at 100 events/s each for
 // HCP_BENCH_STATUS_SECONDS (default 10) and counts what each sidecar wrote
@@ -275,6 +279,7 @@ func relayScenario(tb testing.TB, sc scenario, n, rounds int) (benchRow, float64
 			}
 			// The stream carries the same batches.
 			next.app.streamOffer = sc.app == appStream
+			next.app.split = os.Getenv("HCP_BENCH_SPLIT") != ""
 			return cfg, nil
 		}
 	})

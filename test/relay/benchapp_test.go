@@ -34,6 +34,10 @@ type benchApp struct {
 	streamOffer bool
 	// streamed counts the deliveries taken on the stream.
 	streamed atomic.Int64
+	// split, set before the run (HCP_BENCH_SPLIT=1), times each event's
+	// two halves apart (splitHops).
+	split bool
+	hops  splitHops
 
 	mu       sync.Mutex
 	rec      *benchutil.Recorder
@@ -186,6 +190,7 @@ func (a *benchApp) problem(p string) {
 // "message" are strings in every event type that has them.
 type appMessage struct {
 	SessionID string `json:"session_id"`
+	Timestamp string `json:"timestamp"`
 	Type      string `json:"type"`
 	Sequence  int64  `json:"sequence"`
 	EventType string `json:"event_type"`
@@ -237,5 +242,8 @@ func (a *benchApp) take(m appMessage) {
 	a.mu.Unlock()
 	if bench && rec != nil {
 		rec.Observe(seq, time.Unix(0, sent))
+		if a.split {
+			a.hops.add(time.Unix(0, sent), m.Timestamp)
+		}
 	}
 }

@@ -84,6 +84,9 @@ func (r *relayRun) run(ctx context.Context, cfg benchutil.Config) (benchutil.Res
 		}
 		r.detail += fmt.Sprintf(", %d deliveries over its stream", n)
 	}
+	if r.app.split {
+		r.detail += "; " + r.app.hops.String()
+	}
 	if err := r.finish(ctx, sids); err != nil {
 		return benchutil.Result{}, err
 	}

@@ -211,8 +211,10 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 		}); ok {
 			row := p.row
 			added := row.relay.P99 - row.raw.P99
-			l.value = fmt.Sprintf("%+.2f ms (%s; relay %s over runs %s–%s, raw %s over runs %s–%s)", float64(added)/float64(time.Millisecond), p.which(),
-				ms(row.relay.P99), ms(row.relay.P99Min), ms(row.relay.P99Max), ms(row.raw.P99), ms(row.raw.P99Min), ms(row.raw.P99Max))
+			l.value = fmt.Sprintf("%+.2f ms (%s; relay %s over runs %s–%s, raw %s over runs %s–%s; the machine's CPU pressure during the runs, relay %.0f%%, raw %.0f%%)",
+				float64(added)/float64(time.Millisecond), p.which(),
+				ms(row.relay.P99), ms(row.relay.P99Min), ms(row.relay.P99Max), ms(row.raw.P99), ms(row.raw.P99Min), ms(row.raw.P99Max),
+				100*row.relay.Pressure, 100*row.raw.Pressure)
 			l.ok, l.measured = added <= limit, true
 		} else {
 			l.value = fmt.Sprintf("no scenario at rate=1000/sessions=%d ran", n)
