@@ -70,13 +70,26 @@ func parseLine(raw []byte) (journalLine, bool) {
 func encodeLine(l journalLine) []byte { return appendLine(nil, l) }
 
 // appendLine appends l's line to b.
+// A session record's body is built by hand (appendSessionLine), anything
+// else by encoding/json; the body is appended first and the checksum
+// written in front of it, so nothing is copied twice.
 func appendLine(b []byte, l journalLine) []byte {
-	body, err := json.Marshal(l)
-	if err != nil {
-		panic(fmt.Sprintf("caller state: marshal journal line: %v", err)) // plain structs: cannot fail
+	start := len(b)
+	b = append(b, "00000000 "...)
+	b, ok := appendSessionLine(b, l)
+	if !ok {
+		body, err := json.Marshal(l)
+		if err != nil {
+			panic(fmt.Sprintf("caller state: marshal journal line: %v", err)) // plain structs: cannot fail
+		}
+		b = append(b, body...)
 	}
-	b = fmt.Appendf(b, "%08x ", crc32.Checksum(body, crcTable))
-	b = append(b, body...)
+	sum := crc32.Checksum(b[start+9:], crcTable)
+	const hex = "0123456789abcdef"
+	for i := 7; i >= 0; i-- {
+		b[start+i] = hex[sum&0xf]
+		sum >>= 4
+	}
 	return append(b, '\n')
 }
 
