@@ -216,8 +216,8 @@ func (s *Sidecar) noteBatchOffer(path string, code int, header http.Header) {
 	offer := int32(0)
 	switch {
 	case code >= 200 && code <= 299:
-		v := header.Get(HeaderBatchMax)
-		if v == "" { // most answers: no parse, no error to allocate
+		v := header.Get(canonBatchMax) // canonical: Get allocates no key
+		if v == "" {                   // most answers: no parse, no error to allocate
 			break
 		}
 		n, err := strconv.Atoi(v)

@@ -26,7 +26,7 @@ import (
 // per event. It is used only for what it can do exactly as the default
 // client would: an http:// app URL without user info or query, no proxy
 // from the environment, and the default client (Options.HTTPClient unset).
-// Responses are parsed by net/http (http.ReadResponse).
+// Plain answers are parsed in place, others by net/http (readAnswer).
 type appConns struct {
 	addr   string // host:port to dial
 	host   string // the Host header
@@ -47,6 +47,8 @@ type appConn struct {
 	cr  countingReader
 	br  *bufio.Reader
 	buf []byte
+	// offers is the header of the last plain answer (offerHeader).
+	offers http.Header
 }
 
 // countingReader counts what was read from the connection since the last
@@ -169,33 +171,11 @@ func (c *appConn) roundTrip(a *appConns, path string, h http.Header, body []byte
 	if _, err := c.nc.Write(buf); err != nil {
 		return appResponse{}, err
 	}
-	resp, err := http.ReadResponse(c.br, nil)
-	for err == nil && resp.StatusCode >= 100 && resp.StatusCode <= 199 && resp.StatusCode != http.StatusSwitchingProtocols {
-		// An interim answer (103 Early Hints, say): the answer follows,
-		// as net/http's client skips them.
-		resp, err = http.ReadResponse(c.br, nil)
-	}
+	out, keep, err := c.readAnswer(c.br)
 	if err != nil {
 		return appResponse{}, err
 	}
-	out := appResponse{status: resp.Status, code: resp.StatusCode, header: resp.Header}
-	out.msg, err = io.ReadAll(io.LimitReader(resp.Body, 512))
-	if err == nil {
-		// The rest, up to 64 KiB, is read so that the connection can be
-		// used again; an answer longer than that closes it.
-		var n int64
-		n, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10+1))
-		if err == nil && n > 64<<10 {
-			resp.Close = true
-		}
-	}
-	if err != nil {
-		// The status line and headers arrived: the app answered. A body
-		// cut short only costs the connection.
-		_ = c.nc.Close()
-		return out, nil
-	}
-	if resp.Close || resp.ProtoMajor != 1 || resp.ProtoMinor < 1 {
+	if !keep {
 		_ = c.nc.Close()
 		return out, nil
 	}

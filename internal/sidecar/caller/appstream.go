@@ -88,7 +88,7 @@ func (s *Sidecar) streamOn() bool { return s.o.AppStream || s.appStreams.offered
 // stream endpoint withdraws one: while the stream is on, no request is
 // answered.
 func (s *Sidecar) noteStreamOffer(header http.Header) {
-	if s.o.AppStream || header.Get(HeaderStream) != "1" || s.appStreams.offered.Load() {
+	if s.o.AppStream || header.Get(canonStream) != "1" || s.appStreams.offered.Load() {
 		return
 	}
 	if at := s.appStreams.refusedAt.Load(); at != 0 && s.clk.Since(time.Unix(0, at)) < batchRefusalHold {
