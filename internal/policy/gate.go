@@ -77,6 +77,27 @@ func RequestedRisk(ts *task.TaskSubmit) (task.RiskLevel, error) {
 	return r, nil
 }
 
+// CountsSessions reports whether a decision on callee under policies (the
+// namespace's) can depend on GateInput.Active: whether a concurrency limit
+// exists at all, the Callee's spec.sessions.maxConcurrent or any rule's
+// maxConcurrentSessions. Without one the verdict is the same whatever the
+// count, so the gate need not take it: counting lists every session of
+// the callee still cached, terminal ones included (kept for
+// ttlAfterFinished, a day by default), once per task.
+func CountsSessions(callee *hcpv1alpha1.Callee, policies []hcpv1alpha1.CapabilityPolicy) bool {
+	if callee.Spec.Sessions.MaxConcurrent != nil {
+		return true
+	}
+	for i := range policies {
+		for j := range policies[i].Spec.Rules {
+			if policies[i].Spec.Rules[j].MaxConcurrentSessions != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Gate is the L3 gate after identity parsing, expiry and deduplication, in
 // the order of DESIGN.md section 4: caller identity matches caller_id →
 // callee_id matches → capability exists → risk assessment → data class

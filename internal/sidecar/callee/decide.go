@@ -47,9 +47,12 @@ func (s *Sidecar) gateInput(ctx context.Context, callerID string, ts *task.TaskS
 			break
 		}
 	}
-	active, _, err := s.activeSessions(ctx, s.c, callerID, nil)
-	if err != nil {
-		return policy.GateInput{}, cl, err
+	// The sessions are counted only where a limit can use the count.
+	var active policy.Active
+	if policy.CountsSessions(cl, pols.Items) {
+		if active, _, err = s.activeSessions(ctx, s.c, callerID, nil); err != nil {
+			return policy.GateInput{}, cl, err
+		}
 	}
 	return policy.GateInput{Now: now, Callee: cl, Caller: caller, Policies: pols.Items, Active: active, Task: ts}, cl, nil
 }
