@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"encoding/json"
 	"fmt"
 	"mime"
 	"strings"
@@ -45,6 +46,27 @@ func NewPublishing(now time.Time, t MessageType, sessionID string, payload any, 
 		return amqp.Publishing{}, err
 	}
 	return ToPublishing(env, appendValid(env), userID), nil
+}
+
+// NewPublishingUnchecked is NewPublishing without Validate, for a
+// producer's hot path (the callee sidecar's harness events) that builds
+// the envelope from parts it has checked already: t a known type,
+// sessionID a UUID v4 (or "" for task_submit), payload a JSON object that
+// CheckObject accepts (the payload is used as is, not copied: the caller
+// gives it up), now within the range Validate accepts. Validate would
+// only scan the payload again. Anything else must use NewPublishing.
+func NewPublishingUnchecked(now time.Time, t MessageType, sessionID string, payload json.RawMessage, userID string) amqp.Publishing {
+	env := Envelope{
+		HCPVersion: Version,
+		MessageID:  NewMessageID(),
+		Timestamp:  now.UTC().Truncate(time.Millisecond),
+		Type:       t,
+		Payload:    payload,
+	}
+	if sessionID != "" {
+		env.SessionID = &sessionID
+	}
+	return ToPublishing(&env, appendValid(&env), userID)
 }
 
 // EncodePublishing is Encode followed by ToPublishing.

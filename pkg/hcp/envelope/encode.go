@@ -19,18 +19,24 @@ func Encode(e *Envelope) ([]byte, error) {
 	return appendValid(e), nil
 }
 
+// envelopeOverhead is the length of an encoded envelope but for its type
+// and payload, with a session id and version 1.0: appendValid's buffer
+// then needs no second allocation.
+const envelopeOverhead = len(`{"hcp_version":"1.0","message_id":"","timestamp":"","session_id":"","type":"","payload":}`) +
+	36 + len(TimestampLayout) + 36
+
 // appendValid is Encode of an envelope already validated.
 func appendValid(e *Envelope) []byte {
 	payload := trimJSONSpace(e.Payload)
 	// Every value but the payload was validated to be plain ASCII without
 	// quotes or backslashes, so it needs no escaping.
-	buf := make([]byte, 0, 160+len(payload))
+	buf := make([]byte, 0, envelopeOverhead+len(e.Type)+len(payload))
 	buf = append(buf, `{"hcp_version":"`...)
 	buf = append(buf, e.HCPVersion...)
 	buf = append(buf, `","message_id":"`...)
 	buf = append(buf, e.MessageID...)
 	buf = append(buf, `","timestamp":"`...)
-	buf = e.Timestamp.UTC().AppendFormat(buf, TimestampLayout)
+	buf = appendTimestamp(buf, e.Timestamp)
 	buf = append(buf, `","session_id":`...)
 	if e.SessionID == nil {
 		buf = append(buf, "null"...)

@@ -341,24 +341,7 @@ func unquote(tok []byte) string {
 // value.
 func Members(obj []byte, fn func(key, value []byte) error) error {
 	s := scanner{data: obj, maxDepth: hardMaxDepth}
-	s.skipWS()
-	if s.pos >= len(obj) || obj[s.pos] != '{' {
-		return s.syntaxErr("expected a JSON object")
-	}
-	err := s.members(nil, func(key, value []byte, err error) error {
-		if err != nil {
-			return err
-		}
-		return fn(key, value)
-	})
-	if err != nil {
-		return err
-	}
-	s.skipWS()
-	if s.pos != len(obj) {
-		return s.syntaxErr("trailing data after the JSON object")
-	}
-	return nil
+	return s.topMembers(fn)
 }
 
 // members scans the object at s.pos (its '{') member by member, through

@@ -58,6 +58,37 @@ func ParseTimestamp(s string) (time.Time, error) {
 // Date.toISOString. Finer precision is truncated.
 func FormatTimestamp(t time.Time) string { return t.UTC().Format(TimestampLayout) }
 
+// appendTimestamp appends t as FormatTimestamp writes it, without
+// interpreting the layout (once per message on a publisher's hot path).
+// A year outside 0..9999, which no valid envelope has, takes
+// time.AppendFormat.
+func appendTimestamp(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, TimestampLayout)
+	}
+	hour, minute, sec := t.Clock()
+	b = appendDigits(b, year, 4)
+	b = appendDigits(append(b, '-'), int(month), 2)
+	b = appendDigits(append(b, '-'), day, 2)
+	b = appendDigits(append(b, 'T'), hour, 2)
+	b = appendDigits(append(b, ':'), minute, 2)
+	b = appendDigits(append(b, ':'), sec, 2)
+	b = appendDigits(append(b, '.'), t.Nanosecond()/1e6, 3)
+	return append(b, 'Z')
+}
+
+// appendDigits appends v (0 <= v < 10^width) in width decimal digits.
+func appendDigits(b []byte, v, width int) []byte {
+	var d [4]byte
+	for i := width - 1; i >= 0; i-- {
+		d[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(b, d[:width]...)
+}
+
 // timestampError keeps ParseTimestamp's message short and bounded (the
 // value is attacker-controlled) while matching ErrInvalidTimestamp.
 type timestampError struct{ value, reason string }
