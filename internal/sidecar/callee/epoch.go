@@ -67,6 +67,47 @@ func withEpoch(h amqp.Table, epoch int64) amqp.Table {
 	return out
 }
 
+// sharedHeaders is a header table published already and what it was
+// built for.
+type sharedHeaders struct {
+	table          amqp.Table
+	epoch, through int64 // through is -1 for a message without a sequence
+}
+
+// headersLocked returns the headers of a message of the session: its
+// trace context, own (the message's headers but an owner epoch), the
+// owner epoch, and for an event (seq > 0) the confirmed mark
+// (envelope.HeaderConfirmedThrough). A message without headers of its own
+// (every event) shares the table of the previous such message while the
+// epoch and the mark are the same, instead of a new table per event: a
+// table is never changed once published (amqp091 reads it while it
+// writes the frame, and the confirm queue keeps it for a republish, which
+// must carry the mark of the first publish). The trace context is set
+// before the session publishes anything. Called with lock.
+func (ss *sess) headersLocked(own amqp.Table, seq int64) amqp.Table {
+	through := int64(-1)
+	if seq > 0 {
+		through = ss.confirmed.Load()
+	}
+	sh := &ss.shared
+	if len(own) == 0 && sh.table != nil && sh.epoch == ss.epoch && sh.through == through {
+		return sh.table
+	}
+	h := withEpoch(ss.trace.headers, ss.epoch)
+	for k, v := range own {
+		if k != envelope.HeaderOwnerEpoch {
+			h[k] = v
+		}
+	}
+	if seq > 0 {
+		h[envelope.HeaderConfirmedThrough] = through
+	}
+	if len(own) == 0 {
+		*sh = sharedHeaders{table: h, epoch: ss.epoch, through: through}
+	}
+	return h
+}
+
 // ownerEpoch reads HeaderOwnerEpoch (0 when missing).
 func ownerEpoch(h amqp.Table) int64 {
 	switch v := h[envelope.HeaderOwnerEpoch].(type) {

@@ -45,3 +45,24 @@ func TestParseEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestParseEventRefusesDataTheEnvelopeRefuses: data with a duplicate key
+// (at any depth) or invalid UTF-8 is the harness's 400, named, at parse
+// time: it used to pass the parse and fail at the envelope's validation,
+// after the event had taken a sequence (a 503 and a hole in the
+// session's sequence).
+func TestParseEventRefusesDataTheEnvelopeRefuses(t *testing.T) {
+	for line, want := range map[string]string{
+		`{"event_type":"progress","data":{"stage":"a","stage":"b"}}`:                         `invalid event: data: duplicate key "stage"`,
+		`{"event_type":"log","data":{"level":"info","message":"m","details":{"x":1,"x":2}}}`: `invalid event: data: duplicate key "x"`,
+		"{\"event_type\":\"log\",\"data\":{\"level\":\"info\",\"message\":\"\xff\"}}":        "invalid event: data: not valid UTF-8",
+	} {
+		if _, err := parseEvent([]byte(line)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", line, err, want)
+		}
+		body := "[" + line + "]"
+		if _, _, err := parseEvents([]byte(body)); err == nil || !strings.Contains(err.Error(), "event [0]: "+want) {
+			t.Errorf("batch %s: %v, want %q", body, err, want)
+		}
+	}
+}

@@ -42,18 +42,7 @@ func (ss *sess) publishLocked(ctx context.Context, t envelope.MessageType, pub a
 // enqueueLocked publishes a message already in the log and queues it for
 // its confirm. Called with lock.
 func (ss *sess) enqueueLocked(ctx context.Context, index int64, t envelope.MessageType, rk string, pub amqp.Publishing, seq int64) (*pending, error) {
-	// The session's trace context (shared: withEpoch copies it), what the
-	// message carries already, and the owner epoch it is published under.
-	h := withEpoch(ss.trace.headers, ss.epoch)
-	for k, v := range pub.Headers {
-		if k != envelope.HeaderOwnerEpoch {
-			h[k] = v
-		}
-	}
-	pub.Headers = h
-	if seq > 0 {
-		pub.Headers[envelope.HeaderConfirmedThrough] = ss.confirmed.Load()
-	}
+	pub.Headers = ss.headersLocked(pub.Headers, seq)
 	conf, err := ss.sc.pub.PublishAsync(ctx, topology.EventsExchange, rk, pub)
 	if err != nil {
 		// Logged: a restart republishes it; in this process the confirm
@@ -110,19 +99,44 @@ type outgoing struct {
 // sequenceEventLocked gives an event the session's next sequence and
 // encodes it. Called with lock.
 func (ss *sess) sequenceEventLocked(et session.EventType, data json.RawMessage, key string) (outgoing, error) {
-	if err := ss.sc.fence(ss); err != nil {
-		return outgoing{}, err
-	}
-	seq, err := ss.seq.Next()
+	seq, payload, err := ss.nextPayloadLocked(et, data)
 	if err != nil {
 		return outgoing{}, err
 	}
-	payload := session.EventPayload{EventType: et, Sequence: seq, Data: data}.AppendJSON(make([]byte, 0, 64+len(data)))
-	pub, err := envelope.NewPublishing(ss.sc.clk.Now(), envelope.TypeEvent, ss.id, json.RawMessage(payload), ss.sc.username)
+	pub, err := envelope.NewPublishing(ss.sc.clk.Now(), envelope.TypeEvent, ss.id, payload, ss.sc.username)
 	if err != nil {
 		return outgoing{}, err
 	}
 	return outgoing{seq: seq, key: key, pub: pub}, nil
+}
+
+// sequenceHarnessEventLocked is sequenceEventLocked for an event of the
+// harness that parseEvent or parseEvents accepted: its type is one the
+// harness emits, and its data passed what the envelope's validation
+// checks of it (envelope.CheckObject); the session id and the sequence
+// are the sidecar's own. The envelope is then valid by construction and
+// is not validated again (a scan of the whole event per event on the
+// sidecar's hot path). Called with lock.
+func (ss *sess) sequenceHarnessEventLocked(ev *harnessEvent) (outgoing, error) {
+	seq, payload, err := ss.nextPayloadLocked(ev.EventType, ev.Data)
+	if err != nil {
+		return outgoing{}, err
+	}
+	pub := envelope.NewPublishingUnchecked(ss.sc.clk.Now(), envelope.TypeEvent, ss.id, payload, ss.sc.username)
+	return outgoing{seq: seq, key: ev.IdempotencyKey, pub: pub}, nil
+}
+
+// nextPayloadLocked takes the session's next sequence for an event and
+// builds its payload (data as it is). Called with lock.
+func (ss *sess) nextPayloadLocked(et session.EventType, data json.RawMessage) (int64, json.RawMessage, error) {
+	if err := ss.sc.fence(ss); err != nil {
+		return 0, nil, err
+	}
+	seq, err := ss.seq.Next()
+	if err != nil {
+		return 0, nil, err
+	}
+	return seq, session.EventPayload{EventType: et, Sequence: seq, Data: data}.AppendJSON(make([]byte, 0, 64+len(data))), nil
 }
 
 // publishEventsLocked records sequenced events in the write-ahead log, all

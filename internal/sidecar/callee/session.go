@@ -124,6 +124,10 @@ type sess struct {
 	confirmDone chan struct{}
 	// trace is the session's W3C trace context (see startTrace).
 	trace sessTrace
+	// shared is the header table of the last message published without
+	// headers of its own, reused while it still holds (headersLocked);
+	// under lock.
+	shared sharedHeaders
 }
 
 func (s *Sidecar) newSession(hs *v1alpha1.HCPSession, cl *v1alpha1.Callee, tok string, claims token.Claims, body []byte) *sess {

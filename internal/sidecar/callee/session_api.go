@@ -104,7 +104,7 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 			}
 		}
 		var o outgoing
-		if o, err = ss.sequenceEventLocked(ev.EventType, ev.Data, ev.IdempotencyKey); err != nil {
+		if o, err = ss.sequenceHarnessEventLocked(&ev); err != nil {
 			break // what is sequenced already is still published
 		}
 		batch = append(batch, o)

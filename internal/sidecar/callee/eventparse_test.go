@@ -1,0 +1,90 @@
+package callee
+
+import (
+	"bytes"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// parseEventGeneral is parseEvent without its fast path.
+func parseEventGeneral(b []byte) (harnessEvent, error) {
+	var ev harnessEvent
+	if err := decodeStrict(b, &ev); err != nil {
+		return ev, err
+	}
+	return ev, checkEvent(&ev)
+}
+
+// fastSeeds are events in and just out of the plain form.
+var fastSeeds = []string{
+	`{"event_type":"progress","data":{"stage":"s","percent":50,"message":"m"},"idempotency_key":"k1"}`,
+	` { "event_type" : "progress" , "data" : { "stage" : "a" , "percent" : 1e1 } } `,
+	`{"data":{"level":"warn","message":"m\u00e9\n","details":{"a":[1,{"b":null}]},"extra":true},"event_type":"log"}`,
+	`{"event_type":"intermediate_result","data":{"result_type":"t","data":{"x":[1,2]},"is_partial":true}}`,
+	`{"event_type":"warning","data":{"code":"c1","message":"m","details":"d"}}`,
+	`{"event_type":"error","data":{"code":"c","message":"m","recoverable":false}}`,
+	`{"event_type":"progr\u0065ss","data":{"stage":"s"}}`,
+	`{"event_type":"progress","data":{"Stage":"s"}}`,
+	`{"event_type":"progress","data":{"stage":"s","ſtage":"t"}}`,
+	`{"event_type":"progress","data":{"stage":"s","percent":null}}`,
+	`{"event_type":"progress","data":{"stage":"s","percent":1e999}}`,
+	`{"event_type":"progress","data":{"stage":"s","percent":"5"}}`,
+	`{"event_type":"progress","data":{"stage":"s","percent":101}}`,
+	`{"event_type":"progress","data":{"stage":"s","stage":"t"}}`,
+	`{"event_type":"progress","event_type":"log","data":{"stage":"s"}}`,
+	`{"Event_Type":"progress","data":{"stage":"s"}}`,
+	`{"event_type":"progress","data":{"stage":"s"},"idempotency_key":null}`,
+	`{"event_type":"progress","data":{"stage":"s"},"x":1}`,
+	`{"event_type":"progress","data":[]}`,
+	`{"event_type":"session_closed","data":{"final_state":"COMPLETED"}}`,
+	`{"event_type":"log","data":{"level":"info","message":"m","details":null}}`,
+	`{"event_type":"error","data":{"code":"c","message":"m","recoverable":1}}`,
+	`{"event_type":"progress","data":{"stage":"s"}} x`,
+	"{\"event_type\":\"log\",\"data\":{\"level\":\"info\",\"message\":\"\xff\"}}",
+}
+
+// FuzzParseEventFast: the fast path accepts only what the general path
+// accepts, with the same event (type, key, data as sent, decoded data),
+// and parseEvent agrees with the general path on every input, errors
+// worded the same.
+func FuzzParseEventFast(f *testing.F) {
+	for _, s := range fastSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		want, wantErr := parseEventGeneral(b)
+		_, err := parseEvent(b)
+		if (err == nil) != (wantErr == nil) || (err != nil && !strings.HasSuffix(err.Error(), wantErr.Error())) {
+			t.Fatalf("%q: parseEvent %v, the general path %v", b, err, wantErr)
+		}
+		fast, ok := parseEventFast(b)
+		if !ok {
+			return
+		}
+		if wantErr != nil {
+			t.Fatalf("%q: the fast path accepts what the general path refuses: %v", b, wantErr)
+		}
+		if fast.EventType != want.EventType || fast.IdempotencyKey != want.IdempotencyKey || !bytes.Equal(fast.Data, want.Data) ||
+			!reflect.DeepEqual(fast.decoded, want.decoded) {
+			t.Fatalf("%q: fast %+v (%#v), general %+v (%#v)", b, fast, fast.decoded, want, want.decoded)
+		}
+	})
+}
+
+// TestParseEventFastTakesThePlainForm: the events a harness writes take the
+// fast path; the others the general one.
+func TestParseEventFastTakesThePlainForm(t *testing.T) {
+	for i, s := range fastSeeds {
+		_, ok := parseEventFast([]byte(s))
+		if want := i < 7; ok != want {
+			t.Errorf("%s: fast path %v, want %v", s, ok, want)
+		}
+	}
+	line := []byte(`{"event_type":"progress","data":{"stage":"s"}}`)
+	ev, _ := parseEventFast(line)
+	line[35] = 'X'
+	if string(ev.Data) != `{"stage":"s"}` {
+		t.Errorf("the event's data shares the line's buffer: %s", ev.Data)
+	}
+}
