@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -152,12 +153,14 @@ func (s *Sidecar) deliver(m AppMessage) error {
 	one := [1]AppMessage{m}
 	streamed, err := s.deliverStream(m.SessionID, one[:])
 	if !streamed {
-		body := m.AppendJSON(make([]byte, 0, 320+len(m.Payload)+len(m.Data)))
+		body := s.bodyBuf(320 + len(m.Payload) + len(m.Data))
+		*body = m.AppendJSON(*body)
 		seq := ""
 		if m.Sequence > 0 {
 			seq = strconv.FormatInt(m.Sequence, 10)
 		}
-		err = s.post(EventsPath, appHeaders(m.SessionID, m.Type, m.MessageID, seq, trace), body, 1)
+		err = s.post(EventsPath, appHeaders(m.SessionID, m.Type, m.MessageID, seq, trace), *body, 1)
+		s.bodyDone(body)
 	}
 	endDelivery(span, err)
 	return err
@@ -188,13 +191,44 @@ func (s *Sidecar) deliverBatch(ms []AppMessage) error {
 		for i := range ms {
 			size += 320 + len(ms[i].Payload) + len(ms[i].Data)
 		}
-		body := (&AppBatch{SessionID: first.SessionID, Messages: ms}).AppendJSON(make([]byte, 0, size))
+		body := s.bodyBuf(size)
+		*body = (&AppBatch{SessionID: first.SessionID, Messages: ms}).AppendJSON(*body)
 		err = s.post(BatchPath, appHeaders(first.SessionID, first.Type, first.MessageID+".."+last.MessageID,
-			strconv.FormatInt(first.Sequence, 10)+"-"+strconv.FormatInt(last.Sequence, 10), trace), body, len(ms))
+			strconv.FormatInt(first.Sequence, 10)+"-"+strconv.FormatInt(last.Sequence, 10), trace), *body, len(ms))
+		s.bodyDone(body)
 	}
 	endDelivery(span, err)
 	return err
 }
+
+// bodyBuf returns an empty buffer for a request body of about size bytes,
+// to be given back with bodyDone once post has returned. The direct
+// client's are pooled (a body per event was the largest allocation of a
+// delivery): it copies a body into its connection's buffer before post
+// returns. net/http may still read a body after Do returns, so its bodies
+// are never reused.
+func (s *Sidecar) bodyBuf(size int) *[]byte {
+	if s.appConns == nil {
+		b := make([]byte, 0, size)
+		return &b
+	}
+	p := bodyPool.Get().(*[]byte)
+	if cap(*p) < size {
+		*p = make([]byte, 0, size)
+	}
+	*p = (*p)[:0]
+	return p
+}
+
+// bodyDone gives back a buffer of bodyBuf; a large one is dropped.
+func (s *Sidecar) bodyDone(p *[]byte) {
+	if s.appConns != nil && cap(*p) <= 64<<10 {
+		bodyPool.Put(p)
+	}
+}
+
+// bodyPool holds the direct client's request bodies (*[]byte).
+var bodyPool = sync.Pool{New: func() any { return new([]byte) }}
 
 // batchLimit is how many events of a session the next request to the app
 // may carry: Options.AppMaxBatch when above 1, otherwise what the app

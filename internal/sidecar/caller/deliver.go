@@ -155,10 +155,18 @@ func (w *stream) deliverEvents() bool {
 		if !fixed {
 			n = min(n, w.s.batchLimit())
 		}
-		ms := make([]AppMessage, n)
-		for i, e := range w.ready[:n] {
-			ms[i] = w.s.appMessage(e.Item, w.callee, w.taskMessageID)
+		ms := w.msgs[:0]
+		for _, e := range w.ready[:n] {
+			ms = append(ms, w.s.appMessage(e.Item, w.callee, w.taskMessageID))
 		}
+		// Encoded before deliver or deliverBatch returns: the slots are
+		// let go of at once (they point into the envelopes).
+		defer func() {
+			clear(ms)
+			if cap(ms) <= 16 { // a large batch's array is not kept
+				w.msgs = ms[:0]
+			}
+		}()
 		if w.lost != nil && w.lost.To < w.ready[0].Seq {
 			ms[0].Lost = w.lost
 		}

@@ -1,6 +1,7 @@
 package caller
 
 import (
+	"sync"
 	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,7 +33,16 @@ func (s *Sidecar) settle(it *item, ack bool) {
 // (transport.AckAll: one ack with multiple=true for a burst below every
 // other unsettled delivery of its channel).
 func (s *Sidecar) ackAll(items []*item) {
-	ds := make([]amqp.Delivery, 0, len(items))
+	// The copies of the deliveries go in a pooled slice: an amqp.Delivery
+	// is some 300 bytes, and a slice of them per group commit was one of
+	// the larger allocations per event.
+	p := deliveriesPool.Get().(*[]amqp.Delivery)
+	ds := (*p)[:0]
+	defer func() {
+		clear(ds)
+		*p = ds[:0]
+		deliveriesPool.Put(p)
+	}()
 	for _, it := range items {
 		if s.markSettled(it) {
 			ds = append(ds, it.d)
@@ -45,6 +55,9 @@ func (s *Sidecar) ackAll(items []*item) {
 		s.log.V(1).Info("Could not ack deliveries; the broker redelivers them", "error", err.Error())
 	}
 }
+
+// deliveriesPool holds ackAll's slices (*[]amqp.Delivery).
+var deliveriesPool = sync.Pool{New: func() any { return new([]amqp.Delivery) }}
 
 // ackBatch is the deliveries whose acks wait for one group commit.
 type ackBatch struct {

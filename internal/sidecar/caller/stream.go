@@ -70,6 +70,9 @@ type stream struct {
 	// delivered.
 	ready    []session.Entry[*item]
 	barriers []*barrier
+	// msgs is deliverEvents' scratch for the app messages of one request,
+	// cleared after it (nothing keeps them: they are encoded at once).
+	msgs []AppMessage
 	// maxSeen is the highest sequence offered (or persisted).
 	maxSeen       int64
 	callee        string
