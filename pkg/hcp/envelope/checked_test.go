@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,5 +125,29 @@ func TestMembersChecked(t *testing.T) {
 		if err := MembersChecked([]byte(in), nop); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", in, err, want)
 		}
+	}
+}
+
+// TestNewMessageIDs: ids drawn from the read-ahead randomness, by
+// goroutines at once, are lowercase UUIDs v4, all distinct.
+func TestNewMessageIDs(t *testing.T) {
+	const workers, each = 4, 5000
+	ids := make(chan string, workers*each)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				ids <- NewMessageID()
+			}
+		})
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[string]bool{}
+	for id := range ids {
+		if !IsUUIDv4(id) || strings.ToLower(id) != id || seen[id] {
+			t.Fatalf("id %q (seen before: %v)", id, seen[id])
+		}
+		seen[id] = true
 	}
 }
