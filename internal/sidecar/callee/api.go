@@ -218,7 +218,7 @@ func checkEvent(ev *harnessEvent) error {
 	// envelope is then built without validating it again
 	// (sequenceEventLocked).
 	if err := envelope.CheckObject(ev.Data); err != nil {
-		return &task.ValidationError{Kind: "event", Fields: []*task.FieldError{{Field: "data", Message: err.Error()}}}
+		return &task.ValidationError{Kind: "event", Fields: []*task.FieldError{{Field: keyData, Message: err.Error()}}}
 	}
 	ev.decoded = d
 	return nil

@@ -43,7 +43,7 @@ func parseEventFast(b []byte) (ev harnessEvent, ok bool) {
 			var s string
 			s, ok = plainString(value)
 			ev.EventType = session.EventType(s)
-		case "data":
+		case keyData:
 			bit, data, ok = 2, value, value[0] == '{'
 		case "idempotency_key":
 			bit = 4
@@ -78,13 +78,19 @@ func plainString(v []byte) (string, bool) {
 	return envelope.String(v)
 }
 
+// JSON names that recur in an event.
+const (
+	keyData    = "data"
+	keyMessage = "message"
+)
+
 // The JSON names of the fields of each harness event type's data.
 var (
-	progressFields     = []string{"stage", "percent", "message"}
-	intermediateFields = []string{"result_type", "data", "is_partial"}
-	logFields          = []string{"level", "message", "details"}
-	warningFields      = []string{"code", "message", "details"}
-	errorFields        = []string{"code", "message", "recoverable"}
+	progressFields     = []string{"stage", "percent", keyMessage}
+	intermediateFields = []string{"result_type", keyData, "is_partial"}
+	logFields          = []string{"level", keyMessage, "details"}
+	warningFields      = []string{"code", keyMessage, "details"}
+	errorFields        = []string{"code", keyMessage, "recoverable"}
 )
 
 // decodeEventData decodes the data of a harness event type without
