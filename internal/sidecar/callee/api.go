@@ -137,6 +137,9 @@ func parseEvents(body []byte) (evs []harnessEvent, batch bool, err error) {
 		}
 		return []harnessEvent{ev}, false, nil
 	}
+	if evs, ok := parseBatchFast(body); ok {
+		return evs, true, nil
+	}
 	if err := decodeStrict(body, &evs); err != nil {
 		return nil, true, batchError(body, err)
 	}

@@ -69,6 +69,24 @@ func parseEventFast(b []byte) (ev harnessEvent, ok bool) {
 	return ev, true
 }
 
+// parseBatchFast is parseEventFast for a batch of 1 to maxBatchSize
+// events, each in the plain form; ok is false for anything else.
+func parseBatchFast(body []byte) ([]harnessEvent, bool) {
+	var items []json.RawMessage
+	if json.Unmarshal(body, &items) != nil || len(items) == 0 || len(items) > maxBatchSize {
+		return nil, false
+	}
+	evs := make([]harnessEvent, len(items))
+	for i, it := range items {
+		ev, ok := parseEventFast(it)
+		if !ok {
+			return nil, false
+		}
+		evs[i] = ev
+	}
+	return evs, true
+}
+
 // plainString is a JSON string value as encoding/json decodes it; ok is
 // false for any other value (null included).
 func plainString(v []byte) (string, bool) {

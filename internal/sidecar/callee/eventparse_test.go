@@ -72,6 +72,36 @@ func FuzzParseEventFast(f *testing.F) {
 	})
 }
 
+// FuzzParseBatchFast: a batch takes the fast path only when the general
+// path accepts it too, with the same events.
+func FuzzParseBatchFast(f *testing.F) {
+	f.Add([]byte(`[` + fastSeeds[0] + `,` + fastSeeds[2] + `]`))
+	f.Add([]byte(` [` + fastSeeds[1] + `] `))
+	f.Add([]byte(`[` + fastSeeds[0] + `,` + fastSeeds[7] + `]`))
+	f.Add([]byte(`[` + fastSeeds[0] + `] ]`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`[null]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, ok := parseBatchFast(bytes.TrimSpace(b))
+		if !ok {
+			return
+		}
+		var want []harnessEvent
+		if err := decodeStrict(b, &want); err != nil || len(want) != len(fast) {
+			t.Fatalf("%q: the fast path accepts %d events, the general path %d: %v", b, len(fast), len(want), err)
+		}
+		for i := range want {
+			if err := checkEvent(&want[i]); err != nil {
+				t.Fatalf("%q: event [%d]: %v", b, i, err)
+			}
+			if f, w := fast[i], want[i]; f.EventType != w.EventType || f.IdempotencyKey != w.IdempotencyKey ||
+				!bytes.Equal(f.Data, w.Data) || !reflect.DeepEqual(f.decoded, w.decoded) {
+				t.Fatalf("%q: event [%d]: fast %+v, general %+v", b, i, f, w)
+			}
+		}
+	})
+}
+
 // TestParseEventFastTakesThePlainForm: the events a harness writes take the
 // fast path; the others the general one.
 func TestParseEventFastTakesThePlainForm(t *testing.T) {
@@ -86,5 +116,23 @@ func TestParseEventFastTakesThePlainForm(t *testing.T) {
 	line[35] = 'X'
 	if string(ev.Data) != `{"stage":"s"}` {
 		t.Errorf("the event's data shares the line's buffer: %s", ev.Data)
+	}
+}
+
+// BenchmarkParseEvent is one event line parsed by parseEvent (the fast
+// path) and by the general path alone.
+//
+//	go test -run '^$' -bench BenchmarkParseEvent ./internal/sidecar/callee
+func BenchmarkParseEvent(b *testing.B) {
+	line := benchEventLines(2)[1]
+	for name, parse := range map[string]func([]byte) (harnessEvent, error){"fast": parseEvent, "general": parseEventGeneral} {
+		b.Run("path="+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := parse(line); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
