@@ -219,7 +219,7 @@ func checkEvent(ev *harnessEvent) error {
 	// the last of duplicate keys and takes invalid UTF-8): the harness's
 	// 400 now, not a failed publish after the event took a sequence. The
 	// envelope is then built without validating it again
-	// (sequenceEventLocked).
+	// (sequenceHarnessEventLocked).
 	if err := envelope.CheckObject(ev.Data); err != nil {
 		return &task.ValidationError{Kind: "event", Fields: []*task.FieldError{{Field: keyData, Message: err.Error()}}}
 	}
