@@ -274,6 +274,7 @@
 //	sidecar.go      the Sidecar, New, Ready
 //	run.go          Run, Drain and the stop sequence; housekeeping
 //	consume.go      a delivery from the queue: decode, check the sender, dispatch to its session's stream
+//	eventdata.go    an event's typed data: progress data in one pass, the rest through EventPayload.Decode
 //	stream.go       stream: the owner of a session's delivery, its loop, its drain and exit
 //	receive.go      stream: take a message in (refused sessions, the callee check, answers and results as barriers)
 //	order.go        stream: sequence order through the tracker; gaps and their timeouts
@@ -293,9 +294,11 @@
 //	appstream.go    stream delivery to the app: one long-lived NDJSON request, acks read as they come
 //	appstreamopen.go opening the stream: on a direct connection, or through net/http
 //	appconn.go      direct keep-alive connections to the app, written and read by the session worker
+//	appresp.go      the app's answers on those connections: plain ones read in place, the rest by net/http
 //	appjson.go      the app message's JSON and the stream's delivery line, built without reflection
 //	store.go        Store: tasks and sessions in memory, reads and durable updates
 //	records.go      TaskRecord and SessionRecord
 //	journal.go      the Store's journal: line format, group commit and its linger, compaction
+//	recordjson.go   a session record's journal line, built without reflection
 //	ticket.go       Ticket: the completion of one group commit, and hurrying it
 package caller
