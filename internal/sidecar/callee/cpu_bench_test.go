@@ -43,22 +43,22 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkCalleeCPU -benchtime 5000x -count 6 ./internal/sidecar/callee
 func BenchmarkCalleeCPU(b *testing.B) {
+	url, user := benchVhost(b) // one for the sub-benchmarks: a broker shared with others
 	for _, api := range []string{"stream", "async"} {
 		for _, rate := range []float64{1000, 0} {
 			name := "rate=max"
 			if rate > 0 {
 				name = fmt.Sprintf("rate=%g", rate)
 			}
-			b.Run("api="+api+"/"+name, func(b *testing.B) { benchCalleeCPU(b, api, rate) })
+			b.Run("api="+api+"/"+name, func(b *testing.B) { benchCalleeCPU(b, url, user, api, rate) })
 		}
 	}
 }
 
-func benchCalleeCPU(b *testing.B, api string, rate float64) {
+func benchCalleeCPU(b *testing.B, url, user, api string, rate float64) {
 	if b.N == 1 {
 		return
 	}
-	url, user := benchVhost(b)
 	sid := deriveSID(fmt.Sprintf("%036d", time.Now().UnixNano()))
 	p := spawnCalleeProcess(b, url, user, sid)
 	if path := os.Getenv(cpuProfileEnv); path != "" {
@@ -113,12 +113,25 @@ func benchCalleeCPU(b *testing.B, api string, rate float64) {
 
 // benchVhost makes a vhost of the benchmark's own on the local broker with
 // the caller's event queue and the events exchange, and returns an AMQP
-// URL for it and the broker user's name (the sidecar's user_id).
+// URL for it and the broker user's name (the sidecar's user_id). The vhost
+// is deleted when b ends, retried while a busy broker times out (a vhost
+// left behind keeps its quorum queue running on a shared broker).
 func benchVhost(b *testing.B) (url, user string) {
 	broker := testbed.EnsureRabbitMQ(b)
 	vhost := testbed.RandomName("hcp-callee-cpu-")
 	must(b, resp(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
-	broker.CleanupVhost(b, vhost)
+	b.Cleanup(func() {
+		for try := 0; ; try++ {
+			err := broker.DeleteVhost(vhost)
+			if err == nil || try == 5 {
+				if err != nil {
+					b.Errorf("delete vhost %s: %v", vhost, err)
+				}
+				return
+			}
+			time.Sleep(time.Second << try)
+		}
+	})
 	must(b, resp(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	url = broker.AMQPURI(broker.Username, broker.Password, vhost)
 	conn, err := amqp.Dial(url)
@@ -139,6 +152,8 @@ func benchVhost(b *testing.B) (url, user string) {
 // and counts the deliveries.
 func drainEvents(b *testing.B, conn *amqp.Connection, n int) *atomic.Int64 {
 	ch, err := conn.Channel()
+	must(b, err)
+	_, err = ch.QueuePurge(topology.EventQueue(callerID), false) // what an earlier sub-benchmark left
 	must(b, err)
 	must(b, ch.Qos(1000, 0, false))
 	ds, err := ch.Consume(topology.EventQueue(callerID), "bench-caller", false, false, false, false, nil)
