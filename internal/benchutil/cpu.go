@@ -2,6 +2,7 @@ package benchutil
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -76,27 +77,38 @@ func brokerPID() string {
 // clockTick is the unit of /proc/PID/stat's times (USER_HZ, 100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-// procCPU is utime+stime of /proc/PID/stat.
+// procCPU is utime+stime of /proc/PID/stat (0 when unreadable).
 func procCPU(pid string) time.Duration {
-	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	n, err := strconv.Atoi(pid)
 	if err != nil {
 		return 0
+	}
+	d, _ := ProcessCPU(n)
+	return d
+}
+
+// ProcessCPU is the user+sys time process pid has used so far
+// (/proc/PID/stat, in clock ticks).
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
 	}
 	// The command name (field 2) may hold spaces: count from after it.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0
+		return 0, fmt.Errorf("/proc/%d/stat: no command name in %q", pid, b)
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 13 {
-		return 0
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
 	}
 	ut, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
 	st, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
 	if err1 != nil || err2 != nil {
-		return 0
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q, stime %q", pid, f[11], f[12])
 	}
-	return time.Duration(ut+st) * clockTick
+	return time.Duration(ut+st) * clockTick, nil
 }
 
 // RSS is the resident memory of this process now (VmRSS), in bytes (0

@@ -244,20 +244,11 @@ func postAsync(endpoint string, lines [][]byte, pace *benchutil.Pacer) error {
 	return nil
 }
 
-// procCPU is the user+sys time of process pid so far (/proc/PID/stat, in
-// clock ticks of 10 ms).
+// procCPU is the user+sys time of process pid so far.
 func procCPU(b *testing.B, pid int) time.Duration {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	d, err := benchutil.ProcessCPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Fields after the command name (which may hold spaces): state is
-	// field 3, utime 14, stime 15.
-	f := bytes.Fields(data[bytes.LastIndexByte(data, ')')+1:])
-	utime, err1 := strconv.ParseInt(string(f[11]), 10, 64)
-	stime, err2 := strconv.ParseInt(string(f[12]), 10, 64)
-	if err1 != nil || err2 != nil {
-		b.Fatalf("/proc/%d/stat: %q", pid, data)
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return d
 }

@@ -56,17 +56,8 @@ func NewPublishing(now time.Time, t MessageType, sessionID string, payload any, 
 // gives it up), now within the range Validate accepts. Validate would
 // only scan the payload again. Anything else must use NewPublishing.
 func NewPublishingUnchecked(now time.Time, t MessageType, sessionID string, payload json.RawMessage, userID string) amqp.Publishing {
-	env := Envelope{
-		HCPVersion: Version,
-		MessageID:  NewMessageID(),
-		Timestamp:  now.UTC().Truncate(time.Millisecond),
-		Type:       t,
-		Payload:    payload,
-	}
-	if sessionID != "" {
-		env.SessionID = &sessionID
-	}
-	return ToPublishing(&env, appendValid(&env), userID)
+	env := assemble(now, t, sessionID, payload)
+	return ToPublishing(env, appendValid(env), userID)
 }
 
 // EncodePublishing is Encode followed by ToPublishing.

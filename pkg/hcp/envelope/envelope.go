@@ -159,6 +159,15 @@ func NewAt(now time.Time, t MessageType, sessionID string, payload any) (*Envelo
 	if err != nil {
 		return nil, err
 	}
+	e := assemble(now, t, sessionID, raw)
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// assemble is an envelope of type t with a fresh message id, not validated.
+func assemble(now time.Time, t MessageType, sessionID string, payload json.RawMessage) *Envelope {
 	e := &Envelope{
 		HCPVersion: Version,
 		MessageID:  NewMessageID(),
@@ -166,15 +175,12 @@ func NewAt(now time.Time, t MessageType, sessionID string, payload any) (*Envelo
 		// compares equal to its decoded self.
 		Timestamp: now.UTC().Truncate(time.Millisecond),
 		Type:      t,
-		Payload:   raw,
+		Payload:   payload,
 	}
 	if sessionID != "" {
 		e.SessionID = &sessionID
 	}
-	if err := e.Validate(); err != nil {
-		return nil, err
-	}
-	return e, nil
+	return e
 }
 
 func marshalPayload(payload any) (json.RawMessage, error) {
