@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"strconv"
-	"strings"
 
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
@@ -61,8 +59,8 @@ func parseEventFast(b []byte) (ev harnessEvent, ok bool) {
 	// The line's buffer is the reader's: data and the fields decoded from
 	// it share one copy.
 	ev.Data = bytes.Clone(data)
-	d, ok := decodeEventData(ev.EventType, ev.Data)
-	if !ok || d.Validate() != nil {
+	d, err := (&session.EventPayload{EventType: ev.EventType, Sequence: 1, Data: ev.Data}).Decode()
+	if err != nil {
 		return harnessEvent{}, false
 	}
 	ev.decoded = d
@@ -96,134 +94,5 @@ func plainString(v []byte) (string, bool) {
 	return envelope.String(v)
 }
 
-// JSON names that recur in an event.
-const (
-	keyData    = "data"
-	keyMessage = "message"
-)
-
-// The JSON names of the fields of each harness event type's data.
-var (
-	progressFields     = []string{"stage", "percent", keyMessage}
-	intermediateFields = []string{"result_type", keyData, "is_partial"}
-	logFields          = []string{"level", keyMessage, "details"}
-	warningFields      = []string{"code", keyMessage, "details"}
-	errorFields        = []string{"code", keyMessage, "recoverable"}
-)
-
-// decodeEventData decodes the data of a harness event type without
-// reflection; ok is false when it is not in the plain form.
-func decodeEventData(et session.EventType, data []byte) (session.EventData, bool) {
-	switch et {
-	case session.EventProgress:
-		d := &session.ProgressData{}
-		return d, decodeFields(data, progressFields, func(i int, v []byte) bool {
-			switch i {
-			case 0:
-				return setString(&d.Stage, v)
-			case 1:
-				return setFloat(&d.Percent, v)
-			}
-			return setString(&d.Message, v)
-		})
-	case session.EventIntermediateResult:
-		d := &session.IntermediateResultData{}
-		return d, decodeFields(data, intermediateFields, func(i int, v []byte) bool {
-			switch i {
-			case 0:
-				return setString(&d.ResultType, v)
-			case 1:
-				return setRaw(&d.Data, v)
-			}
-			return setBool(&d.IsPartial, v)
-		})
-	case session.EventLog:
-		d := &session.LogData{}
-		return d, decodeFields(data, logFields, func(i int, v []byte) bool {
-			switch i {
-			case 0:
-				return setString((*string)(&d.Level), v)
-			case 1:
-				return setString(&d.Message, v)
-			}
-			return setRaw(&d.Details, v)
-		})
-	case session.EventWarning:
-		d := &session.WarningData{}
-		return d, decodeFields(data, warningFields, func(i int, v []byte) bool {
-			switch i {
-			case 0:
-				return setString(&d.Code, v)
-			case 1:
-				return setString(&d.Message, v)
-			}
-			return setRaw(&d.Details, v)
-		})
-	case session.EventError:
-		d := &session.ErrorData{}
-		return d, decodeFields(data, errorFields, func(i int, v []byte) bool {
-			switch i {
-			case 0:
-				return setString(&d.Code, v)
-			case 1:
-				return setString(&d.Message, v)
-			}
-			return setBool(&d.Recoverable, v)
-		})
-	}
-	return nil, false
-}
-
-// decodeFields calls set with the index in names of each member's key
-// (spelled exactly so) and its value. A key encoding/json would match to
-// a field in another letter case, or a value set does not take as is,
-// makes it false; other keys are ignored, as encoding/json ignores them.
-func decodeFields(data []byte, names []string, set func(i int, v []byte) bool) bool {
-	return envelope.Members(data, func(key, value []byte) error {
-		for i, name := range names {
-			if string(key) == name {
-				if !set(i, value) {
-					return errNotPlain
-				}
-				return nil
-			}
-		}
-		for _, name := range names {
-			if strings.EqualFold(name, string(key)) {
-				return errNotPlain
-			}
-		}
-		for _, c := range key {
-			if c >= 0x80 { // encoding/json folds some non-ASCII letters too
-				return errNotPlain
-			}
-		}
-		return nil
-	}) == nil
-}
-
-// The setters take a value only in the form encoding/json stores as is
-// (no null: encoding/json leaves a field alone, or stores "null").
-func setString(dst *string, v []byte) (ok bool) {
-	*dst, ok = plainString(v)
-	return ok
-}
-
-func setFloat(dst **float64, v []byte) bool {
-	if v[0] != '-' && (v[0] < '0' || v[0] > '9') {
-		return false
-	}
-	f, err := strconv.ParseFloat(string(v), 64)
-	*dst = &f
-	return err == nil
-}
-
-func setBool(dst *bool, v []byte) bool {
-	*dst = string(v) == "true"
-	return *dst || string(v) == "false"
-}
-
-func setRaw(dst *json.RawMessage, v []byte) bool {
-	*dst = v
-	return string(v) != "null"
-}
+// keyData is the event's data member.
+const keyData = "data"

@@ -103,12 +103,22 @@ func FuzzParseBatchFast(f *testing.F) {
 }
 
 // TestParseEventFastTakesThePlainForm: the events a harness writes take the
-// fast path; the others the general one.
+// fast path; an event it takes (its data decoded by session's Decode, plain
+// or not) is the general path's, and one the general path refuses is left
+// to it.
 func TestParseEventFastTakesThePlainForm(t *testing.T) {
 	for i, s := range fastSeeds {
-		_, ok := parseEventFast([]byte(s))
-		if want := i < 7; ok != want {
-			t.Errorf("%s: fast path %v, want %v", s, ok, want)
+		fast, ok := parseEventFast([]byte(s))
+		if i < 7 && !ok {
+			t.Errorf("%s: not on the fast path", s)
+		}
+		if !ok {
+			continue
+		}
+		want, err := parseEventGeneral([]byte(s))
+		if err != nil || fast.EventType != want.EventType || fast.IdempotencyKey != want.IdempotencyKey ||
+			!bytes.Equal(fast.Data, want.Data) || !reflect.DeepEqual(fast.decoded, want.decoded) {
+			t.Errorf("%s: fast %+v, general %+v (%v)", s, fast, want, err)
 		}
 	}
 	line := []byte(`{"event_type":"progress","data":{"stage":"s"}}`)

@@ -134,7 +134,7 @@ func (s *Sidecar) decode(ctx context.Context, d amqp.Delivery) (*item, string, e
 	case envelope.TypeEvent:
 		var p session.EventPayload
 		if p, perr = session.UnmarshalEventPayload(env.Payload); perr == nil {
-			it.eventData, perr = decodeEventData(&p)
+			it.eventData, perr = p.Decode()
 			it.event = &p
 			it.mark, it.marked = envelope.ConfirmedThrough(d.Headers)
 		}

@@ -274,7 +274,6 @@
 //	sidecar.go      the Sidecar, New, Ready
 //	run.go          Run, Drain and the stop sequence; housekeeping
 //	consume.go      a delivery from the queue: decode, check the sender, dispatch to its session's stream
-//	eventdata.go    an event's typed data: progress data in one pass, the rest through EventPayload.Decode
 //	stream.go       stream: the owner of a session's delivery, its loop, its drain and exit
 //	receive.go      stream: take a message in (refused sessions, the callee check, answers and results as barriers)
 //	order.go        stream: sequence order through the tracker; gaps and their timeouts
