@@ -308,5 +308,5 @@ func optionalJSON(e *task.ValidationError, field string, r json.RawMessage) {
 
 func rawAbsent(r json.RawMessage) bool {
 	t := bytes.TrimSpace(r)
-	return len(t) == 0 || string(t) == "null"
+	return len(t) == 0 || string(t) == jsonNull
 }

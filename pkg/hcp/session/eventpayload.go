@@ -40,7 +40,7 @@ func (p EventPayload) AppendJSON(b []byte) []byte {
 	b = strconv.AppendInt(b, p.Sequence, 10)
 	b = append(b, `,"data":`...)
 	if len(p.Data) == 0 {
-		b = append(b, "null"...)
+		b = append(b, jsonNull...)
 	} else {
 		b = append(b, p.Data...)
 	}
@@ -56,7 +56,7 @@ func (p EventPayload) AppendJSON(b []byte) []byte {
 func UnmarshalEventPayload(raw []byte) (EventPayload, error) {
 	var p EventPayload
 	err := envelope.Members(raw, func(key, value []byte) error {
-		if string(value) == "null" {
+		if string(value) == jsonNull {
 			return nil
 		}
 		switch string(key) {

@@ -160,5 +160,8 @@ func setBool(dst *bool, v []byte) bool {
 
 func setRaw(dst *json.RawMessage, v []byte) bool {
 	*dst = v
-	return string(v) != "null"
+	return string(v) != jsonNull
 }
+
+// jsonNull is the JSON null literal.
+const jsonNull = "null"
