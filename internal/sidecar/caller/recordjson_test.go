@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -72,5 +73,36 @@ func BenchmarkSessionLine(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = appendLine(buf[:0], journalLine{Session: r})
+	}
+}
+
+// Every field of SessionRecord set at once is written as json.Marshal
+// writes it: a field added to the record and not to appendSessionLine
+// fails here, instead of being dropped from the journal without a word
+// (TestSessionLineJSON's random records know only today's fields).
+func TestSessionLineJSONHasEveryField(t *testing.T) {
+	var r SessionRecord
+	v := reflect.ValueOf(&r).Elem()
+	for i := range v.NumField() {
+		switch f := v.Field(i); f.Interface().(type) {
+		case string:
+			f.SetString("x" + v.Type().Field(i).Name)
+		case int64:
+			f.SetInt(int64(i + 1))
+		case bool:
+			f.SetBool(true)
+		case time.Time:
+			f.Set(reflect.ValueOf(time.Unix(int64(1e9+i), 0).UTC()))
+		default:
+			t.Fatalf("SessionRecord.%s is a %s: teach appendSessionLine and this test its encoding", v.Type().Field(i).Name, f.Type())
+		}
+	}
+	l := journalLine{Session: &r}
+	want, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := appendSessionLine(nil, l); !ok || !bytes.Equal(got, want) {
+		t.Fatalf("every field set:\n got %s (%v)\nwant %s", got, ok, want)
 	}
 }
