@@ -3,6 +3,8 @@ package session
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -103,5 +105,25 @@ func BenchmarkDecode(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The fast path names every field of each harness type's data: a field
+// added to the struct and not to its list would be ignored on the fast
+// path while encoding/json fills it.
+func TestDecodePlainNamesEveryField(t *testing.T) {
+	for et, names := range map[EventType][]string{
+		EventProgress: progressFields, EventIntermediateResult: intermediateFields,
+		EventLog: logFields, EventWarning: warningFields, EventError: errorFields,
+	} {
+		typ := reflect.TypeOf(newData(et)).Elem()
+		var tags []string
+		for i := range typ.NumField() {
+			name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+			tags = append(tags, name)
+		}
+		if !slices.Equal(tags, names) {
+			t.Errorf("%s: the fast path decodes %v, the struct has %v", et, names, tags)
+		}
 	}
 }
