@@ -9,7 +9,9 @@
 // share a write with the next), and nothing is written when nothing
 // changed.
 // All writes of a Writer share a budget (SetBudget): state changes go
-// first, progress is coalesced further when the budget is short. Each write
+// first, progress is coalesced further when the budget is short, and
+// progress writes go one at a time, at most the budget's rate (no burst of
+// them when many sessions' intervals end together). Each write
 // is a JSON merge patch of the status subresource holding only the fields
 // that differ from what this writer last wrote, under the field manager
 // "hcp-sidecar". Merge patches rather than server-side apply: both sidecars

@@ -27,7 +27,9 @@ const ns = "ns"
 type countingClient struct {
 	client.Client
 	mu      sync.Mutex
-	patches []string // the patch bodies, in order
+	patches []string    // the patch bodies, in order
+	at      []time.Time // the fake clock's time of each patch
+	clk     *clocktesting.FakeClock
 	// gate, when set, holds the next status patch (after recording it)
 	// until it is closed; entered is closed when that patch arrives.
 	gate, entered chan struct{}
@@ -76,6 +78,9 @@ func newFixture(t *testing.T, interval time.Duration, objs ...client.Object) (*W
 				}
 				cc.mu.Lock()
 				cc.patches = append(cc.patches, string(data))
+				if cc.clk != nil {
+					cc.at = append(cc.at, cc.clk.Now())
+				}
 				gate, entered := cc.gate, cc.entered
 				cc.gate, cc.entered = nil, nil
 				cc.mu.Unlock()
@@ -87,6 +92,7 @@ func newFixture(t *testing.T, interval time.Duration, objs ...client.Object) (*W
 			},
 		}).Build()
 	clk := clocktesting.NewFakeClock(time.Date(2025, 1, 15, 8, 30, 0, 0, time.UTC))
+	cc.clk = clk
 	m := metrics.New(prometheus.NewRegistry())
 	w := New(Options{Client: cc, Namespace: ns, Interval: interval, Clock: clk, Metrics: m, Log: testr.New(t)})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -91,12 +91,14 @@ func (w *Writer) processNext() bool {
 	}
 	labelKey, labelled := w.labelKey, e.label
 	writes, visible := w.plan(e, statusDue)
-	if !visible && !w.budget.closed() && !w.budget.spare(writes) {
-		// Only progress: it waits for spare budget and then carries the
-		// latest status.
-		w.queue.AddAfter(name, max(w.interval/4, w.budget.spareIn(writes)))
-		w.mu.Unlock()
-		return true
+	if !visible && !w.budget.closed() {
+		// Only progress: it waits for spare budget and its pace, and then
+		// carries the latest status.
+		if ok, retry := w.budget.spare(writes, w.interval/4); !ok {
+			w.queue.AddAfter(name, retry)
+			w.mu.Unlock()
+			return true
+		}
 	}
 	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
 	e.force = false

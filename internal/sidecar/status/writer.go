@@ -151,6 +151,7 @@ func New(o Options) *Writer {
 	return &Writer{
 		budget: writeBudget{
 			tokens:  rate.NewLimiter(rate.Limit(o.WritesPerSecond), burstOf(o.WritesPerSecond)),
+			pace:    rate.NewLimiter(rate.Limit(o.WritesPerSecond), 1),
 			clk:     o.Clock,
 			closing: make(chan struct{}),
 		},
