@@ -98,7 +98,8 @@ const (
 	LabelCallerID = "hcp.io/caller-id"
 	// LabelSessionState mirrors status.state on HCPSessions for selection
 	// (kubectl get hcps -l hcp.io/state=RUNNING). The callee sidecar sets it
-	// at creation and right after each status write that changes the state.
+	// at creation, right after each status write that changes the state,
+	// and, for the final state, with the session's terminal record.
 	// It is for selection only: nothing trusts it.
 	LabelSessionState = "hcp.io/state"
 	// LabelVhostKey groups shared per-vhost objects (the two exchanges).

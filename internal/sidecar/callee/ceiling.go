@@ -31,7 +31,7 @@ func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
 		}
 		ctx, cancel := context.WithTimeout(ss.sc.life, 10*time.Second)
 		defer cancel()
-		err := ss.guardedMetaPatch(ctx, AnnotationSequenceCeiling, strconv.FormatInt(ceiling, 10), func(hs *v1alpha1.HCPSession) bool {
+		err := ss.guardedMetaPatch(ctx, []map[string]any{annotationOp(AnnotationSequenceCeiling, strconv.FormatInt(ceiling, 10))}, func(hs *v1alpha1.HCPSession) bool {
 			return storedCeiling(hs) >= ceiling // never lowered
 		})
 		if err != nil {
@@ -41,7 +41,7 @@ func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
 	}
 }
 
-// guardedMetaPatch sets annotation key to value on the session's
+// guardedMetaPatch applies ops (annotationOp, labelOp) to the session's
 // HCPSession, conditional on this replica's owner epoch: a JSON patch whose
 // first operation tests status.ownerEpoch. When the test fails the object
 // is read: a later owner's epoch means the session is lost
@@ -51,8 +51,8 @@ func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
 // another write (the status writer's first, which stores the epoch) came
 // in between; done (if not nil) tells a write that is not needed any more.
 // A deleted object counts as written.
-func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done func(*v1alpha1.HCPSession) bool) error {
-	err := ss.patchAnnotation(ctx, key, value, patchOp("test", "/status/ownerEpoch", ss.epoch))
+func (ss *sess) guardedMetaPatch(ctx context.Context, ops []map[string]any, done func(*v1alpha1.HCPSession) bool) error {
+	err := ss.patchMeta(ctx, patchOp("test", "/status/ownerEpoch", ss.epoch), ops)
 	for range guardRetries {
 		if err == nil || apierrors.IsNotFound(err) {
 			return nil
@@ -69,9 +69,9 @@ func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done fu
 		case done != nil && done(hs):
 			return nil
 		case hs.Status.OwnerEpoch == ss.epoch:
-			err = ss.patchAnnotation(ctx, key, value, patchOp("test", "/status/ownerEpoch", ss.epoch))
+			err = ss.patchMeta(ctx, patchOp("test", "/status/ownerEpoch", ss.epoch), ops)
 		case hs.Status.OwnerEpoch == 0 && ss.epoch == 1:
-			err = ss.patchAnnotation(ctx, key, value, patchOp("test", "/metadata/resourceVersion", hs.ResourceVersion))
+			err = ss.patchMeta(ctx, patchOp("test", "/metadata/resourceVersion", hs.ResourceVersion), ops)
 		default:
 			return err
 		}
@@ -86,10 +86,9 @@ func (ss *sess) guardedMetaPatch(ctx context.Context, key, value string, done fu
 // test: each lost only to a concurrent write of this same owner.
 const guardRetries = 5
 
-// patchAnnotation sets one annotation after the test operation.
-func (ss *sess) patchAnnotation(ctx context.Context, key, value string, test map[string]any) error {
-	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
-	patch, err := json.Marshal([]map[string]any{test, patchOp("add", path, value)})
+// patchMeta applies ops after the test operation, in one JSON patch.
+func (ss *sess) patchMeta(ctx context.Context, test map[string]any, ops []map[string]any) error {
+	patch, err := json.Marshal(append([]map[string]any{test}, ops...))
 	if err != nil {
 		return err
 	}
@@ -106,4 +105,18 @@ func storedCeiling(hs *v1alpha1.HCPSession) int64 {
 // patchOp is one JSON patch (RFC 6902) operation.
 func patchOp(op, path string, value any) map[string]any {
 	return map[string]any{"op": op, "path": path, "value": value}
+}
+
+// pointerEscape escapes a map key for a JSON pointer (RFC 6901).
+var pointerEscape = strings.NewReplacer("~", "~0", "/", "~1")
+
+// annotationOp sets annotation key to value.
+func annotationOp(key, value string) map[string]any {
+	return patchOp("add", "/metadata/annotations/"+pointerEscape.Replace(key), value)
+}
+
+// labelOp sets label key to value (the object has labels: the gate
+// creates it with them).
+func labelOp(key, value string) map[string]any {
+	return patchOp("add", "/metadata/labels/"+pointerEscape.Replace(key), value)
 }

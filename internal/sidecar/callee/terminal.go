@@ -140,7 +140,11 @@ func (ss *sess) buildTerminalLocked(from session.State, o outcome, now time.Time
 	return rec, nil
 }
 
-// recordTerminal stores the record, conditional on the owner epoch.
+// recordTerminal stores the record, conditional on the owner epoch, and
+// in the same write the final state in the state label: the outcome is
+// decided once the record is stored, and the label, which nothing trusts
+// and a session never moves away from a terminal state, needs no write of
+// its own after the terminal status (one API write fewer per session).
 func (ss *sess) recordTerminal(ctx context.Context, rec *terminalRecord) error {
 	raw, err := json.Marshal(rec)
 	if err != nil {
@@ -151,7 +155,16 @@ func (ss *sess) recordTerminal(ctx context.Context, rec *terminalRecord) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return ss.guardedMetaPatch(ctx, AnnotationTerminalRecord, string(raw), nil)
+	final := rec.Status.State
+	ops := []map[string]any{annotationOp(AnnotationTerminalRecord, string(raw)), labelOp(v1alpha1.LabelSessionState, string(final))}
+	// No label write of an earlier state may cross this one.
+	release := ss.sc.st.Hold(ss.id)
+	defer release()
+	if err := ss.guardedMetaPatch(ctx, ops, nil); err != nil {
+		return err
+	}
+	ss.sc.st.SeedLabel(ss.id, final)
+	return nil
 }
 
 // terminalError is the API answer when the outcome could not be recorded.

@@ -47,7 +47,7 @@ func (w *Writer) plan(e *entry, statusDue bool) (writes int, visible bool) {
 	if statusDue {
 		writes++
 	}
-	if w.labelKey != "" && e.desired.State != "" && e.desired.State != e.label {
+	if w.labelKey != "" && e.desired.State != "" && !labelHolds(e.label, e.desired.State) {
 		writes++
 	}
 	return writes, !statusDue || e.force || stateChange(e)

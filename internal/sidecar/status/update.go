@@ -36,8 +36,9 @@ func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.
 }
 
 // SeedLabel tells the writer the state label name's object already
-// carries (set when it was created), so writing that state does not write
-// the label again.
+// carries (set when it was created, or with a terminal record), so writing
+// that state does not write the label again; a terminal one is never
+// written over.
 func (w *Writer) SeedLabel(name string, st v1alpha1.SessionState) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -169,6 +170,31 @@ func (w *Writer) Forget(name string) {
 	}
 }
 
+// Hold waits until no write of name is in flight and keeps new ones from
+// starting until release is called: for a write the caller makes itself
+// that one of the writer's must not cross (the callee sidecar's terminal
+// record sets the final state label, which a label write of an earlier
+// state in flight would otherwise put back). Updates and Flushes go on;
+// their writes wait for the release.
+func (w *Writer) Hold(name string) (release func()) {
+	w.mu.Lock()
+	e := w.entryLocked(name)
+	e.held++
+	inflight := w.writing[name]
+	w.mu.Unlock()
+	if inflight != nil {
+		<-inflight // bounded by the write's timeout
+	}
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		e.held--
+		if e.held == 0 && w.entries[name] == e && w.pending(e) {
+			w.schedule(name, e)
+		}
+	}
+}
+
 // Pending reports whether name has changes not yet written (the state
 // label included).
 func (w *Writer) Pending(name string) bool {
@@ -197,7 +223,15 @@ func (w *Writer) pending(e *entry) bool {
 
 // labelDue: the state label lags the written state. Called with w.mu held.
 func (w *Writer) labelDue(e *entry) bool {
-	return w.labelKey != "" && !e.gone && e.base.State != "" && e.label != e.base.State
+	return w.labelKey != "" && !e.gone && e.base.State != "" && !labelHolds(e.label, e.base.State)
+}
+
+// labelHolds: a label carrying label needs no write for state: the same
+// state, or a terminal one, which a session never leaves (the callee
+// sidecar sets it with the session's terminal record, a moment before the
+// status shows it: SeedLabel).
+func labelHolds(label, state v1alpha1.SessionState) bool {
+	return label == state || label.IsTerminal()
 }
 
 // notify completes the waiters whose version is written, state label

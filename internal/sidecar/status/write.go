@@ -67,6 +67,11 @@ func (w *Writer) processNext() bool {
 
 	w.mu.Lock()
 	e := w.entries[name]
+	if e != nil && e.held > 0 {
+		// Its Hold's release schedules it again.
+		w.mu.Unlock()
+		return true
+	}
 	if e == nil || !w.pending(e) {
 		if e != nil {
 			// A Flush that queued name while its write was in flight is
@@ -101,6 +106,7 @@ func (w *Writer) processNext() bool {
 		}
 	}
 	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
+	forced := e.force
 	e.force = false
 	w.mu.Unlock()
 	if visible {
@@ -108,6 +114,11 @@ func (w *Writer) processNext() bool {
 	}
 	w.mu.Lock()
 	if w.entries[name] != e { // forgotten while waiting for tokens
+		w.mu.Unlock()
+		return true
+	}
+	if e.held > 0 { // held while waiting for tokens: the release schedules it
+		e.force = e.force || forced
 		w.mu.Unlock()
 		return true
 	}
@@ -123,7 +134,7 @@ func (w *Writer) processNext() bool {
 	}
 	// The label follows the state just written (or already stored).
 	labelWritten := false
-	if err == nil && labelKey != "" && target.State != "" && target.State != labelled {
+	if err == nil && labelKey != "" && target.State != "" && !labelHolds(labelled, target.State) {
 		labelErr = w.writeLabel(name, labelKey, target.State, w.guarded(target))
 		labelWritten = labelErr == nil
 	}

@@ -112,6 +112,8 @@ type entry struct {
 	// attempt after a failed label write.
 	label        v1alpha1.SessionState
 	labelRetryAt time.Time
+	// held counts Holds: no write of the entry starts while it is above 0.
+	held int
 	// lingerState and lingerUntil hold back the write of a state set
 	// with UpdateAfter until then, while it is still the desired state.
 	lingerState v1alpha1.SessionState
