@@ -25,13 +25,19 @@ const pendingPace = 5 * time.Second
 // DefaultFirstStatusWait is how long a Callee or Caller whose status was
 // never written may stay without one while its first rollout only waits
 // (Ready False TopologyPending or DeploymentProgressing: for the topology
-// operator, the Deployment controller), counted from the first reconcile
-// that would have written that wait (Options.FirstStatusWait): a rollout
-// that converges within it writes its status once, Ready, instead of once
-// for the wait and once for Ready (a status patch is the API server's most
-// costly write of a rollout). Anything else (an error, a problem to fix, a
-// failed child, Ready) is written at once, and a wait that outlasts it is
-// written then. Meanwhile the object reads as not yet observed: the CRDs
+// operator, the Deployment controller) and makes no progress, counted from
+// the first reconcile that would have written that wait, and again from
+// each one whose wait says something else (a child came up: the message
+// changed) (Options.FirstStatusWait): a rollout that keeps converging
+// writes its status once, Ready, instead of once for the wait, once per
+// step (pendingPace) and once for Ready (a status patch is the API
+// server's most costly write of a rollout). That matters most when many
+// objects come at once: the topology operator declares them one at a
+// time, their rollouts outlast any fixed wait, and writes for each step
+// of each one slow every other (at 1,000 Callees + 1,000 Callers the
+// operator took 1.68 times the floor's time to Ready). Anything else (an
+// error, a problem to fix, a failed child, Ready) is written at once, and
+// a wait that stays the same that long is written then. Meanwhile the object reads as not yet observed: the CRDs
 // default status.observedGeneration to 0, below metadata.generation, so
 // kstatus says InProgress and Argo CD Progressing; Ready is absent, so
 // `kubectl wait --for=condition=Ready` waits. A minute: a burst of new
@@ -46,15 +52,22 @@ const DefaultFirstStatusWait = time.Minute
 type statusPace struct {
 	mu    sync.Mutex
 	at    map[types.UID]time.Time
-	first map[types.UID]time.Time
+	first map[types.UID]heldWait
 	swept time.Time
 	now   func() time.Time
 	// firstWait is Options.FirstStatusWait.
 	firstWait time.Duration
 }
 
+// heldWait is an object's first status held back: the wait's message and
+// since when it has said that.
+type heldWait struct {
+	since  time.Time
+	detail string
+}
+
 func newStatusPace(firstWait time.Duration) *statusPace {
-	return &statusPace{at: map[types.UID]time.Time{}, first: map[types.UID]time.Time{}, now: time.Now, firstWait: firstWait}
+	return &statusPace{at: map[types.UID]time.Time{}, first: map[types.UID]heldWait{}, now: time.Now, firstWait: firstWait}
 }
 
 // wrote records a status write of uid.
@@ -89,8 +102,8 @@ func (p *statusPace) sweep(now time.Time) {
 			delete(p.at, k)
 		}
 	}
-	for k, t := range p.first {
-		if now.Sub(t) > max(forgetHeldAfter, 2*p.firstWait) {
+	for k, h := range p.first {
+		if now.Sub(h.since) > max(forgetHeldAfter, 2*p.firstWait) {
 			delete(p.first, k)
 		}
 	}
@@ -101,24 +114,30 @@ func (p *statusPace) sweep(now time.Time) {
 // after, may still wait (0: write now): only when before has no Ready
 // condition (no status was ever written), after only waits, the reconcile
 // returned no error, and less than firstWait has passed since the
-// first reconcile that held it.
+// first reconcile that held it, or since the last whose wait said
+// something else.
 func (p *statusPace) holdFirst(obj client.Object, before, after view, err error) time.Duration {
 	if p == nil || p.firstWait <= 0 || err != nil || meta.FindStatusCondition(*before.conditions, hcpv1alpha1.ConditionReady) != nil {
 		return 0
 	}
-	if r := meta.FindStatusCondition(*after.conditions, hcpv1alpha1.ConditionReady); r == nil || r.Status == metav1.ConditionTrue || !waiting(r) {
+	r := meta.FindStatusCondition(*after.conditions, hcpv1alpha1.ConditionReady)
+	if r == nil || r.Status == metav1.ConditionTrue || !waiting(r) {
 		return 0
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
 	p.sweep(now)
-	since, ok := p.first[obj.GetUID()]
-	if !ok {
-		since = now
-		p.first[obj.GetUID()] = now
+	h, ok := p.first[obj.GetUID()]
+	switch {
+	case !ok:
+		h = heldWait{since: now, detail: r.Message}
+	case h.detail != r.Message && now.Sub(h.since) < p.firstWait:
+		// A step of the rollout: it goes on, so the hold does.
+		h = heldWait{since: now, detail: r.Message}
 	}
-	return max(p.firstWait-now.Sub(since), 0)
+	p.first[obj.GetUID()] = h
+	return max(p.firstWait-now.Sub(h.since), 0)
 }
 
 // hold returns how long the write of obj's status from before to after

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -59,7 +60,8 @@ func TestStatusPace(t *testing.T) {
 }
 
 // TestFirstStatusHold: a new object's first status is held while it only
-// waits, for DefaultFirstStatusWait from the first reconcile that held it, and
+// waits, for DefaultFirstStatusWait from the first reconcile that held it
+// or the last whose wait said something else (a step of the rollout), and
 // not again once that is over (even after a sweep); an error, a failure,
 // Ready, or a status written before end or prevent the hold.
 func TestFirstStatusHold(t *testing.T) {
@@ -84,8 +86,21 @@ func TestFirstStatusHold(t *testing.T) {
 		t.Errorf("first wait: held %s, want %s", d, DefaultFirstStatusWait)
 	}
 	now = now.Add(10 * time.Second)
-	if d := hold(fresh, pending("User u: not yet declared"), nil); d != DefaultFirstStatusWait-10*time.Second {
-		t.Errorf("10 s later: held %s, want %s", d, DefaultFirstStatusWait-10*time.Second)
+	if d := hold(fresh, pending("Queue q: not yet declared"), nil); d != DefaultFirstStatusWait-10*time.Second {
+		t.Errorf("10 s later, the same wait: held %s, want %s", d, DefaultFirstStatusWait-10*time.Second)
+	}
+	// A rollout that keeps moving is held for as long as it moves: each
+	// step (the Queue came up, now the User is awaited) starts the wait
+	// again, here 9 steps 45 s apart, 7 minutes in all.
+	for step := range 9 {
+		now = now.Add(45 * time.Second)
+		if d := hold(fresh, pending(fmt.Sprintf("step %d: not yet declared", step)), nil); d != DefaultFirstStatusWait {
+			t.Fatalf("step %d, %s after the first: held %s, want %s", step, now.Sub(time.Unix(1000, 0)), d, DefaultFirstStatusWait)
+		}
+	}
+	now = now.Add(10 * time.Second)
+	if d := hold(fresh, pending("User u: not yet declared"), nil); d != DefaultFirstStatusWait {
+		t.Errorf("another step: held %s, want %s", d, DefaultFirstStatusWait)
 	}
 	for name, tc := range map[string]struct {
 		before, after *hcpv1alpha1.Callee
@@ -102,8 +117,12 @@ func TestFirstStatusHold(t *testing.T) {
 		}
 	}
 	now = now.Add(DefaultFirstStatusWait)
+	if d := hold(fresh, pending("User u: not yet declared"), nil); d != 0 {
+		t.Errorf("after DefaultFirstStatusWait of the same wait: held %s, want 0", d)
+	}
+	// Over: a step now does not hold it again.
 	if d := hold(fresh, pending("x"), nil); d != 0 {
-		t.Errorf("after DefaultFirstStatusWait: held %s, want 0", d)
+		t.Errorf("a step after the hold ended: held %s, want 0", d)
 	}
 	// Sweeps (another object's hold) do not start uid-1's again.
 	for range 3 {
