@@ -191,7 +191,7 @@ func (r *CalleeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCallee)
 	r.core.claims = r.claims
 	r.loop = &harnessReconciler[*hcpv1alpha1.Callee]{core: r.core, newObject: func() *hcpv1alpha1.Callee { return &hcpv1alpha1.Callee{} }, build: r.reconcile}
-	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Callee{}, builder.WithPredicates(ownUpdate(r.core.memo)))).
+	return r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Callee{}, builder.WithPredicates(ownUpdate(r.core.memo))), &hcpv1alpha1.Callee{}).
 		Watches(&hcpv1alpha1.Callee{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers), builder.WithPredicates(ownUpdate(nil))).
 		Watches(&hcpv1alpha1.HCPSession{}, handler.EnqueueRequestsFromMapFunc(r.mapSession), builder.WithPredicates(sessionActivityChanged())).
 		// New pods get their deletion cost (their sessions may be recorded

@@ -179,7 +179,7 @@ func (r *CallerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.core = newCore(r.Client, r.APIReader, r.Scheme, r.Recorder, r.Options, topology.RoleCaller)
 	r.core.claims = r.claims
 	r.loop = &harnessReconciler[*hcpv1alpha1.Caller]{core: r.core, newObject: func() *hcpv1alpha1.Caller { return &hcpv1alpha1.Caller{} }, build: r.reconcile}
-	return r.watchSessionReads(r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{}, builder.WithPredicates(ownUpdate(r.core.memo))))).
+	return r.watchSessionReads(r.core.watchChildren(ctrl.NewControllerManagedBy(mgr).For(&hcpv1alpha1.Caller{}, builder.WithPredicates(ownUpdate(r.core.memo))), &hcpv1alpha1.Caller{})).
 		Watches(&hcpv1alpha1.Caller{}, handler.EnqueueRequestsFromMapFunc(r.core.mapIDPeers), builder.WithPredicates(ownUpdate(nil))).
 		Named("caller").
 		Complete(r)

@@ -234,12 +234,18 @@ func topologyObjects(s resource.Subject) []client.Object {
 	return out
 }
 
-// watchChildren adds to b what a Callee and a Caller both own and watch:
-// every kind of childKinds, the shared topology objects, and the Secrets
-// they use.
-func (c *core) watchChildren(b *builder.Builder) *builder.Builder {
+// watchChildren adds to b what a Callee and a Caller (owner, an empty
+// one) both own and watch: every kind of childKinds (a topology child
+// that becomes Ready puts its owner first: readyFirst), the shared
+// topology objects, and the Secrets they use.
+func (c *core) watchChildren(b *builder.Builder, owner client.Object) *builder.Builder {
 	for _, k := range childKinds {
-		b = b.Owns(k.empty(), builder.WithPredicates(childChanged()))
+		if k.group != groupTopology {
+			b = b.Owns(k.empty(), builder.WithPredicates(childChanged()))
+			continue
+		}
+		h := handler.EnqueueRequestForOwner(c.scheme, c.RESTMapper(), owner, handler.OnlyControllerOwner())
+		b = b.Watches(k.empty(), readyFirst(h), builder.WithPredicates(childChanged()))
 	}
 	return b.
 		Watches(&topologyv1beta1.Exchange{}, c.exchangeLossHandler()).
