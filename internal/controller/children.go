@@ -239,13 +239,14 @@ func topologyObjects(s resource.Subject) []client.Object {
 // that becomes Ready puts its owner first: readyFirst), the shared
 // topology objects, and the Secrets they use.
 func (c *core) watchChildren(b *builder.Builder, owner client.Object) *builder.Builder {
+	// What Owns uses, with a child becoming Ready put first.
+	toOwner := readyFirst(handler.EnqueueRequestForOwner(c.scheme, c.RESTMapper(), owner, handler.OnlyControllerOwner()))
 	for _, k := range childKinds {
 		if k.group != groupTopology {
 			b = b.Owns(k.empty(), builder.WithPredicates(childChanged()))
 			continue
 		}
-		h := handler.EnqueueRequestForOwner(c.scheme, c.RESTMapper(), owner, handler.OnlyControllerOwner())
-		b = b.Watches(k.empty(), readyFirst(h), builder.WithPredicates(childChanged()))
+		b = b.Watches(k.empty(), toOwner, builder.WithPredicates(childChanged()))
 	}
 	return b.
 		Watches(&topologyv1beta1.Exchange{}, c.exchangeLossHandler()).

@@ -34,10 +34,10 @@ const pendingPace = 5 * time.Second
 // server's most costly write of a rollout). That matters most when many
 // objects come at once: the topology operator declares them one at a
 // time, their rollouts outlast any fixed wait, and writes for each step
-// of each one slow every other (at 1,000 Callees + 1,000 Callers the
-// operator took 1.68 times the floor's time to Ready). Anything else (an
-// error, a problem to fix, a failed child, Ready) is written at once, and
-// a wait that stays the same that long is written then. Meanwhile the object reads as not yet observed: the CRDs
+// of each one slow every other (docs/performance.md, Scale). Anything else
+// (an error, a problem to fix, a failed child, Ready) is written at once,
+// and a wait that stays the same that long is written then. Meanwhile the
+// object reads as not yet observed: the CRDs
 // default status.observedGeneration to 0, below metadata.generation, so
 // kstatus says InProgress and Argo CD Progressing; Ready is absent, so
 // `kubectl wait --for=condition=Ready` waits. A minute: a burst of new
