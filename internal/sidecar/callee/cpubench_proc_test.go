@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/hcp-io/hcp-operator/internal/procs"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/server"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/status"
@@ -55,6 +56,7 @@ func TestHelperCalleeSidecarProcess(t *testing.T) {
 	if os.Getenv(cpuHelperEnv) != "1" {
 		t.Skip("helper process of BenchmarkCalleeCPU")
 	}
+	procs.Set(logr.Discard(), procs.Sidecar) // as hcp-sidecar runs
 	if path := os.Getenv(cpuProfileEnv); path != "" {
 		f, err := os.Create(path)
 		must(t, err)

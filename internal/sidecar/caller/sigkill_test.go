@@ -17,8 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/hcp-io/hcp-operator/internal/procs"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/transport"
 )
@@ -46,6 +48,7 @@ func TestHelperCallerSidecarProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("helper process of TestStreamContinuitySIGKILL")
 	}
+	procs.Set(logr.Discard(), procs.Sidecar) // as hcp-sidecar runs
 	cfg, err := config.FromOSEnv()
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/hcp-io/hcp-operator/internal/memlimit"
+	"github.com/hcp-io/hcp-operator/internal/procs"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
@@ -84,6 +85,7 @@ func Main(f Flags) int {
 	}
 	log := newLogger(cfg, f.Zap)
 	memlimit.Set(log, memlimit.FromCgroup)
+	procs.Set(log, procs.Sidecar)
 	defer tracing.Start(log.WithName("tracing"))()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
