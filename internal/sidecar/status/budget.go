@@ -24,18 +24,17 @@ const (
 // latest status when it goes. So with many sessions streaming the writer
 // stays within the budget, progress is coalesced further, and state
 // changes still go first. Progress writes are also paced, one per
-// 1/perSecond at most (writeBudget.pace): sessions that started together
-// would otherwise write their progress together every interval, a burst
-// of API writes that the API server and etcd serve on the cores the
-// sessions' events need (at 10 sessions on 2 cores that burst tripled the
-// relay's p99).
+// 1/perSecond at most and spread evenly over the interval
+// (writeBudget.spare): sessions that started together would otherwise
+// write their progress together every interval, a burst of API writes
+// that the API server and etcd serve on the cores the sessions' events
+// need (at 10 sessions on 2 cores that burst tripled the relay's p99).
 func (w *Writer) SetBudget(perSecond float64) {
 	if perSecond <= 0 {
 		return
 	}
 	w.budget.tokens.SetLimit(rate.Limit(perSecond))
 	w.budget.tokens.SetBurst(burstOf(perSecond))
-	w.budget.pace.SetLimit(rate.Limit(perSecond))
 }
 
 func burstOf(perSecond float64) int { return max(int(2*perSecond), 2) }
@@ -59,8 +58,8 @@ func (w *Writer) plan(e *entry, statusDue bool) (writes int, visible bool) {
 // Writer's state and none of its lock (rate.Limiter locks itself).
 type writeBudget struct {
 	tokens *rate.Limiter
-	// pace spaces progress writes (spare) evenly: the budget's rate with
-	// a burst of one.
+	// pace spaces progress writes (spare) evenly: at most the budget's
+	// rate, with a burst of one.
 	pace    *rate.Limiter
 	clk     clock.WithTicker
 	closing chan struct{}
@@ -93,19 +92,24 @@ func (b *writeBudget) closed() bool {
 
 // spare takes n tokens if more than half the burst would be left for the
 // writes that make a change visible, and the last progress write is at
-// least a pace interval ago. Otherwise it says when to try again: when
-// the budget is short, after the longer of coalesce and the time its
-// tokens take to come back; when only the pace refused, within a few
-// pace intervals, at random, so that writes that were due together do not
-// meet again. The Writer calls it with w.mu held.
-func (b *writeBudget) spare(n int, coalesce time.Duration) (bool, time.Duration) {
+// least a pace interval ago. The pace interval is the longer of a token's
+// time and spread (the Writer gives half its interval over its sessions),
+// so that their progress writes, each due once an interval, go spaced
+// through it instead of back to back. Otherwise it says when to try
+// again: when the budget is short, after the longer of coalesce and the
+// time its tokens take to come back; when only the pace refused, within a
+// few pace intervals, at random, so that writes that were due together do
+// not meet again. The Writer calls it with w.mu held.
+func (b *writeBudget) spare(n int, coalesce, spread time.Duration) (bool, time.Duration) {
 	now := b.clk.Now()
 	perToken := float64(time.Second) / float64(b.tokens.Limit())
 	if missing := float64(n+b.tokens.Burst()/2) - b.tokens.TokensAt(now); missing > 0 {
 		return false, max(coalesce, time.Duration(missing*perToken))
 	}
+	perPace := max(perToken, float64(spread))
+	b.pace.SetLimitAt(now, rate.Limit(float64(time.Second)/perPace))
 	if missing := 1 - b.pace.TokensAt(now); missing > 0 {
-		return false, time.Duration(missing*perToken) + rand.N(time.Duration(4*perToken)+1)
+		return false, time.Duration(missing*perPace) + rand.N(time.Duration(4*perPace)+1)
 	}
 	b.pace.AllowN(now, 1)
 	return b.tokens.AllowN(now, n), 0

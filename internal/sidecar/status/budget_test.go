@@ -71,10 +71,11 @@ func TestWriteBudget(t *testing.T) {
 
 // TestProgressWritesAreSpread: ten sessions that started together make
 // progress together; their progress writes, due at the same moment every
-// interval, go one pace interval (1/budget) apart or more, not as one
-// burst of API writes (at 10 sessions on 2 cores such bursts tripled the
-// relay's p99, docs/performance.md), and each session's latest progress
-// still lands (two writes each in 3 s at a 1 s interval).
+// interval, go spread through it (half the interval over the sessions
+// apart, and never closer than 1/budget), not as one burst of API writes
+// (at 10 sessions on 2 cores such bursts tripled the relay's p99,
+// docs/performance.md), and each session's latest progress still lands
+// (two writes each in 3 s at a 1 s interval).
 func TestProgressWritesAreSpread(t *testing.T) {
 	const sessions = 10
 	var objs []client.Object
@@ -102,11 +103,11 @@ func TestProgressWritesAreSpread(t *testing.T) {
 	if len(at) < 2*sessions {
 		t.Fatalf("%d progress writes in 3 s for %d sessions at a 1 s interval; want at least %d", len(at), sessions, 2*sessions)
 	}
-	pace := time.Second / DefaultWritesPerSecond
+	pace := max(time.Second/DefaultWritesPerSecond, time.Second/(2*sessions))
 	for i := 1; i < len(at); i++ {
 		if gap := at[i].Sub(at[i-1]); gap < pace-step {
-			t.Fatalf("progress writes %d and %d went %v apart (at %v and %v after the start); want at least %v (one per 1/%d s)",
-				i, i+1, gap, at[i-1].Sub(start), at[i].Sub(start), pace, DefaultWritesPerSecond)
+			t.Fatalf("progress writes %d and %d went %v apart (at %v and %v after the start); want at least %v (half the 1 s interval over %d sessions)",
+				i, i+1, gap, at[i-1].Sub(start), at[i].Sub(start), pace, sessions)
 		}
 	}
 	t.Logf("%d progress writes for %d sessions in 3 s, the first at %v, the last at %v", len(at), sessions, at[0].Sub(start), at[len(at)-1].Sub(start))

@@ -99,7 +99,7 @@ func (w *Writer) processNext() bool {
 	if !visible && !w.budget.closed() {
 		// Only progress: it waits for spare budget and its pace, and then
 		// carries the latest status.
-		if ok, retry := w.budget.spare(writes, w.interval/4); !ok {
+		if ok, retry := w.budget.spare(writes, w.interval/4, w.interval/time.Duration(2*len(w.entries))); !ok {
 			w.queue.AddAfter(name, retry)
 			w.mu.Unlock()
 			return true
