@@ -108,10 +108,10 @@ func (q *confirmQueue) queued() []*pending {
 	return append([]*pending(nil), q.items...)
 }
 
-// pop takes the oldest publish and says how many are queued behind it. On
+// pop takes the oldest publish. On
 // an empty queue ok is false and the worker must exit: over says the queue
 // is closed too, and the worker finishes the session first.
-func (q *confirmQueue) pop() (p *pending, left int, over, ok bool) {
+func (q *confirmQueue) pop() (p *pending, over, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.cur = nil
@@ -122,7 +122,7 @@ func (q *confirmQueue) pop() (p *pending, left int, over, ok bool) {
 		if !q.closed {
 			q.running = false
 		}
-		return nil, 0, q.closed, false
+		return nil, q.closed, false
 	}
 	p = q.items[0]
 	q.items[0] = nil
@@ -132,5 +132,5 @@ func (q *confirmQueue) pop() (p *pending, left int, over, ok bool) {
 		close(q.space)
 		q.space = nil
 	}
-	return p, len(q.items), false, true
+	return p, false, true
 }

@@ -21,12 +21,12 @@ func TestConfirmQueue(t *testing.T) {
 		t.Fatal("a publish asked for a second worker")
 	}
 	for want := int64(1); want <= 2; want++ {
-		p, left, _, ok := q.pop()
-		if !ok || p.index != want || left != int(2-want) {
-			t.Fatalf("pop = %v, %d left, ok %v; want index %d", p, left, ok, want)
+		p, _, ok := q.pop()
+		if !ok || p.index != want {
+			t.Fatalf("pop = %v, ok %v; want index %d", p, ok, want)
 		}
 	}
-	if _, _, over, ok := q.pop(); ok || over {
+	if _, over, ok := q.pop(); ok || over {
 		t.Fatalf("pop of an empty open queue: ok %v, over %v", ok, over)
 	}
 	if !q.push(&pending{index: 3}) {
@@ -42,7 +42,7 @@ func TestConfirmQueue(t *testing.T) {
 		t.Fatal("a publish beyond confirmQueueSize did not wait")
 	case <-time.After(50 * time.Millisecond):
 	}
-	if p, _, _, _ := q.pop(); p.index != 3 {
+	if p, _, _ := q.pop(); p.index != 3 {
 		t.Fatalf("popped %d, want 3", p.index)
 	}
 	<-pushed
@@ -51,7 +51,7 @@ func TestConfirmQueue(t *testing.T) {
 	}
 	n := 0
 	for {
-		p, _, over, ok := q.pop()
+		p, over, ok := q.pop()
 		if !ok {
 			if !over {
 				t.Fatal("the closed queue's last pop did not say over")

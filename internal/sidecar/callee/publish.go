@@ -222,27 +222,27 @@ func resultSummary(tc *task.TaskCompleted) *v1alpha1.SessionResult {
 // runs while the session's confirm queue has something (confirmQueue):
 // one run at a time, started by a publish or by the queue's close.
 //
-// Confirmed positions go to the write-ahead log now and then (a lagging
-// mark only means more republishing after a restart, which the caller
-// deduplicates); once the session ended or moved and everything was
+// Confirmed positions go to the write-ahead log at most
+// wal.ConfirmEvery messages behind (a lagging mark only means more
+// republishing after a restart, which the caller deduplicates); once the session ended or moved and everything was
 // confirmed, the log forgets it (finishConfirms).
 func (ss *sess) confirmLoop() {
 	for {
-		p, left, over, ok := ss.confirms.pop()
+		p, over, ok := ss.confirms.pop()
 		if !ok {
 			if over {
 				ss.finishConfirms()
 			}
 			return
 		}
-		ss.confirmOne(p, left)
+		ss.confirmOne(p)
 	}
 }
 
-// confirmOne awaits p's confirm; left is how many publishes are queued
-// behind it. A failure stops the session's confirmed mark for good
+// confirmOne awaits p's confirm and marks it in the write-ahead log
+// (wal.Log.MarkConfirmed). A failure stops the session's confirmed mark for good
 // (confirmFailed).
-func (ss *sess) confirmOne(p *pending, left int) {
+func (ss *sess) confirmOne(p *pending) {
 	p.err = ss.awaitConfirm(p)
 	if p.err != nil {
 		ss.confirmFailed = true
@@ -258,8 +258,8 @@ func (ss *sess) confirmOne(p *pending, left int) {
 		// In order: everything queued before p was confirmed too.
 		ss.confirmed.Store(p.seq)
 	}
-	if !ss.confirmFailed && (left == 0 || p.index%64 == 0) {
-		if err := ss.sc.wal.Confirm(ss.id, p.index); err != nil {
+	if !ss.confirmFailed {
+		if err := ss.sc.wal.MarkConfirmed(ss.id, p.index); err != nil {
 			ss.log.Error(err, "Failed to record a confirm in the write-ahead log")
 		}
 	}

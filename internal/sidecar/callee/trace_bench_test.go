@@ -66,7 +66,7 @@ func BenchmarkEventPublish(b *testing.B) {
 				if _, err := ss.enqueueLocked(ctx, seq, envelope.TypeEvent, rk, pub, seq); err != nil {
 					b.Fatal(err)
 				}
-				if _, _, _, ok := ss.confirms.pop(); !ok {
+				if _, _, ok := ss.confirms.pop(); !ok {
 					b.Fatal("nothing queued for its confirm")
 				}
 			}

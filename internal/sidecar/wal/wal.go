@@ -86,6 +86,8 @@ type Session struct {
 	Pending []Message
 	// Keys maps idempotency keys to their sequence.
 	Keys Keys
+	// written is the last Confirmed the file has (MarkConfirmed).
+	written int64
 }
 
 // Keys remembers the last MaxKeys idempotency keys and their sequences.
@@ -276,8 +278,33 @@ func (l *Log) MessageWrites() int64 {
 // confirmed by the broker.
 func (l *Log) Confirm(id string, index int64) error {
 	return l.write(func(b []byte) []byte { return appendConfirm(b, id, index) }, func() {
-		l.session(id).confirm(index)
+		s := l.session(id)
+		s.confirm(index)
+		s.written = max(s.written, index)
 	})
+}
+
+// ConfirmEvery is how many messages a confirm mark written by
+// MarkConfirmed may lag behind the confirms.
+const ConfirmEvery = 64
+
+// MarkConfirmed records that every message of the session up to index
+// was confirmed: at once in memory (the messages no longer count as
+// pending), in the file once it is ConfirmEvery or more messages behind.
+// At paced rates each event is confirmed alone, and a record per confirm
+// was a write(2) per event; a lagging mark only means that a sidecar
+// restarting from the file republishes up to ConfirmEvery messages more,
+// which the caller deduplicates by sequence.
+func (l *Log) MarkConfirmed(id string, index int64) error {
+	l.mu.Lock()
+	s := l.sessions[id]
+	if s == nil || index-s.written >= ConfirmEvery {
+		l.mu.Unlock()
+		return l.Confirm(id, index)
+	}
+	s.confirm(index)
+	l.mu.Unlock()
+	return nil
 }
 
 // Close forgets a session (it ended and everything was confirmed, or it was

@@ -217,3 +217,42 @@ func TestAppendBatchIsOneWrite(t *testing.T) {
 		t.Errorf("a log without a directory wrote %d times", n)
 	}
 }
+
+// TestMarkConfirmedWritesEveryConfirmEvery: a session whose 200 events
+// are each confirmed alone (a paced stream) writes a confirm record once
+// per ConfirmEvery of them, not once per event; in memory none is left
+// pending, and a restart from the file republishes fewer than
+// ConfirmEvery.
+func TestMarkConfirmedWritesEveryConfirmEvery(t *testing.T) {
+	const n = 200
+	size := func(mark bool) (int64, *Log, string) {
+		dir := t.TempDir()
+		l, _, err := Open(dir)
+		must(t, err)
+		must(t, l.Open("s1", nil))
+		for i := int64(1); i <= n; i++ {
+			must(t, l.Append("s1", msg(i, "")))
+			if mark {
+				must(t, l.MarkConfirmed("s1", i))
+			}
+		}
+		fi, err := os.Stat(filepath.Join(dir, FileName))
+		must(t, err)
+		return fi.Size(), l, dir
+	}
+	bare, l0, _ := size(false)
+	must(t, l0.Release())
+	marked, l, dir := size(true)
+	if p := l.sessions["s1"].Pending; len(p) != 0 {
+		t.Fatalf("%d messages pending in memory after every confirm; want none", len(p))
+	}
+	must(t, l.Release())
+	record := int64(len(frame(nil, func(b []byte) []byte { return appendConfirm(b, "s1", n) })))
+	if writes := (marked - bare) / record; writes > n/ConfirmEvery+1 {
+		t.Fatalf("%d confirm records for %d events confirmed one by one; want at most %d (one per %d)", writes, n, n/ConfirmEvery+1, ConfirmEvery)
+	}
+	s := reopen(t, dir)["s1"]
+	if s.Confirmed < n-ConfirmEvery || int64(len(s.Pending)) != n-s.Confirmed {
+		t.Fatalf("after a restart: confirmed %d, %d pending; want at least %d confirmed and the rest pending", s.Confirmed, len(s.Pending), n-ConfirmEvery)
+	}
+}
