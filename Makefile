@@ -122,11 +122,13 @@ test-unit: ## Run the pure unit tests only (no API server, no broker).
 BENCH_EVENTS ?= 50000
 BENCH_REPORT ?= $(LOCALBIN)/bench-targets.txt
 .PHONY: bench
-bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go; the full sidecar relay vs raw and vs the harness API's floor (every harness and app mode, 1 and 10 sessions, 5 rotating rounds, BENCH_EVENTS a run at max rate, 20,000 at 1,000/s; several hours), then issue 35's targets with the Istio and Dapr anchors, ✓ or ✗ (a measurement: a ✗ does not fail), also in BENCH_REPORT; the status writer's API write budget at 10, 100, 1,000 sessions.
+bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go; the full sidecar relay vs raw and vs the harness API's floor (every harness and app mode, 1 and 10 sessions, 5 rotating rounds, BENCH_EVENTS a run at max rate, 20,000 at 1,000/s; several hours), then issue 35's targets with the Istio and Dapr anchors, ✓ or ✗ (a measurement: a ✗ does not fail), also in BENCH_REPORT; the status writer's API write budget at 10, 100, 1,000 sessions; each sidecar's CPU per event as a process of its own (streams, 1,000/s and full speed).
 	@mkdir -p $(dir $(BENCH_REPORT))
 	go test -run '^$$' -bench . -benchtime $(BENCH_EVENTS)x -timeout 60m ./internal/transport
 	HCP_BENCH_REPORT=$(BENCH_REPORT) KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkRelay -benchtime $(BENCH_EVENTS)x -timeout 600m -v ./test/relay
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkWriteBudget -benchtime 1x -timeout 20m -v ./internal/sidecar/status
+	go test -run '^$$' -bench 'BenchmarkCalleeCPU/api=stream' -benchtime 20000x -count 3 -timeout 30m ./internal/sidecar/callee
+	go test -run '^$$' -bench 'BenchmarkCallerCPU/app=stream' -benchtime 20000x -count 3 -timeout 30m ./internal/sidecar/caller
 	@echo "issue 35's targets (also in $(BENCH_REPORT)):" && cat $(BENCH_REPORT)
 
 .PHONY: relay-cuts
