@@ -56,7 +56,7 @@ func TestHelperCalleeSidecarProcess(t *testing.T) {
 	if os.Getenv(cpuHelperEnv) != "1" {
 		t.Skip("helper process of BenchmarkCalleeCPU")
 	}
-	procs.Set(logr.Discard(), procs.Sidecar) // as hcp-sidecar runs
+	procs.Set(logr.Discard(), procs.Sidecar, procs.CgroupRoot) // as hcp-sidecar runs
 	if path := os.Getenv(cpuProfileEnv); path != "" {
 		f, err := os.Create(path)
 		must(t, err)

@@ -48,7 +48,7 @@ func TestHelperCallerSidecarProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("helper process of TestStreamContinuitySIGKILL")
 	}
-	procs.Set(logr.Discard(), procs.Sidecar) // as hcp-sidecar runs
+	procs.Set(logr.Discard(), procs.Sidecar, procs.CgroupRoot) // as hcp-sidecar runs
 	cfg, err := config.FromOSEnv()
 	if err != nil {
 		t.Fatal(err)

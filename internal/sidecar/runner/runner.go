@@ -85,7 +85,7 @@ func Main(f Flags) int {
 	}
 	log := newLogger(cfg, f.Zap)
 	memlimit.Set(log, memlimit.FromCgroup)
-	procs.Set(log, procs.Sidecar)
+	procs.Set(log, procs.Sidecar, procs.CgroupRoot)
 	defer tracing.Start(log.WithName("tracing"))()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
