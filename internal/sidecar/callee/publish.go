@@ -222,10 +222,11 @@ func resultSummary(tc *task.TaskCompleted) *v1alpha1.SessionResult {
 // runs while the session's confirm queue has something (confirmQueue):
 // one run at a time, started by a publish or by the queue's close.
 //
-// Confirmed positions go to the write-ahead log at most
-// wal.ConfirmEvery messages behind (a lagging mark only means more
-// republishing after a restart, which the caller deduplicates); once the session ended or moved and everything was
-// confirmed, the log forgets it (finishConfirms).
+// Confirmed positions go to the write-ahead log at most wal.ConfirmEvery
+// messages behind (a lagging mark only means more republishing after a
+// restart, which the caller deduplicates); once the session ended or
+// moved and everything was confirmed, the log forgets it
+// (finishConfirms).
 func (ss *sess) confirmLoop() {
 	for {
 		p, over, ok := ss.confirms.pop()
@@ -240,8 +241,8 @@ func (ss *sess) confirmLoop() {
 }
 
 // confirmOne awaits p's confirm and marks it in the write-ahead log
-// (wal.Log.MarkConfirmed). A failure stops the session's confirmed mark for good
-// (confirmFailed).
+// (wal.Log.MarkConfirmed). A failure stops the session's confirmed mark
+// for good (confirmFailed).
 func (ss *sess) confirmOne(p *pending) {
 	p.err = ss.awaitConfirm(p)
 	if p.err != nil {
