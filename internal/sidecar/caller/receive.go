@@ -196,10 +196,13 @@ func (w *stream) onRejected(it *item) {
 
 // onTerminal queues a task_completed or task_failed after every event seen
 // so far, and every event released to the queue, unless the session's
-// record already has one.
+// record already has one or a task_rejected waits for the app: the
+// task_failed a callee sends after a rejection is its end, already told
+// (taken together from a busy worker's inbox, the two are both queued
+// before either is delivered).
 func (w *stream) onTerminal(it *item) {
 	rec, _ := w.s.store.Session(w.id)
-	if rec.Terminal != "" {
+	if rec.Terminal != "" || slices.ContainsFunc(w.barriers, func(b *barrier) bool { return b.kind == envelope.TypeTaskRejected }) {
 		w.duplicate(it)
 		return
 	}
