@@ -3,6 +3,7 @@ package callee
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -50,9 +51,15 @@ func (ss *sess) reserver(preReserved int64) session.ReserveFunc {
 // resourceVersion instead, read again and retried (guardRetries times) when
 // another write (the status writer's first, which stores the epoch) came
 // in between; done (if not nil) tells a write that is not needed any more.
-// A deleted object counts as written.
+// A deleted object counts as written. When the status writer has not
+// stored the epoch yet (a task that ended before the session's first
+// status write), the object is read first: a test of the epoch would only
+// fail.
 func (ss *sess) guardedMetaPatch(ctx context.Context, ops []map[string]any, done func(*v1alpha1.HCPSession) bool) error {
-	err := ss.patchMeta(ctx, patchOp("test", "/status/ownerEpoch", ss.epoch), ops)
+	err := errEpochNotStored
+	if e, known := ss.sc.st.StoredEpoch(ss.id); !known || e == ss.epoch {
+		err = ss.patchMeta(ctx, patchOp("test", "/status/ownerEpoch", ss.epoch), ops)
+	}
 	for range guardRetries {
 		if err == nil || apierrors.IsNotFound(err) {
 			return nil
@@ -81,6 +88,10 @@ func (ss *sess) guardedMetaPatch(ctx context.Context, ops []map[string]any, done
 	}
 	return err
 }
+
+// errEpochNotStored stands for the failed test of an owner epoch that the
+// status writer has not stored yet (guardedMetaPatch reads instead).
+var errEpochNotStored = errors.New("the owner epoch is not stored yet")
 
 // guardRetries bounds guardedMetaPatch's reads and retries after a failed
 // test: each lost only to a concurrent write of this same owner.

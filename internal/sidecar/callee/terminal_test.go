@@ -152,3 +152,39 @@ func TestNewOwnerReplaysTheTerminalRecord(t *testing.T) {
 		}
 	}
 }
+
+// failedPatches counts the HCPSession metadata patches the API server
+// refused (a failed JSON-patch test is one).
+type failedPatches struct {
+	client.Client
+	n *atomic.Int32
+}
+
+func (c failedPatches) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	err := c.Client.Patch(ctx, obj, patch, opts...)
+	if _, ok := obj.(*v1alpha1.HCPSession); ok && err != nil {
+		c.n.Add(1)
+	}
+	return err
+}
+
+// A task that ends before the session's first status write (which stores
+// the owner epoch) has landed: the terminal record's write does not first
+// try a test of the epoch that cannot pass yet; it reads the object and
+// writes conditional on what it read, refused by nothing.
+func TestQuickTaskTerminalRecordWithoutAFailedPatch(t *testing.T) {
+	var failed atomic.Int32
+	b := newBed(t, bedOptions{wrapClient: func(c client.Client) client.Client { return failedPatches{Client: c, n: &failed} }})
+	for range 3 {
+		_, sid, _ := b.submit(newSubmit(nil))
+		if closed := closedOf(t, b, sid); closed.FinalState != session.StateCompleted {
+			t.Fatalf("session_closed %+v", closed)
+		}
+		if hs := b.hcpSession(sid); hs.Labels[v1alpha1.LabelSessionState] != string(v1alpha1.SessionCompleted) {
+			t.Fatalf("state label %q", hs.Labels[v1alpha1.LabelSessionState])
+		}
+	}
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d HCPSession metadata patches refused for 3 quick tasks; want none", n)
+	}
+}

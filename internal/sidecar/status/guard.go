@@ -156,12 +156,16 @@ func (w *Writer) writeGuarded(ctx context.Context, name string, base, target v1a
 			return w.patchGuarded(ctx, name, base, target, epoch, testEpoch(epoch), false)
 		}
 		rv := jsonOp{Op: "test", Path: "/metadata/resourceVersion", Value: json.RawMessage(strconv.Quote(stored.ResourceVersion))}
-		err = w.patchGuarded(ctx, name, base, target, epoch, rv, isZero(stored.Status))
+		err = w.patchOps(ctx, name, base, target, rv, isZero(stored.Status))
 		// A failed test is 422 Invalid. So is a patch the API server
 		// refuses for itself: it fails like any write, after
-		// firstWriteReads tries.
-		if err == nil || !apierrors.IsInvalid(err) || read == firstWriteReads {
+		// firstWriteReads tries. The next read tells a later owner's
+		// epoch (no read of checkFenced's in between).
+		switch {
+		case err == nil || apierrors.IsNotFound(err):
 			return err
+		case !apierrors.IsInvalid(err) || read == firstWriteReads:
+			return w.checkFenced(ctx, name, epoch, err)
 		}
 	}
 }
@@ -169,6 +173,15 @@ func (w *Writer) writeGuarded(ctx context.Context, name string, base, target v1a
 // patchGuarded patches the status from base to target behind the test
 // operation cond; whole replaces the status at once.
 func (w *Writer) patchGuarded(ctx context.Context, name string, base, target v1alpha1.HCPSessionStatus, epoch int64, cond jsonOp, whole bool) error {
+	err := w.patchOps(ctx, name, base, target, cond, whole)
+	if err != nil && !apierrors.IsNotFound(err) {
+		err = w.checkFenced(ctx, name, epoch, err)
+	}
+	return err
+}
+
+// patchOps is patchGuarded without the check of a failure.
+func (w *Writer) patchOps(ctx context.Context, name string, base, target v1alpha1.HCPSessionStatus, cond jsonOp, whole bool) error {
 	more, err := statusOps(base, target, whole)
 	if err != nil {
 		return err
@@ -178,11 +191,7 @@ func (w *Writer) patchGuarded(ctx context.Context, name string, base, target v1a
 		return err
 	}
 	obj := &v1alpha1.HCPSession{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.ns}}
-	err = w.c.Status().Patch(ctx, obj, client.RawPatch(types.JSONPatchType, patch), client.FieldOwner(w.owner))
-	if err != nil && !apierrors.IsNotFound(err) {
-		err = w.checkFenced(ctx, name, epoch, err)
-	}
-	return err
+	return w.c.Status().Patch(ctx, obj, client.RawPatch(types.JSONPatchType, patch), client.FieldOwner(w.owner))
 }
 
 // writeLabelGuarded sets the state label, conditional on the owner epoch.

@@ -2,6 +2,8 @@ package status
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,9 +26,11 @@ type racingReader struct {
 	c     client.Client
 	races atomic.Int32 // how many reads are followed by another write
 	other func(ctx context.Context) error
+	reads atomic.Int32
 }
 
 func (r *racingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	r.reads.Add(1)
 	if err := r.c.Get(ctx, key, obj, opts...); err != nil {
 		return err
 	}
@@ -46,6 +50,8 @@ func (r *racingReader) List(ctx context.Context, list client.ObjectList, opts ..
 // is not a loss of the session: the write reads again and goes through in
 // the same attempt, not after a failure, a logged error and a backoff.
 // Twice in a row, too; and a higher epoch stored in between still fences.
+// Each change in between costs one read more, no other: the read before
+// the next attempt also tells a later owner's epoch.
 func TestGuardedFirstWriteGoesThroughAnotherWritersChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("envtest")
@@ -59,8 +65,8 @@ func TestGuardedFirstWriteGoesThroughAnotherWritersChange(t *testing.T) {
 		fenced  bool
 		wantAck int64
 	}{
-		{name: "3a1e2f3a-9c3f-4d1e-8a7b-0c6d5e4f3a21", races: 1, patch: `{"status":{"callerAckedSequence":2}}`, wantAck: 2},
-		{name: "3a1e2f3a-9c3f-4d1e-8a7b-0c6d5e4f3a22", races: 2, patch: `{"status":{"callerAckedSequence":4}}`, wantAck: 4},
+		{name: "3a1e2f3a-9c3f-4d1e-8a7b-0c6d5e4f3a21", races: 1, patch: `{"status":{"callerAckedSequence":%d}}`, wantAck: 2},
+		{name: "3a1e2f3a-9c3f-4d1e-8a7b-0c6d5e4f3a22", races: 2, patch: `{"status":{"callerAckedSequence":%d}}`, wantAck: 4},
 		{name: "3a1e2f3a-9c3f-4d1e-8a7b-0c6d5e4f3a23", races: 1, patch: `{"status":{"ownerEpoch":2,"podName":"pod-b"}}`, fenced: true},
 	} {
 		t.Run(tc.name[len(tc.name)-2:], func(t *testing.T) {
@@ -69,9 +75,15 @@ func TestGuardedFirstWriteGoesThroughAnotherWritersChange(t *testing.T) {
 			if err := e.Client.Create(t.Context(), obj); err != nil {
 				t.Fatal(err)
 			}
-			rr := &racingReader{c: e.Client, other: func(ctx context.Context) error {
-				return e.Client.Status().Patch(ctx, obj.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(tc.patch)))
-			}}
+			rr := &racingReader{c: e.Client}
+			rr.other = func(ctx context.Context) error {
+				// Each change a different one: the last wantAck.
+				patch := tc.patch
+				if strings.Contains(patch, "%d") {
+					patch = fmt.Sprintf(patch, tc.wantAck-int64(rr.races.Load()))
+				}
+				return e.Client.Status().Patch(ctx, obj.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch)))
+			}
 			rr.races.Store(tc.races)
 			var failed atomic.Int32
 			cc := &failCounter{Client: e.Client, failed: &failed}
@@ -104,6 +116,9 @@ func TestGuardedFirstWriteGoesThroughAnotherWritersChange(t *testing.T) {
 			}
 			if hs.Status.OwnerEpoch != 1 || hs.Status.PodName != "pod-a" || hs.Status.CallerAckedSequence != tc.wantAck {
 				t.Fatalf("stored %+v; want epoch 1, pod-a and the other writer's callerAckedSequence %d kept", hs.Status, tc.wantAck)
+			}
+			if got, want := rr.reads.Load(), tc.races+1; got != want {
+				t.Fatalf("%d reads of the object for %d changes in between; want %d", got, tc.races, want)
 			}
 		})
 	}

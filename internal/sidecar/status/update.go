@@ -204,6 +204,19 @@ func (w *Writer) Pending(name string) bool {
 	return e != nil && w.pending(e)
 }
 
+// StoredEpoch returns the owner epoch of the status this writer last
+// wrote for name, or was seeded with; ok is false when it knows nothing of
+// name.
+func (w *Writer) StoredEpoch(name string) (epoch int64, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.entries[name]
+	if e == nil {
+		return 0, false
+	}
+	return e.base.OwnerEpoch, true
+}
+
 // Status returns the desired (latest) status of name as the writer knows it.
 func (w *Writer) Status(name string) (v1alpha1.HCPSessionStatus, bool) {
 	w.mu.Lock()
