@@ -221,30 +221,33 @@ func Open(dir string) (*Log, map[string]*Session, error) {
 // SetCompactAt overrides DefaultCompactAt (tests).
 func (l *Log) SetCompactAt(n int64) { l.compactAt = n }
 
-// Open records a new session and the task it runs.
+// Open records a new session and the task it runs. The log keeps task,
+// not a copy (the session running it holds the same bytes): neither
+// changes it afterwards.
 func (l *Log) Open(id string, task []byte) error { return l.Adopt(id, task, 0) }
 
 // Adopt records a session this pod takes over (from another replica, or
-// from an earlier ownership of its own), the task it runs and the last
-// event sequence used before it: its first event here is lastSeq+1.
-// Whatever the log held for the session is replaced: messages logged
-// under an earlier ownership belong to an older owner epoch and are never
-// republished under the new one.
+// from an earlier ownership of its own), the task it runs (kept, as by
+// Open) and the last event sequence used before it: its first event here
+// is lastSeq+1. Whatever the log held for the session is replaced:
+// messages logged under an earlier ownership belong to an older owner
+// epoch and are never republished under the new one.
 func (l *Log) Adopt(id string, task []byte, lastSeq int64) error {
 	return l.write(func(b []byte) []byte { return appendOpen(b, id, task, lastSeq) }, func() {
-		l.sessions[id] = &Session{ID: id, Task: slices.Clone(task), LastSeq: lastSeq}
+		l.sessions[id] = &Session{ID: id, Task: task, LastSeq: lastSeq}
 	})
 }
 
 // SetTask records the task of a session the log holds without one (a log
 // of an earlier release, which recorded the task of the sessions it
-// started only), keeping everything else it knows of the session.
+// started only), keeping everything else it knows of the session; task is
+// kept, as by Open.
 func (l *Log) SetTask(id string, task []byte) error {
 	return l.write(func(b []byte) []byte {
 		s := l.sessions[id]
 		return appendSnapshot(appendOpen(b, id, s.Task, s.LastSeq), id, s)
 	}, func() {
-		l.session(id).Task = slices.Clone(task)
+		l.session(id).Task = task
 	})
 }
 

@@ -256,3 +256,33 @@ func TestMarkConfirmedWritesEveryConfirmEvery(t *testing.T) {
 		t.Fatalf("after a restart: confirmed %d, %d pending; want at least %d confirmed and the rest pending", s.Confirmed, len(s.Pending), n-ConfirmEvery)
 	}
 }
+
+// The log keeps the task it is given, not a copy: the callee's session
+// holds the same bytes (a session's largest field, some 900 bytes with
+// its token), and neither changes them.
+func TestOpenKeepsTheTaskItIsGiven(t *testing.T) {
+	l, _, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release() }()
+	for _, tc := range []struct {
+		name string
+		do   func(id string, task []byte) error
+	}{
+		{"open", l.Open},
+		{"adopt", func(id string, task []byte) error { return l.Adopt(id, task, 7) }},
+		{"set", func(id string, task []byte) error {
+			if err := l.Open(id, nil); err != nil {
+				return err
+			}
+			return l.SetTask(id, task)
+		}},
+	} {
+		task := []byte(`{"capability":"analyze"}`)
+		must(t, tc.do(tc.name, task))
+		if got := l.sessions[tc.name].Task; len(got) == 0 || &got[0] != &task[0] {
+			t.Errorf("%s: the log holds a copy of the task", tc.name)
+		}
+	}
+}
