@@ -246,14 +246,15 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 		for i := range 3 {
 			switch (round + i) % 3 {
 			case 0:
-				time.Sleep(spacingQuiet) // the writes of the series before land first
-				before := sessionWrites(ctx, b, api.RESTClient())
+				// The writes of the series before land first; the
+				// series' own late ones are counted.
+				before := settledSessionWrites(ctx, b, api.RESTClient())
 				l, err := fast.series(ctx, per, 0)
 				if err != nil {
 					b.Fatal(err)
 				}
 				relay = append(relay, l...)
-				writes += sessionWrites(ctx, b, api.RESTClient()) - before
+				writes += settledSessionWrites(ctx, b, api.RESTClient()) - before
 			case 1:
 				l, err := onPath.series(ctx, per, 0)
 				if err != nil {

@@ -41,6 +41,21 @@ func floorSessionWrites(ctx context.Context, c client.Client, hs *v1alpha1.HCPSe
 	return c.Patch(ctx, hs, client.RawPatch(types.MergePatchType, []byte(label)), owner)
 }
 
+// settledSessionWrites is sessionWrites once it has not moved for a
+// second (at most 10 s): the writes of what ran before have landed, so a
+// difference of two counts is the writes of what ran between them, its
+// late ones included.
+func settledSessionWrites(ctx context.Context, b testing.TB, api rest.Interface) float64 {
+	last, since, start := sessionWrites(ctx, b, api), time.Now(), time.Now()
+	for time.Since(since) < time.Second && time.Since(start) < 10*time.Second {
+		time.Sleep(200 * time.Millisecond)
+		if n := sessionWrites(ctx, b, api); n != last {
+			last, since = n, time.Now()
+		}
+	}
+	return last
+}
+
 // sessionWrites is the API server's count so far of the writes to
 // HCPSessions (their creates, status and label patches) from every client.
 func sessionWrites(ctx context.Context, b testing.TB, api rest.Interface) float64 {
