@@ -37,10 +37,10 @@ func TestFailedBehindAPendingRejectionIsNotQueued(t *testing.T) {
 		}
 		return &item{env: env}
 	}
-	rej := msg(envelope.TypeTaskRejected, task.TaskRejected{TaskMessageID: "550e8400-e29b-41d4-a716-446655440000", ReasonCode: task.ReasonNotAuthorized})
-	rej.rejected = &task.TaskRejected{TaskMessageID: "550e8400-e29b-41d4-a716-446655440000", ReasonCode: task.ReasonNotAuthorized}
-	failed := msg(envelope.TypeTaskFailed, task.TaskFailed{Code: string(task.ReasonNotAuthorized)})
-	failed.failed = &task.TaskFailed{Code: string(task.ReasonNotAuthorized)}
+	rejection := task.TaskRejected{TaskMessageID: "550e8400-e29b-41d4-a716-446655440000", ReasonCode: task.ReasonNotAuthorized}
+	failure := task.TaskFailed{Code: string(task.ReasonNotAuthorized)}
+	rej, failed := msg(envelope.TypeTaskRejected, rejection), msg(envelope.TypeTaskFailed, failure)
+	rej.rejected, failed.failed = &rejection, &failure
 
 	w.accept(rej)
 	w.accept(failed)
