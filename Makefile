@@ -122,14 +122,21 @@ test-unit: ## Run the pure unit tests only (no API server, no broker).
 BENCH_EVENTS ?= 50000
 BENCH_REPORT ?= $(LOCALBIN)/bench-targets.txt
 .PHONY: bench
-bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go; the full sidecar relay vs raw and vs the harness API's floor (every harness and app mode, 1 and 10 sessions, 5 rotating rounds, BENCH_EVENTS a run at max rate, 20,000 at 1,000/s; several hours), then issue 35's targets with the Istio and Dapr anchors, ✓ or ✗ (a measurement: a ✗ does not fail), also in BENCH_REPORT; the status writer's API write budget at 10, 100, 1,000 sessions; each sidecar's CPU per event as a process of its own (streams, 1,000/s and full speed).
+bench: testbed ## Benchmarks against their raw baselines in the same run: transport vs raw amqp091-go; the full sidecar relay vs raw and vs the harness API's floor (every harness and app mode, 1 and 10 sessions, 5 rotating rounds, BENCH_EVENTS a run at max rate, 20,000 at 1,000/s; several hours), then issue 35's targets with the Istio and Dapr anchors, ✓ or ✗ (a measurement: a ✗ does not fail), also in BENCH_REPORT; the status writer's API write budget at 10, 100, 1,000 sessions; each sidecar's CPU per event as a process of its own beside raw amqp091-go processes (make bench-sidecars), and at full speed.
 	@mkdir -p $(dir $(BENCH_REPORT))
 	go test -run '^$$' -bench . -benchtime $(BENCH_EVENTS)x -timeout 60m ./internal/transport
 	HCP_BENCH_REPORT=$(BENCH_REPORT) KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkRelay -benchtime $(BENCH_EVENTS)x -timeout 600m -v ./test/relay
 	KUBEBUILDER_ASSETS="$$(hack/testbed-k8s.sh)" go test -run '^$$' -bench BenchmarkWriteBudget -benchtime 1x -timeout 20m -v ./internal/sidecar/status
-	go test -run '^$$' -bench 'BenchmarkCalleeCPU/api=stream' -benchtime 20000x -count 3 -timeout 30m ./internal/sidecar/callee
-	go test -run '^$$' -bench 'BenchmarkCallerCPU/app=stream' -benchtime 20000x -count 3 -timeout 30m ./internal/sidecar/caller
+	ROUNDS=5 hack/bench-sidecars.sh
+	go test -run '^$$' -bench 'BenchmarkCalleeCPU/api=.*/rate=max' -benchtime 20000x -count 3 -timeout 30m ./internal/sidecar/callee
+	go test -run '^$$' -bench 'BenchmarkCallerCPU/app=stream/rate=1000/sessions=10' -benchtime 20000x -count 3 -timeout 30m ./internal/sidecar/caller
 	@echo "issue 35's targets (also in $(BENCH_REPORT)):" && cat $(BENCH_REPORT)
+
+.PHONY: bench-sidecars
+bench-sidecars: testbed ## Each sidecar as a process of its own (one processor) at 1,000 events/s beside raw amqp091-go's publisher and consumer as processes fed the same way, SIDECAR_ROUNDS rotating rounds (default 3, about 3 minutes each): medians and issue 35's CPU target with the raw pair beside it.
+	ROUNDS=$(SIDECAR_ROUNDS) hack/bench-sidecars.sh
+
+SIDECAR_ROUNDS ?= 3
 
 .PHONY: relay-cuts
 relay-cuts: testbed ## The relay while the broker closes the sidecars' connections at random (RELAY_CUTS_RUNS runs, default 5): every event once and in order, none given up.
