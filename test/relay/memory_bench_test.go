@@ -59,6 +59,8 @@ func benchMemory(b *testing.B) {
 		b.ReportMetric(c.heap/1024, fmt.Sprintf("KiB/session@%d", n))
 		b.ReportMetric(c.goroutines, fmt.Sprintf("goroutines/session@%d", n))
 		b.ReportMetric(float64(c.rss1)/(1<<20), fmt.Sprintf("MiB-RSS@%d", n))
+		b.Logf("the same %d sessions once quiet (their caller workers gone): %.1f KiB heap and %.1f goroutines per session; process RSS %.1f MiB (%.1f KiB per session)",
+			n, c.waitingHeap/1024, c.waitingGoroutines, float64(c.waitingRSS)/(1<<20), float64(c.waitingRSS-c.rss0)/float64(n)/1024)
 		b.Logf("sidecar goroutines: %d before the %d sessions, %d while they ran, %d after they ended (baseline: after %d sessions started and ended together)",
 			c.sidecarG0, n, c.sidecarG1, c.sidecarG2, memoryConcurrency)
 	}
@@ -79,6 +81,11 @@ type sessionCost struct {
 	// (sidecarGoroutines) before the sessions, while they are live, and
 	// after they ended and the count settled (at most a minute).
 	sidecarG0, sidecarG1, sidecarG2 int
+	// waitingHeap, waitingGoroutines (per session) and waitingRSS are the
+	// same after the idle window, the sessions quiet for longer than the
+	// caller's WorkerIdle.
+	waitingHeap, waitingGoroutines float64
+	waitingRSS                     int64
 }
 
 // rssPerSession is the RSS the sessions added, per session, in bytes.
@@ -133,6 +140,15 @@ func liveSessionCost(b testing.TB, n int, idle time.Duration) (sessionCost, erro
 	}
 	idle1 := idleCPU(idle)
 	sg1 := sidecarGoroutines()
+	// Quiet for longer than the caller's WorkerIdle, their workers go:
+	// what is left is what a long-running, quiet session costs.
+	quiet, quietCancel := context.WithTimeout(ctx, time.Minute)
+	defer quietCancel()
+	if _, err := settleSidecarGoroutines(quiet, sg0); err != nil {
+		msg := err.Error()
+		return sessionCost{}, fmt.Errorf("the quiet sessions' workers did not go: %s", msg[:min(len(msg), 8000)])
+	}
+	heap2, g2, rss2 := heapInUse(), runtime.NumGoroutine(), benchutil.RSS()
 	// End them all; the sidecars' goroutines must return to the baseline.
 	if err := endConcurrently(ctx, r, sids); err != nil {
 		return sessionCost{}, err
@@ -145,7 +161,8 @@ func liveSessionCost(b testing.TB, n int, idle time.Duration) (sessionCost, erro
 		b.Logf("sidecar goroutines after the sessions ended: %s", msg[:min(len(msg), 8000)])
 	}
 	return sessionCost{heap: float64(heap1-heap0) / float64(n), goroutines: float64(g1-g0) / float64(n),
-		rss0: rss0, rss1: rss1, idleCPU0: idle0, idleCPU1: idle1, sidecarG0: sg0, sidecarG1: sg1, sidecarG2: sg2}, nil
+		rss0: rss0, rss1: rss1, idleCPU0: idle0, idleCPU1: idle1, sidecarG0: sg0, sidecarG1: sg1, sidecarG2: sg2,
+		waitingHeap: float64(heap2-heap0) / float64(n), waitingGoroutines: float64(g2-g0) / float64(n), waitingRSS: rss2}, nil
 }
 
 // startConcurrently submits n tasks through r's caller sidecar,

@@ -263,6 +263,7 @@ func (r *targetReport) lines(sessionCounts []int) []targetLine {
 		per := c.rssPerSession(n)
 		rss.value = fmt.Sprintf("%.1f KiB at %d sessions (process RSS %.1f → %.1f MiB; heap %.1f KiB, %.1f goroutines per session)",
 			per/1024, n, float64(c.rss0)/(1<<20), float64(c.rss1)/(1<<20), c.heap/1024, c.goroutines)
+		rss.value += fmt.Sprintf("; %.1f KiB once they waited past the caller's WorkerIdle", float64(c.waitingRSS-c.rss0)/float64(n)/1024)
 		if n != targetRSSSessions {
 			rss.value += fmt.Sprintf("; the target is at %d", targetRSSSessions)
 		}

@@ -190,7 +190,11 @@
 //     when another pod of this caller delivered the session meanwhile: with
 //     several replicas the queue's single active consumer moves between live
 //     pods when a connection drops. A record higher than the HCPSession is
-//     written back with the next report.
+//     written back with the next report. A worker that follows one of this
+//     pod that exited idle (Options.WorkerIdle) while the consumer channel
+//     it delivered from still lives reads nothing: the active consumer
+//     moves only when its channel goes, so nobody else delivered the
+//     session meanwhile (parkedWorker).
 //
 // callerAckedSequence is written only when the HCPSession is readable in the
 // sidecar's own namespace and names this caller. Sessions live in the

@@ -56,6 +56,8 @@ const (
 	DefaultMaxGapWait = 10 * time.Minute
 	// DefaultCommitLinger is Options.CommitLinger's default.
 	DefaultCommitLinger = 5 * time.Millisecond
+	// DefaultWorkerIdle is Options.WorkerIdle's default.
+	DefaultWorkerIdle = 10 * time.Second
 )
 
 // RetryPolicy is how a task_submit without an answer is republished: the
@@ -155,6 +157,11 @@ type Options struct {
 	// GapTimeout is how long events wait behind a sequence gap before the
 	// gap is skipped (L2: log a warning and continue).
 	GapTimeout time.Duration
+	// WorkerIdle is how long a session's worker that holds nothing lingers
+	// after the session's last message before it exits, its goroutine and
+	// state freed (a waiting session costs its records only); the
+	// session's next message starts a new one from the store (stream.go).
+	WorkerIdle time.Duration
 	// DrainTimeout bounds how long, after Run's ctx ends, the deliveries
 	// already received are still delivered to the app; what is left stays
 	// unsettled and returns to the head of the queue when the channel
@@ -267,6 +274,9 @@ func (o Options) withDefaults(c *config.Config) Options {
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.WorkerIdle <= 0 {
+		o.WorkerIdle = DefaultWorkerIdle
 	}
 	if o.SeedTimeout <= 0 {
 		o.SeedTimeout = DefaultSeedTimeout

@@ -105,15 +105,22 @@ const refreshTimeout = 2 * time.Second
 // pod of this caller delivered the session meanwhile: with several replicas
 // the queue's single active consumer moves between live pods when a
 // connection drops. Best effort: one read, and the local record stands if
-// the API server does not answer at once.
+// the API server does not answer at once. A worker that follows an idle
+// one of this pod on the same channel reads nothing (parkedWorker).
 func (w *stream) refresh(rec SessionRecord) {
 	s := w.s
 	if rec.over() || s.o.Client == nil && s.o.Reader == nil {
 		return
 	}
 	s.mu.Lock()
+	p, parked := s.unparkLocked(w.id)
 	l, known := s.lookups[w.id]
 	s.mu.Unlock()
+	if parked {
+		w.reported, w.unreported = p.reported, p.unreported
+		w.acked.Store(max(p.acked, rec.LastSeq))
+		return
+	}
 	if known && !l.found {
 		return // not here, or not this caller's
 	}
@@ -188,4 +195,41 @@ func (w *stream) adopt(hs *v1alpha1.HCPSession) {
 	w.reported = seq
 	w.log.Info("Resuming a session this pod has no record of from its HCPSession", "lastProcessed", seq,
 		"callee", hs.Spec.CalleeID, "task", tid, "hcpState", string(hs.Status.State))
+}
+
+// parkedWorker is what a session's worker that exited idle (tryExit) leaves
+// for the session's next worker: its positions, valid while the consumer
+// channel it delivered from lives (Sidecar.parkedOn). The broker moves a
+// queue's single active consumer to another pod only when the active one's
+// channel goes, so while that channel lives no other pod has delivered the
+// session, and the next worker resumes from the local record without
+// reading the HCPSession (refresh).
+type parkedWorker struct {
+	acked, reported int64
+	unreported      bool
+}
+
+// park records w's positions for its session's next worker (s.mu held). A
+// worker of another channel than the parked ones' starts the map anew:
+// theirs are stale.
+func (w *stream) park() {
+	s, ch := w.s, w.lastDctx
+	if ch == nil || ch.Err() != nil || w.refused != "" {
+		return
+	}
+	if s.parkedOn != ch {
+		s.parked, s.parkedOn = map[string]parkedWorker{}, ch
+	}
+	s.parked[w.id] = parkedWorker{acked: w.acked.Load(), reported: w.reported, unreported: w.unreported}
+}
+
+// unparkLocked takes what the session's previous worker parked, if its
+// channel still lives (s.mu held).
+func (s *Sidecar) unparkLocked(sid string) (parkedWorker, bool) {
+	p, ok := s.parked[sid]
+	if !ok {
+		return p, false
+	}
+	delete(s.parked, sid)
+	return p, s.parkedOn.Err() == nil
 }

@@ -78,6 +78,10 @@ type Sidecar struct {
 	answered map[string]bool
 	// lookups caches HCPSession reads.
 	lookups map[string]lookup
+	// parked holds what the idle workers that exited while parkedOn (a
+	// consumer channel's context) lived left for the next (seed.go, park).
+	parked   map[string]parkedWorker
+	parkedOn context.Context
 	// positions holds, per session, the callerAckedSequence this sidecar
 	// has asked the status writer to record and not yet seen written (see
 	// flushPositions).

@@ -12,10 +12,6 @@ import (
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 )
 
-// idleTimeout is how long a session worker with nothing held lingers
-// before it exits; its state is in the store and a new worker resumes it.
-const idleTimeout = time.Minute
-
 // endedLinger is how long the worker of an ended session lingers.
 const endedLinger = 2 * time.Second
 
@@ -297,14 +293,15 @@ func (w *stream) advance() {
 }
 
 // idle reports whether the worker holds nothing and has been quiet long
-// enough to exit (idleTimeout, or endedLinger once the session is over).
+// enough to exit (Options.WorkerIdle, or endedLinger once the session is
+// over).
 func (w *stream) idle() bool {
 	if len(w.inbox) != 0 || len(w.ready) != 0 || len(w.barriers) != 0 || w.tracker.Buffered() != 0 ||
 		w.tracker.InFlight() != 0 || (w.lastTicket != nil && !w.lastTicket.Done()) {
 		return false
 	}
 	quiet := w.s.clk.Since(w.lastActive)
-	if quiet >= idleTimeout {
+	if quiet >= w.s.o.WorkerIdle {
 		return true
 	}
 	// A session that has ended expects nothing more: its worker goes soon
@@ -313,7 +310,8 @@ func (w *stream) idle() bool {
 	return quiet >= endedLinger && ok && rec.over()
 }
 
-// tryExit removes the worker unless a message arrived meanwhile.
+// tryExit removes the worker unless a message arrived meanwhile, and
+// parks what the session's next worker needs to skip a read (park).
 func (w *stream) tryExit() bool {
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
@@ -323,6 +321,7 @@ func (w *stream) tryExit() bool {
 	if w.s.streams[w.id] == w {
 		delete(w.s.streams, w.id)
 	}
+	w.park()
 	w.leave()
 	return true
 }

@@ -1,0 +1,97 @@
+package caller
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// readCounter counts the reads through a client.Reader.
+type readCounter struct {
+	client.Reader
+	n atomic.Int64
+}
+
+func (r *readCounter) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	r.n.Add(1)
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (r *readCounter) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	r.n.Add(1)
+	return r.Reader.List(ctx, list, opts...)
+}
+
+// TestIdleWorkerResumesWithoutARead: a session's worker exits once idle
+// for Options.WorkerIdle, and the session's next event starts a new one.
+// While the consumer channel it delivered from lives, no other pod can
+// have delivered the session, so the new worker resumes from the local
+// record without reading the HCPSession from the API server; once that
+// channel was lost it reads it again (another pod may have been the
+// queue's active consumer meanwhile). Every event reaches the app once,
+// and callerAckedSequence follows.
+func TestIdleWorkerResumesWithoutARead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("envtest and RabbitMQ")
+	}
+	a := newAPIBed(t)
+	b := newBed(t, "lab")
+	reads := &readCounter{Reader: a.env.Client}
+	p := b.start(a.withAPI(a.writer(b)), func(o *Options) {
+		o.Reader = reads
+		o.WorkerIdle = 300 * time.Millisecond
+	})
+	v := p.submit(t, taskReq("lab"))
+	s := newScript(t, "lab", v.MessageID, 4)
+	hs := a.hcpSession("lab", b.callerID, v.MessageID)
+	c := b.callee("lab")
+	deliver := func(i int) {
+		t.Helper()
+		c.publish(s.msgs[i])
+		eventually(t, 20*time.Second, fmt.Sprintf("event %d at the app", i), func() error {
+			if got := b.lastSeq(s.sessionID); got != int64(i) {
+				return fmt.Errorf("last sequence %d", got)
+			}
+			return nil
+		})
+	}
+	workerGone := func() {
+		t.Helper()
+		eventually(t, 10*time.Second, "the session's worker gone", func() error {
+			p.sc.mu.Lock()
+			defer p.sc.mu.Unlock()
+			if p.sc.streams[s.sessionID] != nil {
+				return fmt.Errorf("still there")
+			}
+			return nil
+		})
+	}
+	c.publish(s.msgs[0]) // task_accepted
+	deliver(1)
+	workerGone()
+
+	before := reads.n.Load()
+	deliver(2)
+	if got := reads.n.Load() - before; got != 0 {
+		t.Errorf("%d API reads to resume the session on the same channel; want none", got)
+	}
+	workerGone()
+
+	p.proxy.Cut() // the channel is lost; the transport reconnects
+	before = reads.n.Load()
+	deliver(3)
+	if got := reads.n.Load() - before; got == 0 {
+		t.Errorf("no API read to resume the session after its channel was lost; want the HCPSession read")
+	}
+	if snap := b.app.Snapshot(); snap.Duplicates != 0 || snap.Problems != 0 {
+		t.Errorf("the app saw %d duplicates, %d problems; want none", snap.Duplicates, snap.Problems)
+	}
+	p.stop(t)
+	if got := a.acked(hs.Name); got != 3 {
+		t.Errorf("callerAckedSequence %d after the stop, want 3", got)
+	}
+}
