@@ -159,7 +159,11 @@ func (s *Session) confirm(index int64) {
 	for i < len(s.Pending) && s.Pending[i].Index <= index {
 		i++
 	}
-	s.Pending = slices.Delete(s.Pending, 0, i)
+	// Reslice, not delete: the rest stays in place (a confirm costs what it
+	// confirms, not the window behind it); append moves the live part to a
+	// new array once the old one is used up.
+	clear(s.Pending[:i])
+	s.Pending = s.Pending[i:]
 }
 
 // Record kinds.

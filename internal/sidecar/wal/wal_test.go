@@ -286,3 +286,42 @@ func TestOpenKeepsTheTaskItIsGiven(t *testing.T) {
 		}
 	}
 }
+
+// TestConfirmingTheHeadLeavesTheRestInPlace: a confirm drops the head of
+// the pending messages without moving the rest (each confirm costs what
+// it confirms, not the window behind it) and lets go of the bodies it
+// dropped.
+func TestConfirmingTheHeadLeavesTheRestInPlace(t *testing.T) {
+	var s Session
+	for i := int64(1); i <= 1000; i++ {
+		s.apply(msg(i, ""))
+	}
+	second := &s.Pending[1]
+	head := s.Pending[:1]
+	s.confirm(1)
+	if len(s.Pending) != 999 || s.Pending[0].Index != 2 {
+		t.Fatalf("pending after confirming 1: %d messages from %d; want 999 from 2", len(s.Pending), s.Pending[0].Index)
+	}
+	if &s.Pending[0] != second {
+		t.Errorf("confirming one message moved the 999 behind it")
+	}
+	if head[0].Body != nil {
+		t.Errorf("the confirmed message's body is still held")
+	}
+}
+
+// BenchmarkConfirmWindow is a steady window of 1,000 unconfirmed
+// messages: each op appends one and confirms the oldest.
+func BenchmarkConfirmWindow(b *testing.B) {
+	var s Session
+	for i := int64(1); i <= 1000; i++ {
+		s.apply(msg(i, ""))
+	}
+	m := msg(0, "")
+	b.ResetTimer()
+	for i := range int64(b.N) {
+		m.Index, m.Seq = 1001+i, 1001+i
+		s.apply(m)
+		s.confirm(1 + i)
+	}
+}
