@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -293,13 +292,13 @@ func rawCPU(tb testing.TB, p *rawProc) time.Duration {
 func rawVhost(tb testing.TB) string {
 	broker := testbed.EnsureRabbitMQ(tb)
 	vhost := testbed.RandomName("hcp-raw-cpu-")
-	must(tb, managed(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
+	must(tb, testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
 	tb.Cleanup(func() {
 		if err := broker.DeleteVhost(vhost); err != nil {
 			tb.Errorf("delete vhost %s: %v", vhost, err)
 		}
 	})
-	must(tb, managed(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
+	must(tb, testbed.Answered(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	url := broker.AMQPURI(broker.Username, broker.Password, vhost)
 	must(tb, DeclareTopology(url, rawTopology))
 	return url
@@ -310,16 +309,4 @@ func must(tb testing.TB, err error) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-}
-
-// managed checks an answer of the management API.
-func managed(r *http.Response, err error) error {
-	if err != nil {
-		return err
-	}
-	defer func() { _ = r.Body.Close() }()
-	if r.StatusCode/100 != 2 {
-		return errors.New("management API: " + r.Status)
-	}
-	return nil
 }

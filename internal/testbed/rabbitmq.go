@@ -165,6 +165,19 @@ func (b *Broker) Permissions(vhost string) ([]rabbithole.PermissionInfo, error) 
 	return slices.DeleteFunc(all, func(p rabbithole.PermissionInfo) bool { return p.Vhost != vhost }), nil
 }
 
+// Answered turns an answer of the management API (rabbit-hole's calls
+// return one) into an error unless it is a 2xx; the body is closed.
+func Answered(r *http.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	defer func() { _ = r.Body.Close() }()
+	if r.StatusCode/100 != 2 {
+		return errors.New("management API: " + r.Status)
+	}
+	return nil
+}
+
 // DeleteVhost deletes vhost and everything in it; a missing vhost is fine.
 func (b *Broker) DeleteVhost(vhost string) error {
 	_, err := b.API.DeleteVhost(vhost)

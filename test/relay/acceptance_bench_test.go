@@ -187,9 +187,9 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 	// The raw round trip's vhost and queues.
 	broker := r.bed.broker
 	vhost := testbed.RandomName("hcp-accept-raw-")
-	must(b, mgmt(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
+	must(b, testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
 	b.Cleanup(func() { _ = broker.DeleteVhost(vhost) })
-	must(b, mgmt(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
+	must(b, testbed.Answered(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	rawURL := broker.AMQPURI(broker.Username, broker.Password, vhost)
 	must(b, declareQuorumQueues(rawURL, "requests", "replies"))
 

@@ -15,7 +15,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -45,6 +44,7 @@ import (
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
 	"github.com/hcp-io/hcp-operator/internal/resource"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/cachetrim"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/callee"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/caller"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
@@ -199,9 +199,9 @@ func newBed(tb testing.TB, o bedOptions) *bed {
 	// Broker: a vhost, the two users as the operator names and permits them,
 	// the topology as the operator declares it.
 	b.vhost = testbed.RandomName("hcp-relay-")
-	must(tb, mgmt(broker.API.PutVhost(b.vhost, rabbithole.VhostSettings{})))
+	must(tb, testbed.Answered(broker.API.PutVhost(b.vhost, rabbithole.VhostSettings{})))
 	b.onClose(func() { _ = broker.DeleteVhost(b.vhost) })
-	must(tb, mgmt(broker.API.UpdatePermissionsIn(b.vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
+	must(tb, testbed.Answered(broker.API.UpdatePermissionsIn(b.vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	b.callee = b.newUser(topology.RoleCallee, calleeID)
 	b.caller = b.newUser(topology.RoleCaller, callerID)
 	must(tb, declareTopology(b.adminURL()))
@@ -280,7 +280,7 @@ func (b *bed) newUser(role topology.Role, id string) user {
 	var buf [12]byte
 	_, _ = rand.Read(buf[:])
 	u := user{name: topology.Username(role, b.vhost, id), password: hex.EncodeToString(buf[:])}
-	must(b.tb, mgmt(b.broker.API.PutUser(u.name, rabbithole.UserSettings{Password: u.password, Tags: rabbithole.UserTags{}})))
+	must(b.tb, testbed.Answered(b.broker.API.PutUser(u.name, rabbithole.UserSettings{Password: u.password, Tags: rabbithole.UserTags{}})))
 	b.onClose(func() { _ = b.broker.DeleteUsers(u.name) })
 	var p topology.Permissions
 	if role == topology.RoleCallee {
@@ -288,7 +288,7 @@ func (b *bed) newUser(role topology.Role, id string) user {
 	} else {
 		p = topology.CallerPermissions(id)
 	}
-	must(b.tb, mgmt(b.broker.API.UpdatePermissionsIn(b.vhost, u.name, rabbithole.Permissions{Configure: p.Configure, Write: p.Write, Read: p.Read})))
+	must(b.tb, testbed.Answered(b.broker.API.UpdatePermissionsIn(b.vhost, u.name, rabbithole.Permissions{Configure: p.Configure, Write: p.Write, Read: p.Read})))
 	return u
 }
 
@@ -455,7 +455,7 @@ func (b *bed) cachedClient(byObject map[client.Object]cache.ByObject, watched ..
 	c, err := cache.New(b.env.Config, cache.Options{
 		Scheme:            b.env.Scheme,
 		DefaultNamespaces: map[string]cache.Config{b.ns: {}},
-		DefaultTransform:  cache.TransformStripManagedFields(), // as internal/sidecar/runner
+		DefaultTransform:  cachetrim.Transform, // as internal/sidecar/runner
 		ByObject:          byObject,
 	})
 	must(tb, err)
@@ -558,16 +558,4 @@ func must(tb testing.TB, err error) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-}
-
-// mgmt turns a management API answer into an error.
-func mgmt(r *http.Response, err error) error {
-	if err != nil {
-		return err
-	}
-	defer func() { _ = r.Body.Close() }()
-	if r.StatusCode/100 != 2 {
-		return errors.New("management API: " + r.Status)
-	}
-	return nil
 }

@@ -324,11 +324,11 @@ func relayScenario(tb testing.TB, sc scenario, n, rounds int) (benchRow, float64
 // relay's event exchange and a queue like the relay's event queue.
 func rawConfig(tb testing.TB, broker *testbed.Broker, name string, cfg benchutil.Config) (benchutil.Config, error) {
 	vhost := testbed.RandomName("hcp-relay-" + name + "-")
-	if err := mgmt(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})); err != nil {
+	if err := testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})); err != nil {
 		return cfg, err
 	}
 	tb.Cleanup(func() { _ = broker.DeleteVhost(vhost) })
-	if err := mgmt(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})); err != nil {
+	if err := testbed.Answered(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})); err != nil {
 		return cfg, err
 	}
 	cfg.URL = broker.AMQPURI(broker.Username, broker.Password, vhost)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -33,6 +31,7 @@ import (
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/samplecallee"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/cachetrim"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/events"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/metrics"
@@ -181,15 +180,15 @@ func newBed(t *testing.T, o bedOptions) *bed {
 
 	// Broker: vhost, users with the spec permissions, topology declared by
 	// an administrator (the operator's job).
-	must(t, resp(broker.API.PutVhost(b.vhost, rabbithole.VhostSettings{})))
+	must(t, testbed.Answered(broker.API.PutVhost(b.vhost, rabbithole.VhostSettings{})))
 	broker.CleanupVhost(t, b.vhost)
-	must(t, resp(broker.API.UpdatePermissionsIn(b.vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
+	must(t, testbed.Answered(broker.API.UpdatePermissionsIn(b.vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	for _, u := range []struct {
 		name string
 		p    topology.Permissions
 	}{{b.calleeU, topology.CalleePermissions(calleeID)}, {b.callerU, topology.CallerPermissions(callerID)}} {
-		must(t, resp(broker.API.PutUser(u.name, rabbithole.UserSettings{Password: password, Tags: rabbithole.UserTags{}})))
-		must(t, resp(broker.API.UpdatePermissionsIn(b.vhost, u.name, rabbithole.Permissions{Configure: u.p.Configure, Write: u.p.Write, Read: u.p.Read})))
+		must(t, testbed.Answered(broker.API.PutUser(u.name, rabbithole.UserSettings{Password: password, Tags: rabbithole.UserTags{}})))
+		must(t, testbed.Answered(broker.API.UpdatePermissionsIn(b.vhost, u.name, rabbithole.Permissions{Configure: u.p.Configure, Write: u.p.Write, Read: u.p.Read})))
 	}
 	t.Cleanup(func() { _ = broker.DeleteUsers(b.calleeU, b.callerU) })
 	b.declareTopology(o.commandQueue, o.deadLetterQueue)
@@ -328,7 +327,7 @@ func (b *bed) startReplica(pod string) *replica {
 	objCache, err := cache.New(b.env.Config, cache.Options{
 		Scheme:            b.env.Scheme,
 		DefaultNamespaces: map[string]cache.Config{b.ns: {}},
-		DefaultTransform:  cache.TransformStripManagedFields(), // as internal/sidecar/runner
+		DefaultTransform:  cachetrim.Transform, // as internal/sidecar/runner
 		ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.HCPSession{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelCalleeID: calleeID})},
 		},
@@ -663,17 +662,6 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-func resp(r *http.Response, err error) error {
-	if err != nil {
-		return err
-	}
-	defer func() { _ = r.Body.Close() }()
-	if r.StatusCode/100 != 2 {
-		return errors.New("management API: " + r.Status)
-	}
-	return nil
 }
 
 type ed25519PublicKey = ed25519.PublicKey

@@ -151,7 +151,7 @@ func TestBinaries(t *testing.T) {
 	// A password rotation: the broker user gets a new password, the
 	// kubelet updates the file, the broker drops the connections; the
 	// sidecar logs in again with the new password, without a restart.
-	must(t, resp(b.broker.API.PutUser(b.calleeU, rabbithole.UserSettings{Password: "rotated-pw", Tags: rabbithole.UserTags{}})))
+	must(t, testbed.Answered(b.broker.API.PutUser(b.calleeU, rabbithole.UserSettings{Password: "rotated-pw", Tags: rabbithole.UserTags{}})))
 	testbed.WriteSecretVolume(t, credsDir, map[string][]byte{resource.CredentialsURIKey: []byte(b.broker.AMQPURI(b.calleeU, "rotated-pw", b.vhost))})
 	time.Sleep(1100 * time.Millisecond) // the sidecar looks at the file at most once a second
 	must(t, b.broker.CloseConnectionsOf(b.calleeU))

@@ -119,7 +119,7 @@ func benchCalleeCPU(b *testing.B, url, user, api string, rate float64) {
 func benchVhost(b *testing.B) (url, user string) {
 	broker := testbed.EnsureRabbitMQ(b)
 	vhost := testbed.RandomName("hcp-callee-cpu-")
-	must(b, resp(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
+	must(b, testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
 	b.Cleanup(func() {
 		for try := 0; ; try++ {
 			err := broker.DeleteVhost(vhost)
@@ -132,7 +132,7 @@ func benchVhost(b *testing.B) (url, user string) {
 			time.Sleep(time.Second << try)
 		}
 	})
-	must(b, resp(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
+	must(b, testbed.Answered(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	url = broker.AMQPURI(broker.Username, broker.Password, vhost)
 	conn, err := amqp.Dial(url)
 	must(b, err)

@@ -1,30 +1,10 @@
 package caller
 
 import (
-	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
-
-// readCounter counts the reads through a client.Reader.
-type readCounter struct {
-	client.Reader
-	n atomic.Int64
-}
-
-func (r *readCounter) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	r.n.Add(1)
-	return r.Reader.Get(ctx, key, obj, opts...)
-}
-
-func (r *readCounter) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	r.n.Add(1)
-	return r.Reader.List(ctx, list, opts...)
-}
 
 // TestIdleWorkerResumesWithoutARead: a session's worker exits once idle
 // for Options.WorkerIdle, and the session's next event starts a new one.
@@ -32,15 +12,16 @@ func (r *readCounter) List(ctx context.Context, list client.ObjectList, opts ...
 // have delivered the session, so the new worker resumes from the local
 // record without reading the HCPSession from the API server; once that
 // channel was lost it reads it again (another pod may have been the
-// queue's active consumer meanwhile). Every event reaches the app once,
-// and callerAckedSequence follows.
+// queue's active consumer meanwhile). An ended session's worker parks
+// nothing. Every event reaches the app once, and callerAckedSequence
+// follows.
 func TestIdleWorkerResumesWithoutARead(t *testing.T) {
 	if testing.Short() {
 		t.Skip("envtest and RabbitMQ")
 	}
 	a := newAPIBed(t)
 	b := newBed(t, "lab")
-	reads := &readCounter{Reader: a.env.Client}
+	reads := &downReader{Reader: a.env.Client}
 	p := b.start(a.withAPI(a.writer(b)), func(o *Options) {
 		o.Reader = reads
 		o.WorkerIdle = 300 * time.Millisecond
@@ -74,24 +55,37 @@ func TestIdleWorkerResumesWithoutARead(t *testing.T) {
 	deliver(1)
 	workerGone()
 
-	before := reads.n.Load()
+	before := reads.reads.Load()
 	deliver(2)
-	if got := reads.n.Load() - before; got != 0 {
+	if got := reads.reads.Load() - before; got != 0 {
 		t.Errorf("%d API reads to resume the session on the same channel; want none", got)
 	}
 	workerGone()
 
 	p.proxy.Cut() // the channel is lost; the transport reconnects
-	before = reads.n.Load()
+	before = reads.reads.Load()
 	deliver(3)
-	if got := reads.n.Load() - before; got == 0 {
+	if got := reads.reads.Load() - before; got == 0 {
 		t.Errorf("no API read to resume the session after its channel was lost; want the HCPSession read")
+	}
+	workerGone()
+
+	// An ended session's worker leaves nothing parked.
+	c.publish(s.msgs[4]) // task_completed
+	c.publish(s.msgs[5]) // session_closed
+	eventually(t, 20*time.Second, "the session complete at the app", func() error { return b.complete(s.sessionID, 4) })
+	workerGone()
+	p.sc.mu.Lock()
+	_, parked := p.sc.parked[s.sessionID]
+	p.sc.mu.Unlock()
+	if parked {
+		t.Errorf("the ended session's worker parked its positions; want nothing kept")
 	}
 	if snap := b.app.Snapshot(); snap.Duplicates != 0 || snap.Problems != 0 {
 		t.Errorf("the app saw %d duplicates, %d problems; want none", snap.Duplicates, snap.Problems)
 	}
 	p.stop(t)
-	if got := a.acked(hs.Name); got != 3 {
-		t.Errorf("callerAckedSequence %d after the stop, want 3", got)
+	if got := a.acked(hs.Name); got != 4 {
+		t.Errorf("callerAckedSequence %d after the stop, want 4", got)
 	}
 }

@@ -42,15 +42,18 @@ func (a *apiBed) hcpSessionIn(ns, calleeID, callerID, taskID string, acked int64
 	return hs
 }
 
-// downReader is a client.Reader whose API server can be taken down.
+// downReader is a client.Reader whose API server can be taken down, and
+// that counts the reads asked of it.
 type downReader struct {
 	client.Reader
-	down atomic.Bool
+	down  atomic.Bool
+	reads atomic.Int64
 }
 
 var errAPIDown = errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
 
 func (r *downReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	r.reads.Add(1)
 	if r.down.Load() {
 		return errAPIDown
 	}
@@ -58,6 +61,7 @@ func (r *downReader) Get(ctx context.Context, key client.ObjectKey, obj client.O
 }
 
 func (r *downReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	r.reads.Add(1)
 	if r.down.Load() {
 		return errAPIDown
 	}

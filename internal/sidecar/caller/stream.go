@@ -310,9 +310,12 @@ func (w *stream) idle() bool {
 	return quiet >= endedLinger && ok && rec.over()
 }
 
-// tryExit removes the worker unless a message arrived meanwhile, and
-// parks what the session's next worker needs to skip a read (park).
+// tryExit removes the worker unless a message arrived meanwhile, and,
+// unless the session is over, parks what its next worker needs to skip a
+// read (park).
 func (w *stream) tryExit() bool {
+	rec, ok := w.s.store.Session(w.id)
+	over := ok && rec.over()
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
 	if len(w.inbox) > 0 {
@@ -321,7 +324,9 @@ func (w *stream) tryExit() bool {
 	if w.s.streams[w.id] == w {
 		delete(w.s.streams, w.id)
 	}
-	w.park()
+	if !over {
+		w.park()
+	}
 	w.leave()
 	return true
 }

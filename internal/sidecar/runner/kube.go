@@ -16,6 +16,7 @@ import (
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/cachetrim"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/events"
 )
@@ -27,8 +28,8 @@ const cacheSyncTimeout = 2 * time.Minute
 // namespace and to the objects this mode reads, a client reading through
 // it, an uncached reader for reads that must not be stale, and the Event
 // recorder. The cache drops the objects' managed fields, as the manager's
-// does: the sidecar never reads them, its writes are patches, and they are
-// about a third of a cached HCPSession (one per live session).
+// does, and what no sidecar reads of an HCPSession (cachetrim): a cached
+// HCPSession is held per live session.
 type kube struct {
 	cache      cache.Cache
 	watched    []client.Object
@@ -55,7 +56,7 @@ func newKube(cfg *config.Config) (*kube, error) {
 		Scheme:            scheme,
 		DefaultNamespaces: map[string]cache.Config{cfg.Namespace: {}},
 		ByObject:          byObject,
-		DefaultTransform:  cache.TransformStripManagedFields(),
+		DefaultTransform:  cachetrim.Transform,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the object cache: %w", err)
