@@ -70,7 +70,7 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 		return nil, nil, fencedError(err)
 	}
 	var ps []*pending
-	var seqs []int64
+	seqs := make([]int64, 0, len(evs))
 	// The status records the batch once: its last sequence and the last
 	// progress in it (one status update per request, not two per event).
 	var progress *v1alpha1.SessionProgress
@@ -82,7 +82,7 @@ func (ss *sess) publishEvents(ctx context.Context, evs []harnessEvent) ([]*pendi
 	// The events are sequenced first, then written to the log together
 	// (one write for the request) and published.
 	var (
-		batch   []outgoing
+		batch   = make([]outgoing, 0, len(evs))
 		batched map[string]int64 // the keys of this request
 		retried []*pending       // retries of events not confirmed yet
 		err     error
