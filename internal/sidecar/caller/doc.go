@@ -36,10 +36,11 @@
 //     store (Store.RecordSession), which group-commits: one write+fsync
 //     covers every record queued since the previous one, of every session
 //     (several updates of one record in a batch are written, and encoded,
-//     once). A batch lingers up to Options.CommitLinger (5 ms) from its
-//     first record so that a steady stream's events share an fsync (at
-//     1,000 events/s about five to one, instead of one each); it is written
-//     at once when half the prefetch window is unsettled (lingerCap), when
+//     once). A batch lingers Options.CommitLinger (5 ms) from its first
+//     record so that a steady stream's events share an fsync (at 1,000
+//     events/s about five to one, instead of one each), then goes with the
+//     next record queued (no timer wakes the process for it; twice the
+//     linger when none comes); it is written at once when half the prefetch window is unsettled (lingerCap), when
 //     something waits for it (answers, submits, a stop: Ticket.Wait), or
 //     when a duplicate's ack waits for it;
 //  3. the deliveries of every session that a group commit covers are acked

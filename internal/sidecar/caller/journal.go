@@ -108,9 +108,15 @@ func (s *Store) enqueue(l journalLine) *Ticket {
 	if s.closed {
 		return doneTicket(errors.New("caller state: store closed"))
 	}
-	if s.ticket == nil {
+	switch {
+	case s.ticket == nil:
 		s.ticket = newTicket(s)
 		s.since = time.Now()
+		s.wake()
+	case !s.urgent && time.Since(s.since) >= s.linger:
+		// The batch has lingered its time: this change carries it, now,
+		// while the process is awake anyway (see committer).
+		s.urgent = true
 		s.wake()
 	}
 	var key recordKey
@@ -166,11 +172,20 @@ func (s *Store) hurry(t *Ticket) {
 	}
 }
 
+// lingerLimit is how long a batch that no later change carries lingers,
+// in lingers.
+const lingerLimit = 2
+
 // committer writes queued lines in batches, one write and one fsync per
-// batch. A batch is gathered for up to linger from its first change (so
-// that the events of a steady stream share an fsync instead of paying one
-// each), and written at once when it is hurried (Ticket.Wait or Hurry) or
-// the store closes.
+// batch. A batch is gathered for linger from its first change (so that the
+// events of a steady stream share an fsync instead of paying one each);
+// then the next change queued ends it (enqueue), so that the write is made
+// while that change's delivery or ack has the process awake, not by a
+// timer of its own waking an idle one: at 1,000 events/s such a wake-up
+// cost the caller sidecar about 14 µs of CPU per event
+// (TestLingerEndsWithTheNextChange). A batch no change follows is written
+// at lingerLimit lingers. A batch is written at once when it is hurried
+// (Ticket.Wait or Hurry) or the store closes.
 func (s *Store) committer() {
 	defer close(s.stopped)
 	timer := time.NewTimer(time.Hour)
@@ -182,7 +197,7 @@ func (s *Store) committer() {
 			<-s.kick
 			continue
 		}
-		if wait := s.linger - time.Since(s.since); len(s.queue) > 0 && !s.urgent && !s.closed && wait > 0 {
+		if wait := lingerLimit*s.linger - time.Since(s.since); len(s.queue) > 0 && !s.urgent && !s.closed && wait > 0 {
 			s.wmu.Unlock()
 			timer.Reset(wait)
 			select {

@@ -214,8 +214,9 @@ type Options struct {
 	// CommitLinger is how long the store gathers the records of delivered
 	// events before one write and fsync covers them all, and so how long
 	// their acks may wait (see the package documentation, "Delivery
-	// pipeline"); 0 means DefaultCommitLinger, < 0 none (an fsync as soon
-	// as the previous one returns). Records that something waits for
+	// pipeline"): the next record after it carries the batch, or twice
+	// it passes with none; 0 means DefaultCommitLinger, < 0 none (an fsync
+	// as soon as the previous one returns). Records that something waits for
 	// (answers, submits, a stop) and a prefetch window half full of
 	// unsettled deliveries cut it short. It applies to the store opened from
 	// Config.StateDir, not to Store.
