@@ -207,6 +207,19 @@ type SidecarSpec struct {
 	// +kubebuilder:validation:Maximum=100
 	Prefetch *int32 `json:"prefetch,omitempty"`
 
+	// env adds environment variables to the sidecar container, after the
+	// operator's own: the Go runtime's settings (GODEBUG, GOMEMLIMIT,
+	// GOMAXPROCS), proxies, OTEL_* (these replace the operator's tracing
+	// values). Names starting with HCP_ are the operator's contract with the
+	// sidecar and are refused. docs/performance.md ("Choosing settings")
+	// has a GODEBUG setting for sidecars that carry steady streams.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !e.name.startsWith('HCP_'))",message="names starting with HCP_ are set by the operator"
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
 	// logLevel of the sidecar.
 	// +optional
 	// +kubebuilder:default=info

@@ -252,6 +252,7 @@ func SidecarContainer(p HarnessParams) corev1.Container {
 			env = append(env, corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_PROTOCOL", Value: t.Protocol})
 		}
 	}
+	env = withUserEnv(env, p.Sidecar.Env)
 	resources := DefaultSidecarResources()
 	if p.Sidecar.Resources != nil {
 		resources = *p.Sidecar.Resources.DeepCopy()

@@ -258,6 +258,10 @@ func TestValidEdgeCases(t *testing.T) {
 			c.Spec.Sidecar.Prefetch = ptr.To[int32](1)
 		})},
 		{"external caller: no harness", withCaller("external", nil)},
+		{"sidecar env: Go runtime settings and a Secret's value", withCaller("sidecar-env", func(c *hcpv1.Caller) {
+			c.Spec.Sidecar.Env = []corev1.EnvVar{{Name: "GODEBUG", Value: "schedtrace=2147483647"}, {Name: "HTTPS_PROXY",
+				ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "proxy"}, Key: "url"}}}}
+		})},
 		{"policy: unnamed rules, selector callers, '*' ids", withPolicy("mixed", func(p *hcpv1.CapabilityPolicy) {
 			p.Spec.Rules = append(p.Spec.Rules,
 				hcpv1.PolicyRule{Callers: hcpv1.CallerMatch{IDs: []string{"*"}}, Capabilities: []string{"*"}, MaxRiskLevel: hcpv1.RiskR1},
