@@ -44,7 +44,7 @@ func BenchmarkCallerCPU(b *testing.B) {
 		rate     float64
 		sessions int
 	}{{"single", 1000, 1}, {"single", 1000, 10}, {"single", 0, 1},
-		{"batch", 1000, 1}, {"batch", 1000, 10}, {"stream", 1000, 1}, {"stream", 1000, 10}} {
+		{"batch", 1000, 1}, {"batch", 1000, 10}, {"stream", 1000, 1}, {"stream", 1000, 10}, {"stream", 0, 1}} {
 		rate := "max"
 		if tc.rate > 0 {
 			rate = fmt.Sprint(tc.rate)
