@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/hcp-io/hcp-operator/internal/benchutil"
+	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
@@ -74,6 +75,9 @@ func benchCallerCPU(b *testing.B, app string, rate float64, sessions int) {
 	var env []string
 	if path := os.Getenv(profileEnv); path != "" {
 		env = append(env, profileEnv+"="+path)
+	}
+	if v := os.Getenv("HCP_CALLER_BENCH_PREFETCH"); v != "" {
+		env = append(env, config.EnvPrefetch+"="+v)
 	}
 	p := bd.spawnWith(b, 0, bd.amqpURL(bd.caller), env...)
 	c := bd.callee("lab")
