@@ -339,7 +339,6 @@ func (s *Sidecar) restoreSession(hs *v1alpha1.HCPSession, claims token.Claims, l
 		startedAt:      claims.IssuedAt,
 		expiresAt:      claims.ExpiresAt,
 		uid:            hs.UID,
-		log:            s.log.WithValues("session", hs.Name, "caller", hs.Spec.CallerID),
 		abortTimeout:   abortTimeout,
 		abortRequested: hs.Spec.AbortRequested,
 		lock:           make(chan struct{}, 1),

@@ -66,7 +66,7 @@ func (s *Sidecar) drain(ctx context.Context) {
 	for _, ss := range active {
 		wg.Go(func() {
 			if err := ss.handOver(ctx); err != nil {
-				ss.log.Info("Session not handed over; it keeps running here until shutdown", "reason", err.Error())
+				ss.log().Info("Session not handed over; it keeps running here until shutdown", "reason", err.Error())
 			}
 		})
 	}
@@ -160,7 +160,7 @@ func (s *Sidecar) releaseStatus(ctx context.Context, ss *sess, last, events int6
 		hs, err := s.readSession(ctx, ss.id)
 		if err == nil && s.lostTo(ss, hs) {
 			// Claimed by another replica meanwhile: not ours to release.
-			ss.log.Info("Not releasing the session: another replica claimed it", "epoch", ss.epoch, "storedEpoch", hs.Status.OwnerEpoch, "owner", hs.Status.PodName)
+			ss.log().Info("Not releasing the session: another replica claimed it", "epoch", ss.epoch, "storedEpoch", hs.Status.OwnerEpoch, "owner", hs.Status.PodName)
 			return nil
 		}
 		if err == nil {
@@ -176,7 +176,7 @@ func (s *Sidecar) releaseStatus(ctx context.Context, ss *sess, last, events int6
 			})
 		}
 		if err == nil {
-			ss.log.Info("Handed the session over", "lastSequence", last)
+			ss.log().Info("Handed the session over", "lastSequence", last)
 			s.sessionEvent(ss.id, ss.uid, corev1.EventTypeNormal, EventSessionHandedOver,
 				"Released by pod %s at its drain after event %d; another replica resumes it from its checkpoint", s.pod, last)
 			return nil

@@ -140,7 +140,7 @@ func (s *Sidecar) loseSession(ss *sess, why string, kv ...any) {
 	if ss.ended() {
 		return // ended or left here already: no harness works on it
 	}
-	ss.log.Info("Lost the session to another replica; stopping it here: "+why, kv...)
+	ss.log().Info("Lost the session to another replica; stopping it here: "+why, kv...)
 	go s.harnessAbort(ss.id, codeOwnershipLost)
 	ss.leave()
 }

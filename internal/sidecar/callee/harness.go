@@ -108,7 +108,7 @@ func (s *Sidecar) taskBody(sid, msgID, tok, callerID string, risk task.RiskLevel
 // the harness already has the session (a repeated hand-over): success.
 func (ss *sess) deliver() {
 	if err := ss.handTask(ss.task, DefaultHarnessAttempts); err != nil {
-		ss.log.Info("The harness could not take the task", "error", err.msg)
+		ss.log().Info("The harness could not take the task", "error", err.msg)
 		ss.terminate(err.code, err.msg, err.code == codeHarnessUnavailable)
 	}
 }
@@ -130,11 +130,11 @@ func (ss *sess) handTask(raw []byte, attempts int) *handError {
 		case err == nil && (status/100 == 2 || status == http.StatusConflict):
 			ss.delivered.Store(true)
 			s.countApp("ok")
-			ss.log.V(1).Info("Handed the task to the harness", "status", status)
+			ss.log().V(1).Info("Handed the task to the harness", "status", status)
 			return nil
 		case err == nil && status/100 == 4 && status != http.StatusTooManyRequests:
 			s.countApp("error")
-			ss.log.Info("The harness refused the task", "status", status, "message", msg)
+			ss.log().Info("The harness refused the task", "status", status, "message", msg)
 			return &handError{codeHarnessRefused, fmt.Sprintf("the harness refused the task (HTTP %d): %s", status, msg)}
 		case err != nil:
 			lastErr = err.Error()

@@ -27,22 +27,22 @@ func (ss *sess) start(reply *amqp.Publishing, abortRequested bool) *pending {
 	ctx := ss.sc.life
 	ss.gauge(session.StatePending, 1)
 	if err := ss.sc.wal.Open(ss.id, ss.task); err != nil {
-		ss.log.Error(err, "Failed to record the session in the write-ahead log")
+		ss.log().Error(err, "Failed to record the session in the write-ahead log")
 	}
 	var accepted *pending
 	if reply != nil {
 		var err error
 		if accepted, err = ss.publishLocked(ctx, envelope.TypeTaskAccepted, *reply, 0, ""); err != nil {
-			ss.log.Error(err, "Failed to publish task_accepted")
+			ss.log().Error(err, "Failed to publish task_accepted")
 		}
 	}
 	// The session is created PENDING (the L3 decision is recorded), and
 	// the state_changed right after it takes it to RUNNING: the two agree.
 	if _, err := ss.emitTyped(ctx, &session.SessionCreatedData{State: session.StatePending, RiskLevel: ss.risk, SessionToken: ss.token}); err != nil {
-		ss.log.Error(err, "Failed to publish session_created")
+		ss.log().Error(err, "Failed to publish session_created")
 	}
 	if _, err := ss.transitionLocked(ctx, session.StateRunning, "accepted"); err != nil {
-		ss.log.Error(err, "Failed to publish state_changed")
+		ss.log().Error(err, "Failed to publish state_changed")
 	}
 	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) { st.PodName = ss.sc.pod })
 	ss.timeout = ss.sc.clk.AfterFunc(ss.expiresAt.Sub(ss.sc.clk.Now()), ss.onTimeout)
@@ -115,7 +115,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	if err != nil {
 		// Recorded: the record is replayed (statusAfterConfirms does not
 		// write the terminal status without every confirm).
-		ss.log.Error(err, "Failed to publish the end of the session; its terminal record is replayed")
+		ss.log().Error(err, "Failed to publish the end of the session; its terminal record is replayed")
 	}
 	if ss.timeout != nil {
 		ss.timeout.Stop()
@@ -130,7 +130,7 @@ func (ss *sess) finishLocked(ctx context.Context, o outcome) ([]*pending, error)
 	ss.endedAt.Store(now.UnixNano())
 	ss.closeConfirms()
 	ss.endTrace(string(o.final), o.reason, o.final != session.StateCompleted)
-	ss.log.Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
+	ss.log().Info("Session ended", "state", o.final, "reason", o.reason, "events", ss.events)
 	ss.recordEnd(o, now)
 	ss.sc.m.SessionEnded(ss.capability, string(o.final), o.reason, now.Sub(ss.startedAt)) // hcp_sessions_total, hcp_session_duration_seconds
 	// Keep the session in memory for a while, so late harness calls get a
@@ -161,9 +161,9 @@ func (ss *sess) toAbortingLocked(ctx context.Context, reason string) {
 		return
 	}
 	if _, err := ss.transitionLocked(ctx, session.StateAborting, reason); err != nil {
-		ss.log.Error(err, "Failed to publish state_changed to ABORTING")
+		ss.log().Error(err, "Failed to publish state_changed to ABORTING")
 	}
-	ss.log.Info("Aborting session", "reason", reason)
+	ss.log().Info("Aborting session", "reason", reason)
 	now := metav1.NewTime(ss.sc.clk.Now())
 	ss.sc.st.Update(ss.id, func(st *v1alpha1.HCPSessionStatus) {
 		setCondition(st, metav1.Condition{Type: v1alpha1.ConditionAbortRequested, Status: metav1.ConditionTrue, Reason: "AbortRequested", Message: truncate(reason, 512), LastTransitionTime: now})
@@ -215,7 +215,7 @@ func (ss *sess) failLocked(code, msg string, recoverable bool) {
 	switch ss.machine.State() {
 	case session.StatePaused:
 		if _, err := ss.transitionLocked(ctx, session.StateRunning, code); err != nil {
-			ss.log.Error(err, "Failed to publish state_changed")
+			ss.log().Error(err, "Failed to publish state_changed")
 		}
 		fallthrough
 	case session.StateRunning:
@@ -240,7 +240,7 @@ func (ss *sess) retryEnd(err error, code, msg string, recoverable bool) {
 	if errors.Is(err, errOwnershipLost) || ss.ended() {
 		return
 	}
-	ss.log.Error(err, "Failed to end the session; retrying", "reason", code, "in", endRetry.String())
+	ss.log().Error(err, "Failed to end the session; retrying", "reason", code, "in", endRetry.String())
 	ss.sc.clk.AfterFunc(endRetry, func() {
 		if ss.sc.life.Err() == nil {
 			ss.terminate(code, msg, recoverable)

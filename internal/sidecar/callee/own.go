@@ -191,7 +191,7 @@ func (s *Sidecar) stopLapsed() {
 			continue
 		}
 		ss.delivered.Store(false) // the watchdog leaves it alone
-		ss.log.Info("The Lease lapsed: stopping the harness's work on the session until this replica's ownership is confirmed")
+		ss.log().Info("The Lease lapsed: stopping the harness's work on the session until this replica's ownership is confirmed")
 		go s.harnessAbort(ss.id, codeOwnershipLost)
 	}
 }

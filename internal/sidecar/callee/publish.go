@@ -247,7 +247,7 @@ func (ss *sess) confirmOne(p *pending) {
 	p.err = ss.awaitConfirm(p)
 	if p.err != nil {
 		ss.confirmFailed = true
-		ss.log.Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
+		ss.log().Error(p.err, "Event not delivered", "type", p.kind, "sequence", p.seq, "routingKey", p.rk)
 		if errors.Is(p.err, transport.ErrConnectionLost) && !errors.Is(p.err, errOwnershipLost) && !ss.ended() && ss.sc.life.Err() == nil {
 			// Given up after republishLimit lost connections (an
 			// unroutable event is the harness's 502, not this): the
@@ -261,7 +261,7 @@ func (ss *sess) confirmOne(p *pending) {
 	}
 	if !ss.confirmFailed {
 		if err := ss.sc.wal.MarkConfirmed(ss.id, p.index); err != nil {
-			ss.log.Error(err, "Failed to record a confirm in the write-ahead log")
+			ss.log().Error(err, "Failed to record a confirm in the write-ahead log")
 		}
 	}
 	close(p.done)
@@ -275,7 +275,7 @@ func (ss *sess) finishConfirms() {
 	defer close(ss.confirmDone)
 	if !ss.confirmFailed {
 		if err := ss.sc.wal.Close(ss.id); err != nil {
-			ss.log.Error(err, "Failed to close the session in the write-ahead log")
+			ss.log().Error(err, "Failed to close the session in the write-ahead log")
 		}
 	}
 }
@@ -308,7 +308,7 @@ func (f failedConfirmation) Wait(context.Context) error { return f.err }
 func (ss *sess) awaitConfirm(p *pending) error {
 	return transport.Retry{After: ss.sc.clk.After, MaxLost: republishLimit, Check: ss.mayRepublish, OnRetry: func(attempt int, err error) {
 		if attempt == 1 || attempt%20 == 0 {
-			ss.log.Info("Republishing an unconfirmed event", "type", p.kind, "sequence", p.seq, "attempt", attempt, "reason", err.Error())
+			ss.log().Info("Republishing an unconfirmed event", "type", p.kind, "sequence", p.seq, "attempt", attempt, "reason", err.Error())
 		}
 	}, Resent: ss.resendQueued}.Confirm(ss.sc.life, ss.sc.pub, topology.EventsExchange, p.rk, p.pub, p.conf)
 }
@@ -335,7 +335,7 @@ func (ss *sess) resendQueued() {
 		q.conf = conf // read by this loop only, when it pops q
 	}
 	if len(queued) > 0 {
-		ss.log.Info("Republished the unconfirmed messages queued behind it", "count", len(queued))
+		ss.log().Info("Republished the unconfirmed messages queued behind it", "count", len(queued))
 	}
 }
 

@@ -65,7 +65,7 @@ func newFenceFixture(t *testing.T) *fenceFixture {
 	f.s = &Sidecar{pod: "pod-a", ns: "ns", c: f.c, reader: f.c, lease: f.k, clk: f.clk, log: log, life: life, harness: hu,
 		http: http.DefaultClient, t: Timeouts{HarnessTimeout: 5 * time.Second, Retention: time.Minute},
 		st: status.New(status.Options{Client: f.c, Namespace: "ns", Clock: f.clk, Log: log}), sessions: map[string]*sess{}}
-	f.ss = &sess{sc: f.s, id: "s1", epoch: 1, lock: make(chan struct{}, 1), log: log}
+	f.ss = &sess{sc: f.s, id: "s1", epoch: 1, lock: make(chan struct{}, 1)}
 	f.ss.confirmedUnder()
 	f.s.sessions["s1"] = f.ss
 	return f

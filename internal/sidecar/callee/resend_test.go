@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"k8s.io/utils/clock"
@@ -92,9 +94,9 @@ func TestNackedPublishesAreResentInOrder(t *testing.T) {
 	}
 	pub := &heldPublisher{}
 	s := &Sidecar{pub: pub, m: metrics.New(prometheus.NewRegistry()), username: "callee.lab@/hcp",
-		clk: clock.RealClock{}, life: t.Context(), wal: log}
+		clk: clock.RealClock{}, life: t.Context(), wal: log, log: logr.Discard()}
 	const sid = "4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10"
-	ss := &sess{sc: s, id: sid, callerID: "alpha", log: logr.Discard()}
+	ss := &sess{sc: s, id: sid, callerID: "alpha"}
 	ss.confirms.own()
 	rk := topology.EventRoutingKey(ss.callerID, sid, envelope.TypeEvent)
 	var want []string
@@ -186,5 +188,17 @@ func TestRetryOfAnUnconfirmedEventWaitsForItsConfirm(t *testing.T) {
 	}
 	if n := len(pub.published()); n != 1 {
 		t.Errorf("the event was published %d times; want once", n)
+	}
+}
+
+// A session's log lines name the session and its caller (its logger is
+// made per line, not kept: see sess.log).
+func TestSessionLogNamesSessionAndCaller(t *testing.T) {
+	var lines []string
+	s := &Sidecar{log: funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{})}
+	ss := &sess{sc: s, id: "4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10", callerID: "alpha"}
+	ss.log().Info("Handed the session over")
+	if len(lines) != 1 || !strings.Contains(lines[0], `"session"="4b1c8f0e-2d7a-4c55-9a0e-3f1d2c7b9e10"`) || !strings.Contains(lines[0], `"caller"="alpha"`) {
+		t.Errorf("log lines %q do not name the session and its caller", lines)
 	}
 }

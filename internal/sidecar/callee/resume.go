@@ -64,7 +64,7 @@ func (ss *sess) recoverHarness(why string) {
 		rec, err = s.ckpt.Load(s.life, owner)
 	}
 	if unverified(err) {
-		ss.log.Error(err, "Refused the session's checkpoint; failing it without resuming", "reason", codeCheckpointRejected)
+		ss.log().Error(err, "Refused the session's checkpoint; failing it without resuming", "reason", codeCheckpointRejected)
 		s.sessionEvent(ss.id, ss.uid, corev1.EventTypeWarning, EventCheckpointRejected, "%s", truncate(err.Error(), 900))
 		ss.terminate(codeCheckpointRejected, truncate(why+"; its stored checkpoint was refused, nothing was resumed: "+err.Error(), 1024), false)
 		return
@@ -82,7 +82,7 @@ func (ss *sess) recoverHarness(why string) {
 	switch ss.machine.State() {
 	case session.StateRunning:
 		if _, err := ss.transitionLocked(s.life, session.StatePaused, reasonHarnessRestarted); err != nil {
-			ss.log.Error(err, "Failed to publish state_changed to PAUSED")
+			ss.log().Error(err, "Failed to publish state_changed to PAUSED")
 		}
 	case session.StatePaused:
 	default:
@@ -91,7 +91,7 @@ func (ss *sess) recoverHarness(why string) {
 	}
 	ss.delivered.Store(false)
 	ss.release()
-	ss.log.Info("The harness lost the session; resuming it from its checkpoint", "why", why, "checkpoint", rec.Checkpoint.ID)
+	ss.log().Info("The harness lost the session; resuming it from its checkpoint", "why", why, "checkpoint", rec.Checkpoint.ID)
 	ss.resumeFrom(reasonHarnessRestarted, rec.Checkpoint)
 }
 
@@ -121,6 +121,6 @@ func (ss *sess) resumeFrom(reason string, cp *checkpoint.Checkpoint) {
 		return // aborted or ended meanwhile
 	}
 	if _, err := ss.transitionLocked(ss.sc.life, session.StateRunning, reasonRecovered); err != nil {
-		ss.log.Error(err, "Failed to publish state_changed to RUNNING")
+		ss.log().Error(err, "Failed to publish state_changed to RUNNING")
 	}
 }

@@ -191,7 +191,7 @@ func (ss *sess) publishRecordLocked(ctx context.Context, rec *terminalRecord) ([
 		pub := envelope.ToPublishing(env, m.Body, ss.sc.username)
 		ss.index++
 		if err := ss.sc.wal.Append(ss.id, wal.Message{Index: ss.index, Seq: m.Seq, RoutingKey: m.RoutingKey, State: string(ss.machine.State()), Body: m.Body}); err != nil {
-			ss.log.Error(err, "Failed to record a terminal message in the write-ahead log; it is in the terminal record")
+			ss.log().Error(err, "Failed to record a terminal message in the write-ahead log; it is in the terminal record")
 		}
 		p, err := ss.enqueueLocked(ctx, ss.index, env.Type, m.RoutingKey, pub, m.Seq)
 		if err != nil {
@@ -212,7 +212,7 @@ func (ss *sess) publishRecordLocked(ctx context.Context, rec *terminalRecord) ([
 func (ss *sess) statusAfterConfirms(ps []*pending, st v1alpha1.HCPSessionStatus) {
 	ctx := context.WithoutCancel(ss.sc.life)
 	if err := waitAll(ss.sc.life, ps); err != nil {
-		ss.log.Error(err, "The terminal messages were not confirmed; the terminal record is replayed later")
+		ss.log().Error(err, "The terminal messages were not confirmed; the terminal record is replayed later")
 		return
 	}
 	ss.sc.st.Update(ss.id, func(s *v1alpha1.HCPSessionStatus) { applyTerminal(s, &st) })

@@ -29,7 +29,7 @@ func TestFailedBehindAPendingRejectionIsNotQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &stream{s: s, id: sid, log: logr.Discard(), tracker: tr}
+	w := &stream{s: s, id: sid, tracker: tr}
 	msg := func(typ envelope.MessageType, payload any) *item {
 		env, err := envelope.New(typ, sid, payload)
 		if err != nil {

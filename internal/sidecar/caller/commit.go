@@ -59,7 +59,7 @@ func (w *stream) commitEvents(batch []session.Entry[*item]) {
 	// returned (see the package documentation, "Delivery pipeline").
 	for _, e := range batch {
 		if err := w.tracker.Commit(e.Seq); err != nil {
-			w.log.Error(err, "Tracker refused a commit")
+			w.log().Error(err, "Tracker refused a commit")
 		}
 	}
 	now := w.s.clk.Now()
@@ -83,7 +83,7 @@ func (w *stream) commitEvents(batch []session.Entry[*item]) {
 	w.s.ackAfter(t, items)
 	t.Then(func(err error) {
 		if err != nil {
-			w.log.Error(err, "Failed to persist last_processed_sequence; acked anyway (after a restart these events may be delivered again)", "upTo", last)
+			w.log().Error(err, "Failed to persist last_processed_sequence; acked anyway (after a restart these events may be delivered again)", "upTo", last)
 		}
 		raise(&w.acked, last)
 	})
@@ -165,7 +165,7 @@ func (w *stream) commitBarrier(b *barrier) {
 	}
 	for _, err := range errs {
 		if err != nil {
-			w.log.Error(err, "Failed to persist a delivered message; acking anyway (after a restart it may be delivered again)", "type", b.kind)
+			w.log().Error(err, "Failed to persist a delivered message; acking anyway (after a restart it may be delivered again)", "type", b.kind)
 		}
 	}
 }

@@ -49,7 +49,7 @@ func (w *stream) waitForAccepted() bool {
 	if now.Sub(w.awaitSince) < w.s.o.GapTimeout {
 		return true
 	}
-	w.log.Info("WARNING: the session's events arrived but its task_accepted did not; delivering them without it",
+	w.log().Info("WARNING: the session's events arrived but its task_accepted did not; delivering them without it",
 		"task", w.taskMessageID)
 	w.awaitAccepted = false
 	return false
@@ -93,20 +93,20 @@ func (w *stream) deliverRetrying(what string, keep int, poison bool, send func()
 		err := send()
 		if err == nil {
 			if w.setStalled(false) {
-				w.log.Info("The app takes this session's messages again", "attempts", attempt)
+				w.log().Info("The app takes this session's messages again", "attempts", attempt)
 			}
 			return delivered
 		}
 		if isRefusal(err) {
 			refusals++
 			if poison && refusals >= w.s.o.MaxAttempts {
-				w.log.Info("WARNING: the app refused a message every time; giving up on it", "what", what, "refusals", refusals, "error", err.Error())
+				w.log().Info("WARNING: the app refused a message every time; giving up on it", "what", what, "refusals", refusals, "error", err.Error())
 				return poisoned
 			}
 		}
 		w.setStalled(true)
 		d := w.s.o.AppBackoff.after(attempt)
-		w.log.Info("The app did not take a message; retrying after a backoff (the delivery stays unacked)", "what", what,
+		w.log().Info("The app did not take a message; retrying after a backoff (the delivery stays unacked)", "what", what,
 			"attempt", attempt, "retryIn", d.String(), "error", err.Error())
 		if !w.backoff(d, keep) {
 			if w.stopAt.IsZero() {

@@ -67,7 +67,7 @@ func (w *stream) fence(it *item) bool {
 			w.epochFrom = seq
 		}
 		if prev > 0 {
-			w.log.Info("The session has a new owner; messages of earlier owners are refused from here on", "ownerEpoch", it.epoch, "previous", prev, "from", w.epochFrom)
+			w.log().Info("The session has a new owner; messages of earlier owners are refused from here on", "ownerEpoch", it.epoch, "previous", prev, "from", w.epochFrom)
 			w.persistEpoch()
 		}
 		return true
@@ -91,7 +91,7 @@ func (w *stream) fence(it *item) bool {
 		return true
 	}
 	w.s.m.Rejects.WithLabelValues(ReasonStaleOwner).Inc()
-	w.log.Info("WARNING: dropped a message of a stale owner of the session (a callee replica that lost it still publishes)",
+	w.log().Info("WARNING: dropped a message of a stale owner of the session (a callee replica that lost it still publishes)",
 		"ownerEpoch", it.epoch, "sessionEpoch", w.epoch, "epochFrom", w.epochFrom, "type", it.env.Type, "sequence", seq, "messageID", it.env.MessageID)
 	w.s.warn(w.id, EventStaleOwner, fmt.Sprintf("Dropped %s (sequence %d) of session %s from owner epoch %d: the session's owner epoch is %d",
 		it.env.Type, seq, w.id, it.epoch, w.epoch))
@@ -111,7 +111,7 @@ func (w *stream) persistEpoch() {
 		w.fillRecord(r)
 		return true
 	}); err != nil {
-		w.log.Error(err, "Failed to persist the session's owner epoch; it is kept in memory")
+		w.log().Error(err, "Failed to persist the session's owner epoch; it is kept in memory")
 	}
 }
 
@@ -138,7 +138,7 @@ func (w *stream) sameBody(it *item) bool {
 		return true
 	}
 	w.s.m.Contradictions.WithLabelValues("sequence").Inc()
-	w.log.Info("WARNING: two different events with the same sequence; keeping the first, dropping this one",
+	w.log().Info("WARNING: two different events with the same sequence; keeping the first, dropping this one",
 		"sequence", seq, "ownerEpoch", it.epoch, "messageID", it.env.MessageID, "lastProcessed", w.tracker.LastProcessed())
 	w.s.warn(w.id, EventContradiction, fmt.Sprintf("Session %s: two different events with sequence %d (the second from owner epoch %d, message %s); the first is kept",
 		w.id, seq, it.epoch, it.env.MessageID))

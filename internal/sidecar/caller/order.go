@@ -27,13 +27,13 @@ func (w *stream) offer(it *item) {
 		}
 	case session.Duplicate:
 		w.s.m.Duplicates.WithLabelValues("sequence").Inc()
-		w.log.V(1).Info("Skipped a duplicate event", "sequence", seq, "lastProcessed", w.tracker.LastProcessed(), "redelivered", it.d.Redelivered)
+		w.log().V(1).Info("Skipped a duplicate event", "sequence", seq, "lastProcessed", w.tracker.LastProcessed(), "redelivered", it.d.Redelivered)
 		w.settleDurable(it)
 	case session.InFlight:
 		w.swapInFlight(seq, it)
 	case session.Late:
 		w.s.m.Rejects.WithLabelValues(ReasonLateEvent).Inc()
-		w.log.Info("WARNING: dropped an event that arrived after its gap was skipped", "sequence", seq)
+		w.log().Info("WARNING: dropped an event that arrived after its gap was skipped", "sequence", seq)
 		w.s.settle(it, true)
 	default:
 		w.s.m.Rejects.WithLabelValues(ReasonMalformed).Inc()
@@ -65,15 +65,15 @@ func (w *stream) note(out session.Outcome[*item], reason string) {
 	if out.Gap != nil {
 		if _, released := w.awaitReleased(0); released {
 			// This sidecar returned the missing events to the queue itself.
-			w.log.V(1).Info("Holding later events until released ones come back", "missing", out.Gap.String(), "buffered", w.tracker.Buffered())
+			w.log().V(1).Info("Holding later events until released ones come back", "missing", out.Gap.String(), "buffered", w.tracker.Buffered())
 		} else {
-			w.log.Info("WARNING: gap in the event stream; holding later events until it fills", "missing", out.Gap.String(),
+			w.log().Info("WARNING: gap in the event stream; holding later events until it fills", "missing", out.Gap.String(),
 				"buffered", w.tracker.Buffered())
 		}
 	}
 	if out.Skipped != nil {
 		w.s.m.Rejects.WithLabelValues(ReasonGapSkipped).Add(float64(out.Skipped.Len()))
-		w.log.Info("WARNING: skipped a gap in the event stream; those events are treated as lost and the app is told with the next event",
+		w.log().Info("WARNING: skipped a gap in the event stream; those events are treated as lost and the app is told with the next event",
 			"skipped", out.Skipped.String(), "reason", reason, "confirmedThrough", w.mark)
 		if w.lost == nil {
 			w.lost = &Lost{From: out.Skipped.From, Reason: reason}
@@ -124,7 +124,7 @@ func (w *stream) onTick() {
 		case now.Sub(w.gapOpened) >= w.s.o.MaxGapWait:
 			// Bounded: the events held back behind it went round the queue
 			// for MaxGapWait (see poison.go).
-			w.log.Info("WARNING: a gap in the event stream stayed open for the longest wait; giving it up so that the events behind it are delivered",
+			w.log().Info("WARNING: a gap in the event stream stayed open for the longest wait; giving it up so that the events behind it are delivered",
 				"next", w.tracker.NextExpected(), "open", now.Sub(w.gapOpened).String())
 			w.note(w.tracker.Skip(), LostGapWaitLimit)
 			w.gapOpened = time.Time{}
@@ -136,7 +136,7 @@ func (w *stream) onTick() {
 			w.resolveGap()
 			if !w.gapWarned && now.Sub(w.gapSince) >= w.s.o.GapTimeout {
 				w.gapWarned = true
-				w.log.Info("WARNING: a gap in the event stream is still open; waiting for the callee to republish the missing events",
+				w.log().Info("WARNING: a gap in the event stream is still open; waiting for the callee to republish the missing events",
 					"next", w.tracker.NextExpected(), "confirmedThrough", w.mark, "open", now.Sub(w.gapSince).String())
 			}
 		case now.Sub(w.gapSince) >= w.s.o.GapTimeout:
@@ -154,7 +154,7 @@ func (w *stream) onTick() {
 		}
 		if w.tracker.LastProcessed() < b.anchor && len(w.ready) == 0 && w.tracker.Buffered() == 0 &&
 			now.Sub(b.since) >= 2*w.s.o.GapTimeout {
-			w.log.Info("WARNING: events before a terminal message never arrived; delivering it", "type", b.kind,
+			w.log().Info("WARNING: events before a terminal message never arrived; delivering it", "type", b.kind,
 				"lastProcessed", w.tracker.LastProcessed(), "expectedUpTo", b.anchor)
 			b.anchor = w.tracker.LastProcessed()
 		}

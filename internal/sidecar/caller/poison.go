@@ -62,7 +62,7 @@ func isRefusal(err error) bool {
 func (w *stream) deadLetter(e session.Entry[*item]) {
 	seq, it := e.Seq, e.Item
 	if err := w.tracker.Commit(seq); err != nil {
-		w.log.Error(err, "Tracker refused a commit")
+		w.log().Error(err, "Tracker refused a commit")
 	}
 	if w.lost == nil || w.lost.To < seq-1 {
 		w.lost = &Lost{From: seq, Reason: LostDeadLettered}
@@ -81,14 +81,14 @@ func (w *stream) deadLetter(e session.Entry[*item]) {
 	w.lastTicket = t
 	t.Then(func(err error) {
 		if err != nil {
-			w.log.Error(err, "Failed to persist the position past a dead-lettered event; rejecting it anyway", "sequence", seq)
+			w.log().Error(err, "Failed to persist the position past a dead-lettered event; rejecting it anyway", "sequence", seq)
 		}
 		w.s.reject(it)
 		raise(&w.acked, seq)
 	})
 	w.s.m.DeadLetters.WithLabelValues(DeadLetterMaxAttempts).Inc()
 	dlq := topology.DeadLetterQueue(w.s.queue)
-	w.log.Info("WARNING: dead-lettered an event the app refused every time; the next event announces it as lost",
+	w.log().Info("WARNING: dead-lettered an event the app refused every time; the next event announces it as lost",
 		"sequence", seq, "attempts", w.s.o.MaxAttempts, "deadLetterQueue", dlq, "messageID", it.env.MessageID)
 	w.s.warn(w.id, EventDeadLettered, fmt.Sprintf("Session %s: the app refused event %d %d times; it was moved to %s and the session goes on",
 		w.id, seq, w.s.o.MaxAttempts, dlq))

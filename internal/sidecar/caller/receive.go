@@ -17,7 +17,7 @@ func (w *stream) accept(it *item) {
 	// let in alone; the rest of the session stays refused.
 	if w.refused != "" && (w.refused != ReasonUnsolicitedSession || !w.rejectionOfOurs(it)) {
 		w.s.m.Rejects.WithLabelValues(w.refused).Inc()
-		w.log.Info("WARNING: dropped a message of a session that is not this caller's", "reason", w.refused, "sender", it.sender, "type", it.env.Type,
+		w.log().Info("WARNING: dropped a message of a session that is not this caller's", "reason", w.refused, "sender", it.sender, "type", it.env.Type,
 			"messageID", it.env.MessageID)
 		w.s.settle(it, true)
 		return
@@ -75,7 +75,7 @@ func (w *stream) dropStale() {
 		w.s.forget(e.Item)
 	}
 	if len(dropped) > 0 {
-		w.log.V(1).Info("Dropped buffered events of a closed channel; the broker redelivers them", "count", len(dropped), "live", live)
+		w.log().V(1).Info("Dropped buffered events of a closed channel; the broker redelivers them", "count", len(dropped), "live", live)
 	}
 	w.gapSince = time.Time{}
 }
@@ -89,13 +89,13 @@ func (w *stream) verify(it *item) bool {
 	expected, source := w.expectedCallee(it)
 	if expected == "" {
 		w.callee, w.unverified = it.sender, true
-		w.log.Info("WARNING: no task, task_accepted or HCPSession names this session's callee; bound it to the first sender",
+		w.log().Info("WARNING: no task, task_accepted or HCPSession names this session's callee; bound it to the first sender",
 			"callee", it.sender, "type", it.env.Type)
 		return true
 	}
 	if expected != it.sender {
 		w.s.m.Rejects.WithLabelValues(ReasonSpoofedSender).Inc()
-		w.log.Info("WARNING: dropped a message from a callee that is not the session's", "sender", it.sender,
+		w.log().Info("WARNING: dropped a message from a callee that is not the session's", "sender", it.sender,
 			"callee", expected, "learntFrom", source, "type", it.env.Type, "messageID", it.env.MessageID)
 		w.s.settle(it, true)
 		return false
@@ -167,7 +167,7 @@ func (w *stream) onAccepted(it *item) {
 	if known {
 		w.capability = t.Capability
 	} else {
-		w.log.Info("Received task_accepted for a task this sidecar has no record of (state lost?); delivering it", "task", tid)
+		w.log().Info("Received task_accepted for a task this sidecar has no record of (state lost?); delivering it", "task", tid)
 	}
 	w.addBarrier(envelope.TypeTaskAccepted, 0, it)
 }
@@ -212,14 +212,14 @@ func (w *stream) onTerminal(it *item) {
 
 func (w *stream) duplicate(it *item) {
 	w.s.m.Duplicates.WithLabelValues("message").Inc()
-	w.log.V(1).Info("Skipped a duplicate", "type", it.env.Type, "messageID", it.env.MessageID)
+	w.log().V(1).Info("Skipped a duplicate", "type", it.env.Type, "messageID", it.env.MessageID)
 	w.s.settle(it, true)
 }
 
 func (w *stream) contradiction(it *item, why string) {
 	w.s.m.Rejects.WithLabelValues(ReasonContradiction).Inc()
 	w.s.m.Contradictions.WithLabelValues("answer").Inc()
-	w.log.Info("WARNING: dropped a contradictory answer", "why", why, "messageID", it.env.MessageID)
+	w.log().Info("WARNING: dropped a contradictory answer", "why", why, "messageID", it.env.MessageID)
 	w.s.warn(w.id, EventContradiction, "Session "+w.id+": "+why+" (message "+it.env.MessageID+"); the first is kept")
 	w.s.settle(it, true)
 }

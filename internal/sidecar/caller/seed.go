@@ -72,18 +72,18 @@ func (w *stream) seed() bool {
 			s.lookups[w.id] = lookup{at: s.clk.Now()}
 			s.mu.Unlock()
 			w.refused = ReasonUnsolicitedSession
-			w.log.Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession of it in this namespace nor in the Caller's status.sessionNamespaces)",
+			w.log().Info("WARNING: refusing a session this caller never submitted (no task of its store, no HCPSession of it in this namespace nor in the Caller's status.sessionNamespaces)",
 				"reason", err.Error())
 			return true
 		case !warned && s.clk.Since(start) >= s.o.SeedTimeout:
 			warned = true
-			w.log.Info("WARNING: the HCPSession of a session this pod has no record of still cannot be read; the session stays held (nothing of it is delivered or acked) until it can",
+			w.log().Info("WARNING: the HCPSession of a session this pod has no record of still cannot be read; the session stays held (nothing of it is delivered or acked) until it can",
 				"waited", s.clk.Since(start).String(), "error", err.Error())
 		}
 		// Held: past its share of the prefetch window, further deliveries
 		// of the session go back to the queue (Sidecar.mustRelease).
 		w.setStalled(true)
-		w.log.Info("Cannot read the HCPSession of a session this pod has no record of; its deliveries wait", "retryIn", backoff.String(), "error", err.Error())
+		w.log().Info("Cannot read the HCPSession of a session this pod has no record of; its deliveries wait", "retryIn", backoff.String(), "error", err.Error())
 		timer := s.clk.NewTimer(backoff)
 		select {
 		case <-timer.C():
@@ -134,7 +134,7 @@ func (w *stream) refresh(rec SessionRecord) {
 		s.mu.Unlock()
 		return
 	case err != nil:
-		w.log.V(1).Info("Could not read the HCPSession; resuming from the local record", "lastProcessed", rec.LastSeq, "error", err.Error())
+		w.log().V(1).Info("Could not read the HCPSession; resuming from the local record", "lastProcessed", rec.LastSeq, "error", err.Error())
 		return
 	}
 	if s.lookupOf(hs).foreign {
@@ -155,9 +155,9 @@ func (w *stream) refresh(rec SessionRecord) {
 		r.LastSeq, r.UpdatedAt = seq, s.clk.Now()
 		return true
 	}); err != nil {
-		w.log.Error(err, "Failed to persist the position read from the HCPSession")
+		w.log().Error(err, "Failed to persist the position read from the HCPSession")
 	}
-	w.log.Info("Another pod of this caller delivered this session beyond this pod's record; resuming from its HCPSession",
+	w.log().Info("Another pod of this caller delivered this session beyond this pod's record; resuming from its HCPSession",
 		"localLastProcessed", rec.LastSeq, "lastProcessed", seq)
 }
 
@@ -169,12 +169,12 @@ func (w *stream) adopt(hs *v1alpha1.HCPSession) {
 	l := s.lookupOf(hs)
 	if l.foreign {
 		w.refused = ReasonForeignSession
-		w.log.Info("WARNING: the HCPSession of this session names another caller; refusing its messages", "caller", hs.Spec.CallerID, "callee", hs.Spec.CalleeID)
+		w.log().Info("WARNING: the HCPSession of this session names another caller; refusing its messages", "caller", hs.Spec.CallerID, "callee", hs.Spec.CalleeID)
 		return
 	}
 	tid := strings.ToLower(hs.Spec.TaskMessageID)
 	if _, err := s.adoptTask(hs); err != nil {
-		w.log.Error(err, "Failed to record the task of a session learnt from its HCPSession", "task", tid)
+		w.log().Error(err, "Failed to record the task of a session learnt from its HCPSession", "task", tid)
 	}
 	seq := hs.Status.CallerAckedSequence
 	now := s.clk.Now()
@@ -186,14 +186,14 @@ func (w *stream) adopt(hs *v1alpha1.HCPSession) {
 		return true
 	}); err != nil {
 		// The in-memory record holds it: this run still resumes from it.
-		w.log.Error(err, "Failed to persist the position read from the HCPSession")
+		w.log().Error(err, "Failed to persist the position read from the HCPSession")
 	}
 	w.maxSeen = max(w.maxSeen, seq)
 	w.callee, w.unverified = hs.Spec.CalleeID, false
 	w.taskMessageID, w.capability = tid, hs.Spec.Capability
 	w.acked.Store(seq)
 	w.reported = seq
-	w.log.Info("Resuming a session this pod has no record of from its HCPSession", "lastProcessed", seq,
+	w.log().Info("Resuming a session this pod has no record of from its HCPSession", "lastProcessed", seq,
 		"callee", hs.Spec.CalleeID, "task", tid, "hcpState", string(hs.Status.State))
 }
 

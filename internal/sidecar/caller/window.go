@@ -83,7 +83,7 @@ const releaseDelay = time.Second
 func (s *Sidecar) release(w *stream, it *item) {
 	w.noteReleased(it.seq(), s.clk.Now())
 	if w.releasing.CompareAndSwap(false, true) {
-		w.log.Info("This session cannot take more messages now (its app is failing, or a gap); returning its further deliveries to the queue so that other sessions go on",
+		w.log().Info("This session cannot take more messages now (its app is failing, or a gap); returning its further deliveries to the queue so that other sessions go on",
 			"held", w.held.Load(), "cap", s.holdCap(), "appFailing", w.stalled.Load(), "gap", w.gapped.Load())
 	}
 	s.m.Released.Inc()
@@ -182,7 +182,7 @@ func (w *stream) shedReady(now time.Time, keep int) {
 	}
 	back, err := w.tracker.Return(w.ready[keep].Seq)
 	if err != nil { // ready events are the tracker's in-flight ones
-		w.log.Error(err, "Could not hand ready events back")
+		w.log().Error(err, "Could not hand ready events back")
 		return
 	}
 	w.ready = w.ready[:keep]
@@ -205,7 +205,7 @@ func (w *stream) handBack(now time.Time, what string, back []session.Entry[*item
 		}
 		w.s.settle(e.Item, false)
 	}
-	w.log.Info("The prefetch window is full of deliveries that wait; returned some of this session's to the queue so that others can arrive",
+	w.log().Info("The prefetch window is full of deliveries that wait; returned some of this session's to the queue so that others can arrive",
 		"what", what, "returned", len(back), "from", back[0].Seq, "next", w.tracker.NextExpected())
 }
 
