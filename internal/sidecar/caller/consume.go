@@ -211,12 +211,5 @@ func (s *Sidecar) dispatch(it *item) {
 	it.holder = &w.held
 	w.held.Add(1)
 	s.holding.Add(1)
-	select {
-	case w.inbox <- it:
-	default:
-		// Cannot happen with the prefetch bounding what is unsettled, and
-		// the consumer must never block. Left unsettled, it comes back
-		// after the next reconnect.
-		s.log.Error(errors.New("session worker inbox full"), "Left a delivery unsettled", "session", sid)
-	}
+	w.inbox.put(it)
 }

@@ -58,7 +58,7 @@ func isTerminal(t envelope.MessageType) bool {
 type stream struct {
 	s       *Sidecar
 	id      string
-	inbox   chan *item
+	inbox   mailbox
 	tracker *session.Tracker[*item]
 
 	// ready are events handed out by the tracker, in order, not yet
@@ -153,12 +153,9 @@ func (w *stream) log() logr.Logger { return w.s.log.WithValues("session", w.id) 
 // newStream builds the worker of session sid; called with s.mu held. Its
 // tracker is made by init, on the worker's goroutine.
 func (s *Sidecar) newStream(sid string) *stream {
-	return &stream{
-		s:          s,
-		id:         sid,
-		inbox:      make(chan *item, 4*s.cfg.Prefetch+16),
-		lastActive: s.clk.Now(),
-	}
+	w := &stream{s: s, id: sid, lastActive: s.clk.Now()}
+	w.inbox.init()
+	return w
 }
 
 // init seeds the session from its HCPSession if the store has no record of
@@ -206,25 +203,21 @@ func (w *stream) run() {
 		case <-w.s.stopCh:
 			w.drain()
 			return
-		case it := <-w.inbox:
+		case <-w.inbox.ready:
+			items := w.inbox.take()
+			if len(items) == 0 {
+				continue
+			}
 			w.lastActive = w.s.clk.Now()
-			w.accept(it)
-			// What else arrived meanwhile joins it, so that with
+			// Everything that arrived is taken in together, so that with
 			// AppMaxBatch the next request carries all of it. The
 			// dispatcher learns of a gap after each message, before the
 			// delivery: without that it hands the session every event
 			// until the delivery returns, and a long gap overflows the
 			// reorder buffer.
-			w.mirror()
-			for range cap(w.inbox) {
-				select {
-				case it := <-w.inbox:
-					w.accept(it)
-					w.mirror()
-					continue
-				default:
-				}
-				break
+			for _, it := range items {
+				w.accept(it)
+				w.mirror()
 			}
 			w.advance()
 		case <-tick.C():
@@ -258,10 +251,16 @@ func (w *stream) drain() {
 		w.stopAt = w.s.clk.Now().Add(w.s.o.DrainTimeout)
 	}
 	w.pump()
+	var taken []*item
 	for !w.stopping() {
+		if len(taken) > 0 {
+			w.process(taken[0])
+			taken = taken[1:]
+			continue
+		}
 		select {
-		case it := <-w.inbox:
-			w.process(it)
+		case <-w.inbox.ready:
+			taken = w.inbox.take()
 			continue
 		case <-w.s.clk.After(100 * time.Millisecond):
 		}
@@ -276,7 +275,7 @@ func (w *stream) drain() {
 	}
 	w.s.mu.Unlock()
 	w.leave()
-	held := len(w.inbox) + len(w.ready) + len(w.barriers) + w.tracker.Buffered()
+	held := len(taken) + w.inbox.len() + len(w.ready) + len(w.barriers) + w.tracker.Buffered()
 	if held > 0 {
 		w.log().V(1).Info("Stopped with deliveries unsettled; the broker returns them to the head of the queue", "held", held)
 	}
@@ -299,7 +298,7 @@ func (w *stream) advance() {
 // enough to exit (Options.WorkerIdle, or endedLinger once the session is
 // over).
 func (w *stream) idle() bool {
-	if len(w.inbox) != 0 || len(w.ready) != 0 || len(w.barriers) != 0 || w.tracker.Buffered() != 0 ||
+	if w.inbox.len() != 0 || len(w.ready) != 0 || len(w.barriers) != 0 || w.tracker.Buffered() != 0 ||
 		w.tracker.InFlight() != 0 || (w.lastTicket != nil && !w.lastTicket.Done()) {
 		return false
 	}
@@ -321,7 +320,7 @@ func (w *stream) tryExit() bool {
 	over := ok && rec.over()
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
-	if len(w.inbox) > 0 {
+	if w.inbox.len() > 0 {
 		return false
 	}
 	if w.s.streams[w.id] == w {
