@@ -198,7 +198,7 @@ func TestLingerDoesNotHoldTheWindow(t *testing.T) {
 // TestLingerEndsWithTheNextChange: a batch that has lingered its time is
 // written by the next change queued, in the moment that change is made,
 // not by a timer of its own that would wake an idle process (at 1,000
-// events/s that wake-up cost the caller sidecar about 14 µs of CPU per
+// events/s that wake-up cost the caller sidecar about 11 µs of CPU per
 // event); a batch no change follows is written at twice the linger.
 // Broken if a lingering batch were written at the end of its linger with
 // nothing else happening, or if the change that follows it had to wait.
