@@ -31,7 +31,8 @@ import (
 // p50-ms and p99-ms are from each publish to the app's receipt. The
 // framework's probe run (b.N = 1) does nothing. With
 // HCP_CALLER_SIDECAR_HELPER_CPUPROFILE=file the sidecar process writes its
-// CPU profile there (run one sub-benchmark).
+// CPU profile there (run one sub-benchmark); HCP_CALLER_BENCH_PREFETCH
+// sets the sidecar's prefetch (the relay benchmark's is 100).
 //
 // The app takes one POST per event unless the name starts with app=batch
 // (it offers HCP-Batch-Max: 100, so the events ready together go in one
