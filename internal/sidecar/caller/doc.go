@@ -40,9 +40,10 @@
 //     record so that a steady stream's events share an fsync (at 1,000
 //     events/s about five to one, instead of one each), then goes with the
 //     next record queued (no timer wakes the process for it; twice the
-//     linger when none comes); it is written at once when half the prefetch window is unsettled (lingerCap), when
-//     something waits for it (answers, submits, a stop: Ticket.Wait), or
-//     when a duplicate's ack waits for it;
+//     linger when none comes); it is written at once when half the
+//     prefetch window is unsettled (lingerCap), when something waits for
+//     it (answers, submits, a stop: Ticket.Wait), or when a duplicate's
+//     ack waits for it;
 //  3. the deliveries of every session that a group commit covers are acked
 //     together right after its fsync returns (Sidecar.ackAfter), with as
 //     few frames as is safe (transport.AckAll: those below every other
