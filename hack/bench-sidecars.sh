@@ -24,12 +24,11 @@ go test -c -o "$bin/raw.test" ./internal/benchutil
 
 # run NAME: one run; prints "NAME µs [µs µs]" (raw: the pair, publisher, consumer).
 run() {
-	local out
-	case $1 in
-	callee) out=$(cd internal/sidecar/callee && "$bin/callee.test" -test.run '^$' -test.bench 'BenchmarkCalleeCPU/api=stream/rate=1000$' -test.benchtime "${EVENTS}x") ;;
-	caller) out=$(cd internal/sidecar/caller && "$bin/caller.test" -test.run '^$' -test.bench 'BenchmarkCallerCPU/app=stream/rate=1000/sessions=1$' -test.benchtime "${EVENTS}x") ;;
-	callee-busy) out=$(cd internal/sidecar/callee && GODEBUG=$BUSY_GODEBUG "$bin/callee.test" -test.run '^$' -test.bench 'BenchmarkCalleeCPU/api=stream/rate=1000$' -test.benchtime "${EVENTS}x") ;;
-	caller-busy) out=$(cd internal/sidecar/caller && GODEBUG=$BUSY_GODEBUG "$bin/caller.test" -test.run '^$' -test.bench 'BenchmarkCallerCPU/app=stream/rate=1000/sessions=1$' -test.benchtime "${EVENTS}x") ;;
+	local out godebug=
+	[[ $1 == *-busy ]] && godebug=$BUSY_GODEBUG
+	case ${1%-busy} in
+	callee) out=$(cd internal/sidecar/callee && GODEBUG=$godebug "$bin/callee.test" -test.run '^$' -test.bench 'BenchmarkCalleeCPU/api=stream/rate=1000$' -test.benchtime "${EVENTS}x") ;;
+	caller) out=$(cd internal/sidecar/caller && GODEBUG=$godebug "$bin/caller.test" -test.run '^$' -test.bench 'BenchmarkCallerCPU/app=stream/rate=1000/sessions=1$' -test.benchtime "${EVENTS}x") ;;
 	raw) out=$(cd internal/benchutil && "$bin/raw.test" -test.run '^$' -test.bench 'BenchmarkRawClientCPU/rate=1000$' -test.benchtime "${EVENTS}x") ;;
 	esac
 	echo "$out" | awk -v name="$1" '
