@@ -46,7 +46,7 @@ func (w *Writer) plan(e *entry, statusDue bool) (writes int, visible bool) {
 	if statusDue {
 		writes++
 	}
-	if w.labelKey != "" && e.desired.State != "" && !labelHolds(e.label, e.desired.State) {
+	if w.labelKey != "" && e.want().State != "" && !labelHolds(e.label, e.want().State) {
 		writes++
 	}
 	return writes, !statusDue || e.force || stateChange(e)

@@ -21,7 +21,7 @@ func (w *Writer) Seed(name string, st v1alpha1.HCPSessionStatus, writtenAt time.
 	defer w.mu.Unlock()
 	e := w.entryLocked(name)
 	e.base = *st.DeepCopy()
-	e.desired = *st.DeepCopy()
+	e.desired = nil
 	e.version++
 	e.written = e.version
 	e.gone, e.fenced = false, false
@@ -60,17 +60,21 @@ func (w *Writer) Update(name string, mutate func(*v1alpha1.HCPSessionStatus)) {
 	if e.gone {
 		return
 	}
-	mutate(&e.desired)
+	if e.desired == nil {
+		e.desired = e.base.DeepCopy()
+	}
+	mutate(e.desired)
 	if w.derive {
-		SetConditions(&e.desired, w.clk.Now())
+		SetConditions(e.desired, w.clk.Now())
 	}
 	if e.written == e.version {
 		e.pendingSince = w.clk.Now()
 	}
 	e.version++
-	if equality.Semantic.DeepEqual(e.base, e.desired) {
+	if equality.Semantic.DeepEqual(&e.base, e.desired) {
 		// Back to what is stored: nothing to write.
 		e.written = e.version
+		e.desired = nil
 		w.notify(e, nil)
 		if !w.labelDue(e) {
 			return
@@ -225,7 +229,7 @@ func (w *Writer) Status(name string) (v1alpha1.HCPSessionStatus, bool) {
 	if e == nil {
 		return v1alpha1.HCPSessionStatus{}, false
 	}
-	return *e.desired.DeepCopy(), true
+	return *e.want().DeepCopy(), true
 }
 
 // pending: e has a status change or a label update to write. Called with

@@ -34,7 +34,7 @@ func (w *Writer) delay(e *entry) time.Duration {
 	if e.failures > 0 {
 		return e.retryAt.Sub(w.clk.Now())
 	}
-	if !e.force && e.lingerState != "" && e.desired.State == e.lingerState {
+	if !e.force && e.lingerState != "" && e.want().State == e.lingerState {
 		if d := e.lingerUntil.Sub(w.clk.Now()); d > 0 {
 			return d
 		}
@@ -55,7 +55,8 @@ func (w *Writer) delay(e *entry) time.Duration {
 // written at once (within the write budget): states change a few times
 // per session, progress is what the interval coalesces.
 func stateChange(e *entry) bool {
-	return e.desired.State != "" && e.desired.State != e.base.State
+	st := e.want().State
+	return st != "" && st != e.base.State
 }
 
 func (w *Writer) processNext() bool {
@@ -105,7 +106,7 @@ func (w *Writer) processNext() bool {
 			return true
 		}
 	}
-	base, target, version := *e.base.DeepCopy(), *e.desired.DeepCopy(), e.version
+	base, target, version := *e.base.DeepCopy(), *e.want().DeepCopy(), e.version
 	forced := e.force
 	e.force = false
 	w.mu.Unlock()
@@ -170,6 +171,9 @@ func (w *Writer) settle(name string, e *entry, a attempt) {
 			e.base = a.target
 			e.written = a.version
 			e.failures = 0
+			if e.written == e.version {
+				e.desired = nil // base is all that was wanted
+			}
 		} else {
 			e.failures++
 			e.retryAt = e.lastWrite.Add(retryBackoff(e.failures))

@@ -92,10 +92,12 @@ type Writer struct {
 // entry is what the writer knows of one session's status.
 type entry struct {
 	// base is the status this writer last wrote (or was seeded with);
-	// patches carry the difference between base and desired.
+	// patches carry the difference between base and the wanted status.
 	base v1alpha1.HCPSessionStatus
-	// desired is the status after every Update so far.
-	desired v1alpha1.HCPSessionStatus
+	// desired is the status after every Update so far, while it differs
+	// from base; nil once base is written up to it (want): a live
+	// session's status is kept once, not twice, between its writes.
+	desired *v1alpha1.HCPSessionStatus
 	// version counts Updates; written is the version base reflects.
 	version, written uint64
 	// lastWrite is when base was last written (zero: never).
@@ -128,6 +130,15 @@ type entry struct {
 type waiter struct {
 	version uint64
 	ch      chan error
+}
+
+// want is the status after every Update so far: desired, or base when
+// nothing is left to write.
+func (e *entry) want() *v1alpha1.HCPSessionStatus {
+	if e.desired != nil {
+		return e.desired
+	}
+	return &e.base
 }
 
 // New returns a Writer. Call Run to start writing.
