@@ -177,6 +177,31 @@ func waiting(c *metav1.Condition) bool {
 // observed generation: every kind of the topology operator has them under
 // status, so any kind is read the same way.
 func topologyStatus(o client.Object) ([]topologyv1beta1.Condition, int64) {
+	// The kinds the operator declares are read as they are: converting a
+	// whole object to read its status was some 4 % of the manager's CPU
+	// while 400 Callees and Callers converged (BenchmarkTopologyStatus).
+	switch t := o.(type) {
+	case *topologyv1beta1.Queue:
+		return t.Status.Conditions, t.Status.ObservedGeneration
+	case *topologyv1beta1.Binding:
+		return t.Status.Conditions, t.Status.ObservedGeneration
+	case *topologyv1beta1.User:
+		return t.Status.Conditions, t.Status.ObservedGeneration
+	case *topologyv1beta1.Permission:
+		return t.Status.Conditions, t.Status.ObservedGeneration
+	case *topologyv1beta1.Policy:
+		return t.Status.Conditions, t.Status.ObservedGeneration
+	case *topologyv1beta1.Exchange:
+		return t.Status.Conditions, t.Status.ObservedGeneration
+	case *topologyv1beta1.Vhost:
+		return t.Status.Conditions, t.Status.ObservedGeneration
+	}
+	return convertedTopologyStatus(o)
+}
+
+// convertedTopologyStatus is topologyStatus for any other object (one
+// read as unstructured): its status converted by field name.
+func convertedTopologyStatus(o client.Object) ([]topologyv1beta1.Condition, int64) {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
 	if err != nil {
 		return nil, 0
