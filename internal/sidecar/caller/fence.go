@@ -1,8 +1,8 @@
 package caller
 
 import (
-	"crypto/sha256"
 	"fmt"
+	"hash/maphash"
 	"math"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +27,13 @@ const (
 // bodyWindow bounds how many event bodies (digests) a session worker keeps
 // to compare same-sequence copies with.
 const bodyWindow = 1024
+
+// bodySeed keys the body digests: a 64-bit keyed hash, not a cryptographic
+// one. Two different bodies of one sequence collide by chance once in 2^64
+// comparisons, and a sender cannot aim at a collision without the seed,
+// which never leaves the process; a digest is 8 bytes, not sha256's 32
+// (a busy session keeps up to bodyWindow of them).
+var bodySeed = maphash.MakeSeed()
 
 // fence refuses a message of a stale owner: it reports false, after acking
 // it away, when it comes from a lower owner epoch than the session's
@@ -122,9 +129,9 @@ func (w *stream) persistEpoch() {
 // order. It remembers the body of a sequence seen the first time.
 func (w *stream) sameBody(it *item) bool {
 	seq := it.seq()
-	sum := sha256.Sum256(it.env.Payload)
+	sum := maphash.Bytes(bodySeed, it.env.Payload)
 	if w.bodies == nil {
-		w.bodies = map[int64][sha256.Size]byte{}
+		w.bodies = map[int64]uint64{}
 	}
 	first, seen := w.bodies[seq]
 	if !seen {

@@ -138,7 +138,7 @@ type stream struct {
 	// the event bodies received first, by sequence (see sameBody).
 	epoch     int64
 	epochFrom int64
-	bodies    map[int64][32]byte
+	bodies    map[int64]uint64
 	// refused is why the session's messages are refused, if they are:
 	// ReasonForeignSession (its HCPSession names another caller) or
 	// ReasonUnsolicitedSession (this caller never submitted it).
