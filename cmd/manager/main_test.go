@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -53,7 +52,11 @@ func TestManager(t *testing.T) {
 
 	env := testbed.StartEnv(t, testbed.Options{AddToScheme: []func(*runtime.Scheme) error{hcpv1alpha1.AddToScheme}})
 	ns := env.CreateNamespace(t, "manager-")
-	probes, metrics := freeAddr(t), freeAddr(t)
+	addrs, err := testbed.FreeAddrs(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes, metrics := addrs[0], addrs[1]
 	const leaseName = "hcp-test.hcp.io"
 	if err := fs.Parse([]string{
 		"--leader-election-namespace=" + ns, "--leader-election-id=" + leaseName,
@@ -169,16 +172,6 @@ func kustomizeArgs(t *testing.T) []string {
 	}
 	t.Fatal("config/manager/manager.yaml: no Deployment")
 	return nil
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().String()
 }
 
 func httpGet(ctx context.Context, url string) (string, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -80,7 +79,7 @@ func RunTopologyOperator(ctx context.Context, kubeconfig, namespace, logPath str
 	if err != nil {
 		return nil, fmt.Errorf("build the topology operator: %w", err)
 	}
-	port, err := freePort()
+	probe, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +87,7 @@ func RunTopologyOperator(ctx context.Context, kubeconfig, namespace, logPath str
 		Binary:    bin,
 		Namespace: namespace,
 		LogPath:   logPath,
-		ProbeAddr: fmt.Sprintf("127.0.0.1:%d", port),
+		ProbeAddr: probe,
 		done:      make(chan struct{}),
 	}
 	logFile, err := os.Create(o.LogPath)
@@ -195,13 +194,4 @@ func (o *TopologyOperator) dump(t testing.TB) {
 	}
 	o.dumped = true
 	t.Logf("testbed: messaging-topology-operator log (%s):\n%s", o.LogPath, o.Logs())
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

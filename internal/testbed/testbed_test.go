@@ -187,3 +187,19 @@ func TestNotImportedByProductionCode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestFreeAddrsAreDistinct(t *testing.T) {
+	for range 50 {
+		addrs, err := testbed.FreeAddrs(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, a := range addrs {
+			if seen[a] {
+				t.Fatalf("FreeAddrs(4) = %v: %s twice", addrs, a)
+			}
+			seen[a] = true
+		}
+	}
+}

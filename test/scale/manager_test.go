@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hcp-io/hcp-operator/internal/testbed"
 )
 
 // manager is the hcp-operator manager as a process of its own, built from
@@ -43,33 +44,17 @@ func buildManager(ctx context.Context, dir string) (string, error) {
 	return bin, nil
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 // startManager runs bin with the admin kubeconfig, watching watch, its
 // shared topology in home (POD_NAMESPACE), the default broker
 // home/secret, metrics over plain HTTP on a loopback port, and no leader
 // election (one process; a Lease renewal would be a write every retry
 // period, 2 s by default, that says nothing about the reconcilers).
 func startManager(bin, logPath, home, secret string, watch []string, extra []string) (*manager, error) {
-	metrics, err := freeAddr()
+	addrs, err := testbed.FreeAddrs(3)
 	if err != nil {
 		return nil, err
 	}
-	health, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	pprof, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
+	metrics, health, pprof := addrs[0], addrs[1], addrs[2]
 	m := &manager{metricsAddr: metrics, healthAddr: health, pprofAddr: pprof, logPath: logPath, exited: make(chan struct{})}
 	logf, err := os.Create(m.logPath)
 	if err != nil {

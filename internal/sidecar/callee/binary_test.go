@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,7 +34,8 @@ import (
 func TestBinaries(t *testing.T) {
 	b := newBed(t, bedOptions{noStart: true})
 	bin := buildCmds(t, "hcp-sidecar", "sample-callee")
-	apiAddr, probeAddr, harnessAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	a := freeAddrs(t, 3)
+	apiAddr, probeAddr, harnessAddr := a[0], a[1], a[2]
 	keyPEM, err := token.MarshalPrivateKeyPEM(b.key)
 	must(t, err)
 
@@ -175,12 +175,12 @@ func TestBinaries(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
+// freeAddrs returns n distinct loopback addresses no one listens on.
+func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := testbed.FreeAddrs(n)
 	must(t, err)
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().String()
+	return a
 }
 
 func httpGet(ctx context.Context, url string) (int, string) {

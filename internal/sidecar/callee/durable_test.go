@@ -122,7 +122,8 @@ func TestDrainHandsSessionToAnotherReplica(t *testing.T) {
 func TestSidecarSIGKILLReadoptsSessions(t *testing.T) {
 	b := newBed(t, bedOptions{noStart: true})
 	bin := buildCmds(t, "hcp-sidecar", "sample-callee")
-	p := podAddrs{pod: b.pod, stateDir: t.TempDir(), api: freeAddr(t), probe: freeAddr(t), harnessURL: "http://" + freeAddr(t)}
+	a := freeAddrs(t, 3)
+	p := podAddrs{pod: b.pod, stateDir: t.TempDir(), api: a[0], probe: a[1], harnessURL: "http://" + a[2]}
 	harness := exec.Command(filepath.Join(bin, "sample-callee"), "--listen", strings.TrimPrefix(p.harnessURL, "http://"), "--sidecar", "http://"+p.api)
 	harness.Stdout, harness.Stderr = testWriter{t, "sample-callee"}, testWriter{t, "sample-callee"}
 	must(t, harness.Start())

@@ -57,10 +57,14 @@ func TestSidecarSIGKILLAfterTakeoverReadoptsTask(t *testing.T) {
 	})
 
 	// Pod B: the sidecar binary, and a harness that outlives its restart.
-	p := podAddrs{pod: "pod-b", stateDir: t.TempDir(), api: freeAddr(t), probe: freeAddr(t)}
-	hb := samplecallee.New("http://"+p.api, harnessLogger(t).WithName("harness-b"))
-	hsrv := httptest.NewServer(hb.Handler())
+	// The harness's port is bound before the sidecar's are picked.
+	hsrv := httptest.NewUnstartedServer(nil)
 	t.Cleanup(hsrv.Close)
+	addrs := freeAddrs(t, 2)
+	p := podAddrs{pod: "pod-b", stateDir: t.TempDir(), api: addrs[0], probe: addrs[1]}
+	hb := samplecallee.New("http://"+p.api, harnessLogger(t).WithName("harness-b"))
+	hsrv.Config.Handler = hb.Handler()
+	hsrv.Start()
 	t.Cleanup(hb.Crash)
 	p.harnessURL = hsrv.URL
 	sc := b.startSidecarProc(bin, p)

@@ -17,6 +17,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -138,6 +139,13 @@ func Run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	if cfg.PodName == "" {
 		cfg.PodName, _ = os.Hostname()
 	}
+	// Both ports are bound before anything starts: a sidecar whose harness
+	// cannot reach it must not consume a command.
+	probeLn, apiLn, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = probeLn.Close(); _ = apiLn.Close() }()
 
 	kube, err := newKube(cfg)
 	if err != nil {
@@ -163,7 +171,7 @@ func Run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	probes := server.ProbeHandler(ready, reg)
 	probes.Handle("/drain", drainHandler(cfg, kube.reader, &drainer, log.WithName("drain")))
 	wg.Go(func() {
-		if err := server.ListenAndServe(probeCtx, cfg.ProbeAddr, probes, log.WithName("probes")); err != nil {
+		if err := server.Serve(probeCtx, probeLn, probes, log.WithName("probes")); err != nil {
 			log.Error(err, "Probe server failed")
 		}
 	})
@@ -216,13 +224,25 @@ func Run(ctx context.Context, cfg *config.Config, log logr.Logger) error {
 	// The local API outlives the mode's Run: a callee harness reports the
 	// end of its sessions during the shutdown drain.
 	defer runUntilStopped(ctx, func(ctx context.Context) {
-		if err := server.ListenAndServe(ctx, cfg.APIAddr, sidecar.Handler(), log.WithName("api")); err != nil {
+		if err := server.Serve(ctx, apiLn, sidecar.Handler(), log.WithName("api")); err != nil {
 			log.Error(err, "Local API server failed")
 		}
 	})()
 
 	log.Info("Started", "pod", cfg.PodName, "namespace", cfg.Namespace, "vhost", cfg.Vhost, "api", cfg.APIAddr, "probes", cfg.ProbeAddr)
 	return sidecar.Run(ctx)
+}
+
+// listen binds the probe address, then the local API's.
+func listen(cfg *config.Config) (probes, api net.Listener, err error) {
+	if probes, err = net.Listen("tcp", cfg.ProbeAddr); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", config.EnvProbeAddr, err)
+	}
+	if api, err = net.Listen("tcp", cfg.APIAddr); err != nil {
+		_ = probes.Close()
+		return nil, nil, fmt.Errorf("%s: %w", config.EnvAPIAddr, err)
+	}
+	return probes, api, nil
 }
 
 // newMode builds the callee or the caller of cfg.Mode; in callee mode it

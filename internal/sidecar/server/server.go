@@ -301,11 +301,3 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log logr.Logger
 	return nil
 }
 
-// ListenAndServe listens on addr and calls Serve.
-func ListenAndServe(ctx context.Context, addr string, h http.Handler, log logr.Logger) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
-	}
-	return Serve(ctx, ln, h, log)
-}
