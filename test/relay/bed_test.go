@@ -420,7 +420,7 @@ func (b *bed) startCaller(o bedOptions) {
 	b.CallerAPI = "http://" + apiLn.Addr().String()
 
 	_, kc := b.cachedClient(map[client.Object]cache.ByObject{
-		&v1alpha1.HCPSession{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelCallerID: callerID})},
+		&v1alpha1.HCPSession{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelCallerID: callerID}), Transform: cachetrim.CallerSession},
 	}, &v1alpha1.HCPSession{}, &v1alpha1.Caller{})
 	b.CallerReg = prometheus.NewRegistry()
 	b.CallerMetrics = metrics.New(b.CallerReg)

@@ -77,16 +77,22 @@ func (s *Sidecar) adoptTaskByID(ctx context.Context, id, calleeID string) (TaskR
 			return TaskRecord{}, false
 		}
 	} else {
-		for _, r := range []client.Reader{s.o.Client, s.o.Reader} {
+		// The cache holds only this caller's HCPSessions, without their
+		// labels (cachetrim.CallerSession): it is listed whole.
+		for i, r := range []client.Reader{s.o.Client, s.o.Reader} {
 			if r == nil {
 				continue
 			}
+			opts := []client.ListOption{client.InNamespace(s.cfg.Namespace)}
+			if i == 1 {
+				opts = append(opts, client.MatchingLabels{v1alpha1.LabelCallerID: s.cfg.ID})
+			}
 			var list v1alpha1.HCPSessionList
-			if err := r.List(ctx, &list, client.InNamespace(s.cfg.Namespace), client.MatchingLabels{v1alpha1.LabelCallerID: s.cfg.ID}); err != nil {
+			if err := r.List(ctx, &list, opts...); err != nil {
 				continue
 			}
 			for i := range list.Items {
-				if strings.EqualFold(list.Items[i].Spec.TaskMessageID, id) {
+				if list.Items[i].Spec.CallerID == s.cfg.ID && strings.EqualFold(list.Items[i].Spec.TaskMessageID, id) {
 					found = &list.Items[i]
 					break
 				}

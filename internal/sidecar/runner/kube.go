@@ -95,7 +95,8 @@ func (k *kube) waitForCache(ctx context.Context) error {
 
 // cacheScope limits the cache to what the mode reads, matching the RBAC
 // the operator grants (internal/resource.RoleRules): the own Callee or
-// Caller by name, and only the HCPSessions of this callee or caller.
+// Caller by name, and only the HCPSessions of this callee or caller (a
+// caller's cut down to what it reads: cachetrim.CallerSession).
 func cacheScope(cfg *config.Config) (map[client.Object]cache.ByObject, []client.Object) {
 	own := fields.OneTermEqualSelector("metadata.name", cfg.ObjectName)
 	if cfg.Mode == config.ModeCallee {
@@ -108,7 +109,7 @@ func cacheScope(cfg *config.Config) (map[client.Object]cache.ByObject, []client.
 	}
 	return map[client.Object]cache.ByObject{
 			&hcpv1alpha1.Caller{}:     {Field: own},
-			&hcpv1alpha1.HCPSession{}: {Label: labels.SelectorFromSet(labels.Set{hcpv1alpha1.LabelCallerID: cfg.ID})},
+			&hcpv1alpha1.HCPSession{}: {Label: labels.SelectorFromSet(labels.Set{hcpv1alpha1.LabelCallerID: cfg.ID}), Transform: cachetrim.CallerSession},
 		}, []client.Object{
 			&hcpv1alpha1.Caller{}, &hcpv1alpha1.HCPSession{},
 		}
