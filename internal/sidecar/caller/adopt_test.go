@@ -26,7 +26,7 @@ func TestAdoptFromTheTrimmedCache(t *testing.T) {
 			CreationTimestamp: metav1.NewTime(time.Now().Truncate(time.Second)),
 			Labels:            map[string]string{v1alpha1.LabelCallerID: "alpha", v1alpha1.LabelCalleeID: "lab"},
 			Annotations:       map[string]string{v1alpha1.AnnotationAdmitted: "true"}},
-		Spec: v1alpha1.HCPSessionSpec{CalleeID: "lab", CallerID: "alpha", Capability: "analyze", TaskMessageID: tid, RiskLevel: "R2"},
+		Spec:   v1alpha1.HCPSessionSpec{CalleeID: "lab", CallerID: "alpha", Capability: "analyze", TaskMessageID: tid, RiskLevel: "R2"},
 		Status: v1alpha1.HCPSessionStatus{State: v1alpha1.SessionPending},
 	}
 	stored.Spec.SessionID = stored.Name

@@ -300,4 +300,3 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log logr.Logger
 	}
 	return nil
 }
-
