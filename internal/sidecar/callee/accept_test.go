@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -330,5 +331,31 @@ func requireIdentical(t *testing.T, ms []received, typ envelope.MessageType) {
 	}
 	if i := slices.IndexFunc(bodies, func(s string) bool { return s != bodies[0] }); i > 0 {
 		t.Fatalf("%s differ:\n%s\n%s", typ, bodies[0], bodies[i])
+	}
+}
+
+// A running session keeps its token once, in the harness's task:
+// session_created carries the token task_accepted did, and the session
+// drops its own copy after it (about half a KiB per live session).
+func TestRunningSessionKeepsOneToken(t *testing.T) {
+	b := newBed(t, bedOptions{})
+	_, sid, _ := b.submit(newSubmit(func(ts *task.TaskSubmit) {
+		ts.Inputs = json.RawMessage(`{"steps":30,"step_ms":50}`)
+	}))
+	acc := acceptedOf(t, b.waitMessage(sid, 20*time.Second, "task_accepted", isType(envelope.TypeTaskAccepted)))
+	var created session.SessionCreatedData
+	must(t, json.Unmarshal(eventOf(b.waitMessage(sid, 20*time.Second, "session_created", isEvent(session.EventSessionCreated))).Data, &created))
+	if created.SessionToken == "" || created.SessionToken != acc.SessionToken {
+		t.Fatalf("session_created's token %q, task_accepted's %q", created.SessionToken, acc.SessionToken)
+	}
+	ss := b.sc.session(sid)
+	if ss == nil {
+		t.Fatal("the session is not running")
+	}
+	must(t, ss.acquire(t.Context()))
+	tok, task := ss.token, string(ss.task)
+	ss.release()
+	if tok != "" || !strings.Contains(task, acc.SessionToken) {
+		t.Fatalf("the running session holds a token of its own (%d bytes); its task holds it: %v", len(tok), strings.Contains(task, acc.SessionToken))
 	}
 }

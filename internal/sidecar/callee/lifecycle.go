@@ -41,6 +41,7 @@ func (ss *sess) start(reply *amqp.Publishing, abortRequested bool) *pending {
 	if _, err := ss.emitTyped(ctx, &session.SessionCreatedData{State: session.StatePending, RiskLevel: ss.risk, SessionToken: ss.token}); err != nil {
 		ss.log().Error(err, "Failed to publish session_created")
 	}
+	ss.token = "" // said; the harness's task carries it (ss.task)
 	if _, err := ss.transitionLocked(ctx, session.StateRunning, "accepted"); err != nil {
 		ss.log().Error(err, "Failed to publish state_changed")
 	}

@@ -61,6 +61,8 @@ type sess struct {
 	capability string
 	taskMsgID  string
 	risk       task.RiskLevel
+	// token is the session token until session_created has carried it
+	// (start): then nothing reads it, and the task keeps its one copy.
 	token      string
 	startedAt  time.Time
 	expiresAt  time.Time
