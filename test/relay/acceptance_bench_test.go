@@ -92,21 +92,30 @@ type acceptanceResult struct {
 // acceptBed is a relay bed whose app reports each task_accepted.
 type acceptBed struct {
 	r        *relayRun
-	accepted chan string
+	accepted chan receipt
 	// posts are the caller sidecar's answers to the POSTs (its store
-	// write and the submit's confirm), part of each acceptance.
-	posts benchutil.Latencies
+	// write and the submit's confirm); both the later of each answer and
+	// its task_accepted's receipt (the app holding both).
+	posts, both benchutil.Latencies
+}
+
+// receipt is the app's receipt of a task_accepted.
+type receipt struct {
+	sid string
+	at  time.Time
 }
 
 func newAcceptBed(tb testing.TB, o bedOptions) *acceptBed {
 	o.Quiet = true
-	a := &acceptBed{r: newRelayRunWith(tb, modeAsync, 1, o), accepted: make(chan string, 64)}
-	a.r.app.onAccepted = func(sid string) { a.accepted <- sid }
+	a := &acceptBed{r: newRelayRunWith(tb, modeAsync, 1, o), accepted: make(chan receipt, 64)}
+	a.r.app.onAccepted = func(sid string) { a.accepted <- receipt{sid, time.Now()} }
 	return a
 }
 
-// submit times one task from the app's POST to its task_accepted, then
-// (not timed) ends the session and waits quiet.
+// submit times one task from the app's POST to the app's receipt of its
+// task_accepted (which may come before the POST's answer: the caller
+// sidecar hands it on without waiting for its store write), then (not
+// timed) ends the session and waits quiet.
 func (a *acceptBed) submit(ctx context.Context, quiet time.Duration) (time.Duration, error) {
 	r := a.r
 	req := caller.SubmitRequest{CalleeID: calleeID, Capability: "analyze", Intent: "acceptance benchmark",
@@ -119,13 +128,14 @@ func (a *acceptBed) submit(ctx context.Context, quiet time.Duration) (time.Durat
 	posted := time.Since(start)
 	for {
 		select {
-		case sid := <-a.accepted:
+		case got := <-a.accepted:
+			sid := got.sid
 			if sid != v.SessionID {
 				continue
 			}
-			took := time.Since(start)
+			took := got.at.Sub(start)
 			if quiet == 0 {
-				a.posts = append(a.posts, posted)
+				a.posts, a.both = append(a.posts, posted), append(a.both, max(posted, took))
 			}
 			// Not timed: end the session, once the harness has it (it may
 			// not yet: the reply goes out before the record), so that the
@@ -205,7 +215,7 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 		if _, err := a.series(ctx, 5, 0); err != nil { // warm-up: connections, caches
 			b.Fatal(err)
 		}
-		a.posts = nil
+		a.posts, a.both = nil, nil
 	}
 	callee := &v1alpha1.Callee{}
 	must(b, r.bed.env.Client.Get(ctx, client.ObjectKey{Namespace: r.bed.ns, Name: calleeID}, callee))
@@ -323,8 +333,9 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 	b.Logf("task acceptance (submit → task_accepted at the app), %d tasks one at a time, the reply before the create: %s", len(relay), relay)
 	b.Logf("the same, the create on the path (callee.Options.RecordBeforeReply, the baseline), interleaved: %s", onPathL)
 	b.Logf("the same, under a concurrency limit (maxConcurrentSessions: the create stays on the path), interleaved: %s", countedL)
-	b.Logf("of which the caller sidecar's answer to the app's POST (its store write, the submit's publish and confirm): the reply first %s; the create on the path %s",
+	b.Logf("the caller sidecar's answer to the app's POST (its store write, the submit's publish and confirm): the reply first %s; the create on the path %s",
 		fast.posts, onPath.posts)
+	b.Logf("the app holding both the POST's answer and task_accepted (the later of the two), the reply first: %s", fast.both)
 	b.Logf("the reply before the create, with %s of quiet after each session's end: %s", spacingQuiet, spaced)
 	b.Logf("raw two-hop round trip: %s; bare API create: %s; bare create of an HCPSession like the gate's: %s", raw, bare, bareHS)
 	b.Logf("each after %s of quiet, as in the spaced series: raw two-hop round trip: %s; bare create of an HCPSession like the gate's: %s", spacingQuiet, rawSpaced, bareHSSpaced)
