@@ -63,10 +63,10 @@ type sess struct {
 	risk       task.RiskLevel
 	// token is the session token until session_created has carried it
 	// (start): then nothing reads it, and the task keeps its one copy.
-	token      string
-	startedAt  time.Time
-	expiresAt  time.Time
-	uid        types.UID
+	token     string
+	startedAt time.Time
+	expiresAt time.Time
+	uid       types.UID
 
 	abortTimeout time.Duration
 	terminal     atomic.Bool
