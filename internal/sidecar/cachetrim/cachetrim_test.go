@@ -3,7 +3,6 @@ package cachetrim
 import (
 	"fmt"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/heapmeter"
 )
 
 // session is an HCPSession as a running session's looks: a sentence of
@@ -115,17 +115,10 @@ func TestCallerCacheIsSmall(t *testing.T) {
 // cachedBytes is the heap 1,000 cached HCPSessions like session's hold
 // after transform, per session.
 func cachedBytes(transform func(any) (any, error)) float64 {
-	held := make([]any, 1000)
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	for i := range held {
-		held[i], _ = transform(session(i))
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&m1)
-	runtime.KeepAlive(held)
-	return float64(m1.HeapAlloc-m0.HeapAlloc) / float64(len(held))
+	return heapmeter.PerItem(1000, func(i int) any {
+		out, _ := transform(session(i))
+		return out
+	})
 }
 
 // BenchmarkCachedSession is the heap 1,000 cached HCPSessions like

@@ -1,12 +1,13 @@
 package caller
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"fmt"
 	"hash/maphash"
-	"runtime"
 	"testing"
 
+	"github.com/hcp-io/hcp-operator/internal/heapmeter"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 )
@@ -27,30 +28,24 @@ func TestBusySessionDigestsStaySmall(t *testing.T) {
 	for i := range items {
 		items[i] = eventItem(int64(i + 1))
 	}
-	var before, after runtime.MemStats
-	workers := make([]*stream, sessions)
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	for i := range workers {
+	var first *stream
+	per := heapmeter.PerItem(sessions, func(int) any {
 		w := &stream{}
 		for _, it := range items {
 			if !w.sameBody(it) {
 				t.Fatalf("sequence %d: a first body taken for a contradiction", it.seq())
 			}
 		}
-		workers[i] = w
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	per := float64(after.HeapAlloc-before.HeapAlloc) / sessions
-	runtime.KeepAlive(workers)
+		first = cmp.Or(first, w)
+		return w
+	})
 	if limit := 48.0 * 1024; per > limit {
 		t.Errorf("a busy session's digests take %.1f KiB; want at most %.0f", per/1024, limit/1024)
 	}
 	t.Logf("%.1f KiB of digests per busy session (%d sequences)", per/1024, bodyWindow)
 	// Every copy is recognised as the same body.
 	for _, it := range items {
-		if !workers[0].sameBody(eventItem(it.seq())) {
+		if !first.sameBody(eventItem(it.seq())) {
 			t.Fatalf("sequence %d: an identical copy taken for a contradiction", it.seq())
 		}
 	}

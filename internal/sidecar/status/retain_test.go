@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/heapmeter"
 )
 
 // acceptingClient takes every patch and keeps nothing: what the writer
@@ -41,15 +42,6 @@ func runningStatus(now time.Time) func(*v1alpha1.HCPSessionStatus) {
 	}
 }
 
-// heapAfterGC is the live heap once collected.
-func heapAfterGC() uint64 {
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // A session whose status is written keeps one copy of it in the writer, not
 // two (what was written and what is wanted are the same then): at 1,000
 // live sessions the second copy was about 0.4 KiB per session in each
@@ -74,17 +66,12 @@ const retainSessions = 10000
 // statusBytes is the heap one running session's status takes.
 func statusBytes() float64 {
 	now := time.Now()
-	copies := make([]*v1alpha1.HCPSessionStatus, retainSessions)
-	h0 := heapAfterGC()
-	for i := range copies {
+	return heapmeter.PerItem(retainSessions, func(int) any {
 		st := &v1alpha1.HCPSessionStatus{}
 		runningStatus(now)(st)
 		SetConditions(st, now)
-		copies[i] = st
-	}
-	one := float64(heapAfterGC()-h0) / retainSessions
-	runtime.KeepAlive(copies)
-	return one
+		return st
+	})
 }
 
 // retainedPerSession is the heap a writer keeps per session once each
@@ -102,7 +89,7 @@ func retainedPerSession(t *testing.T) float64 {
 	for i := range names {
 		names[i] = fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
 	}
-	h1 := heapAfterGC()
+	h1 := heapmeter.Live()
 	for _, name := range names {
 		w.Update(name, runningStatus(now))
 	}
@@ -114,7 +101,7 @@ func retainedPerSession(t *testing.T) float64 {
 			t.Fatalf("%s still pending after FlushAll", name)
 		}
 	}
-	per := float64(heapAfterGC()-h1) / retainSessions
+	per := float64(heapmeter.Live()-h1) / retainSessions
 	runtime.KeepAlive(names)
 	runtime.KeepAlive(w)
 	return per
