@@ -140,8 +140,14 @@ func liveSessionCost(b testing.TB, n int, idle time.Duration) (sessionCost, erro
 	}
 	idle1 := idleCPU(idle)
 	sg1 := sidecarGoroutines()
-	// Quiet for longer than the caller's WorkerIdle, their workers go:
-	// what is left is what a long-running, quiet session costs.
+	// Quiet for longer than the caller's WorkerIdle, their workers go (their
+	// goroutines went as soon as they held nothing; their state goes
+	// then): what is left is what a long-running, quiet session costs.
+	select {
+	case <-ctx.Done():
+		return sessionCost{}, ctx.Err()
+	case <-time.After(caller.DefaultWorkerIdle + 2*time.Second):
+	}
 	quiet, quietCancel := context.WithTimeout(ctx, time.Minute)
 	defer quietCancel()
 	if _, err := settleSidecarGoroutines(quiet, sg0); err != nil {

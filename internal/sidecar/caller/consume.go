@@ -212,4 +212,7 @@ func (s *Sidecar) dispatch(it *item) {
 	w.held.Add(1)
 	s.holding.Add(1)
 	w.inbox.put(it)
+	if w.asleep {
+		s.wakeLocked(w)
+	}
 }

@@ -124,7 +124,7 @@ func (w *stream) deliverRetrying(what string, keep int, poison bool, send func()
 func (w *stream) backoff(d time.Duration, keep int) bool {
 	timer := w.s.clk.NewTimer(d)
 	defer timer.Stop()
-	tick := w.s.clk.NewTicker(w.tickEvery())
+	tick := w.s.clk.NewTicker(w.s.tickEvery())
 	defer tick.Stop()
 	for {
 		select {

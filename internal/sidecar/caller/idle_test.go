@@ -1,7 +1,10 @@
 package caller
 
 import (
+	"bytes"
 	"fmt"
+	"runtime/pprof"
+	"strings"
 	"testing"
 	"time"
 )
@@ -88,4 +91,144 @@ func TestIdleWorkerResumesWithoutARead(t *testing.T) {
 	if got := a.acked(hs.Name); got != 4 {
 		t.Errorf("callerAckedSequence %d after the stop, want 4", got)
 	}
+}
+
+// TestQuietWorkerHoldsNoGoroutine: once a live session's worker holds
+// nothing (its events delivered, fsynced, acked and reported), its
+// goroutine ends well before Options.WorkerIdle, while the worker's state
+// stays: the next event is delivered in order without reading the
+// HCPSession, and the worker still exits after WorkerIdle. A thousand
+// quiet live sessions hold no goroutine.
+func TestQuietWorkerHoldsNoGoroutine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("envtest and RabbitMQ")
+	}
+	a := newAPIBed(t)
+	b := newBed(t, "lab")
+	reads := &downReader{Reader: a.env.Client}
+	p := b.start(a.withAPI(a.writer(b)), func(o *Options) {
+		o.Reader = reads
+		o.WorkerIdle = 6 * time.Second
+	})
+	v := p.submit(t, taskReq("lab"))
+	s := newScript(t, "lab", v.MessageID, 3)
+	hs := a.hcpSession("lab", b.callerID, v.MessageID)
+	c := b.callee("lab")
+	asleep := func() {
+		t.Helper()
+		eventually(t, 4*time.Second, "the quiet session's worker asleep", func() error {
+			if n := workerGoroutines(); n != 0 {
+				return fmt.Errorf("%d worker goroutines", n)
+			}
+			p.sc.mu.Lock()
+			defer p.sc.mu.Unlock()
+			if w := p.sc.streams[s.sessionID]; w == nil || !w.asleep {
+				return fmt.Errorf("the worker is gone or awake")
+			}
+			return nil
+		})
+	}
+	c.publish(s.msgs[0]) // task_accepted
+	c.publish(s.msgs[1])
+	eventually(t, 20*time.Second, "event 1 at the app", func() error {
+		if got := b.lastSeq(s.sessionID); got != 1 {
+			return fmt.Errorf("last sequence %d", got)
+		}
+		return nil
+	})
+	asleep()
+	eventually(t, 10*time.Second, "callerAckedSequence 1", func() error {
+		if got := a.acked(hs.Name); got != 1 {
+			return fmt.Errorf("callerAckedSequence %d", got)
+		}
+		return nil
+	})
+
+	before := reads.reads.Load()
+	c.publish(s.msgs[2])
+	eventually(t, 20*time.Second, "event 2 at the app", func() error {
+		if got := b.lastSeq(s.sessionID); got != 2 {
+			return fmt.Errorf("last sequence %d", got)
+		}
+		return nil
+	})
+	if got := reads.reads.Load() - before; got != 0 {
+		t.Errorf("%d API reads to wake the session's worker; want none", got)
+	}
+	asleep()
+	eventually(t, 15*time.Second, "the session's worker gone after WorkerIdle", func() error {
+		p.sc.mu.Lock()
+		defer p.sc.mu.Unlock()
+		if p.sc.streams[s.sessionID] != nil {
+			return fmt.Errorf("still there")
+		}
+		return nil
+	})
+	if snap := b.app.Snapshot(); snap.Duplicates != 0 || snap.Problems != 0 {
+		t.Errorf("the app saw %d duplicates, %d problems; want none", snap.Duplicates, snap.Problems)
+	}
+	p.stop(t)
+	if got := a.acked(hs.Name); got != 2 {
+		t.Errorf("callerAckedSequence %d after the stop, want 2", got)
+	}
+}
+
+// TestStopDrainsSleepingWorkers: a stop with sleeping workers wakes and
+// drains them: Run returns, and no worker goroutine or worker is left.
+func TestStopDrainsSleepingWorkers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("envtest and RabbitMQ")
+	}
+	a := newAPIBed(t)
+	b := newBed(t, "lab")
+	p := b.start(a.withAPI(a.writer(b)), func(o *Options) { o.WorkerIdle = time.Minute })
+	v := p.submit(t, taskReq("lab"))
+	s := newScript(t, "lab", v.MessageID, 2)
+	hs := a.hcpSession("lab", b.callerID, v.MessageID)
+	c := b.callee("lab")
+	c.publish(s.msgs[0])
+	c.publish(s.msgs[1])
+	eventually(t, 20*time.Second, "the worker asleep after event 1", func() error {
+		if got := b.lastSeq(s.sessionID); got != 1 {
+			return fmt.Errorf("last sequence %d", got)
+		}
+		if n := workerGoroutines(); n != 0 {
+			return fmt.Errorf("%d worker goroutines", n)
+		}
+		p.sc.mu.Lock()
+		defer p.sc.mu.Unlock()
+		if w := p.sc.streams[s.sessionID]; w == nil || !w.asleep {
+			return fmt.Errorf("the worker is gone or awake")
+		}
+		return nil
+	})
+	p.stop(t)
+	if n := workerGoroutines(); n != 0 {
+		t.Errorf("%d worker goroutines after the stop, want 0", n)
+	}
+	p.sc.mu.Lock()
+	left := len(p.sc.streams)
+	p.sc.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d workers left after the stop, want 0", left)
+	}
+	if got := a.acked(hs.Name); got != 1 {
+		t.Errorf("callerAckedSequence %d after the stop, want 1", got)
+	}
+}
+
+// workerGoroutines counts the goroutines running a session worker.
+func workerGoroutines() int {
+	var b bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+	n := 0
+	for _, block := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(block, "caller.(*stream).run+") {
+			var c int
+			if _, err := fmt.Sscanf(block, "%d @", &c); err == nil {
+				n += c
+			}
+		}
+	}
+	return n
 }

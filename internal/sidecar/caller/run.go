@@ -41,6 +41,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { s.retryLoop(runCtx) })
 	bg.Go(func() { s.housekeeping(runCtx) })
+	bg.Go(func() { s.sweep(runCtx) })
 	// A graceful stop: the same sequence as Drain, bounded by FlushTimeout.
 	stopped := make(chan struct{})
 	go func() {
@@ -120,6 +121,7 @@ func (s *Sidecar) stop(ctx context.Context) error {
 	if !s.stopping {
 		s.stopping = true
 		close(s.stopCh)
+		s.wakeAllLocked()
 	}
 	stopConsume := s.stopConsume
 	s.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
@@ -139,6 +140,9 @@ type stream struct {
 	epoch     int64
 	epochFrom int64
 	bodies    map[int64]uint64
+	// asleep says the worker's goroutine ended while it held nothing
+	// (sleep.go); ended, that the session was over then. Both s.mu.
+	asleep, ended bool
 	// refused is why the session's messages are refused, if they are:
 	// ReasonForeignSession (its HCPSession names another caller) or
 	// ReasonUnsolicitedSession (this caller never submitted it).
@@ -184,11 +188,14 @@ func (w *stream) init() bool {
 }
 
 // run is the worker's loop: it takes what the dispatcher hands it, runs
-// the timeouts on every tick, and exits when the sidecar stops (drain) or
-// the session has been idle long enough (tryExit).
+// the timeouts on every tick while it holds something, and ends its
+// goroutine (sleep) once it holds nothing. A sleeping worker keeps its
+// state in Sidecar.streams; a delivery wakes it, and the sweeper wakes it
+// when it has been idle long enough to exit (tryExit) or when the sidecar
+// stops (drain).
 func (w *stream) run() {
 	defer w.s.workers.Done()
-	if !w.init() {
+	if w.tracker == nil && !w.init() {
 		w.s.mu.Lock()
 		if w.s.streams[w.id] == w {
 			delete(w.s.streams, w.id)
@@ -196,9 +203,25 @@ func (w *stream) run() {
 		w.s.mu.Unlock()
 		return
 	}
-	tick := w.s.clk.NewTicker(w.tickEvery())
-	defer tick.Stop()
+	var tick clock.Ticker
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
+	if w.idle() { // woken by the sweeper
+		w.reportAcked(true)
+		if w.tryExit() {
+			return
+		}
+	}
 	for {
+		if w.holdsNothing() && w.sleep() {
+			return
+		}
+		if tick == nil {
+			tick = w.s.clk.NewTicker(w.s.tickEvery())
+		}
 		select {
 		case <-w.s.stopCh:
 			w.drain()
@@ -232,9 +255,10 @@ func (w *stream) run() {
 	}
 }
 
-// tickEvery is the period of the worker's timeouts (onTick).
-func (w *stream) tickEvery() time.Duration {
-	return min(max(w.s.o.GapTimeout/4, 10*time.Millisecond), time.Second)
+// tickEvery is the period of the workers' timeouts (onTick) and of the
+// sweeper.
+func (s *Sidecar) tickEvery() time.Duration {
+	return min(max(s.o.GapTimeout/4, 10*time.Millisecond), time.Second)
 }
 
 // stopping reports whether the drain time is over.
@@ -298,8 +322,7 @@ func (w *stream) advance() {
 // enough to exit (Options.WorkerIdle, or endedLinger once the session is
 // over).
 func (w *stream) idle() bool {
-	if w.inbox.len() != 0 || len(w.ready) != 0 || len(w.barriers) != 0 || w.tracker.Buffered() != 0 ||
-		w.tracker.InFlight() != 0 || (w.lastTicket != nil && !w.lastTicket.Done()) {
+	if w.holding() {
 		return false
 	}
 	quiet := w.s.clk.Since(w.lastActive)

@@ -154,7 +154,7 @@ func (w *stream) awaitReleased(seen int64) (top int64, nextReleased bool) {
 func (w *stream) windowFull(now time.Time) bool {
 	window := w.s.cfg.Prefetch
 	return window > 0 && int(w.s.holding.Load()) >= window &&
-		now.Sub(time.Unix(0, w.s.dispatchedAt.Load())) >= 2*w.tickEvery()
+		now.Sub(time.Unix(0, w.s.dispatchedAt.Load())) >= 2*w.s.tickEvery()
 }
 
 // shed hands the upper half of the reorder buffer back to the queue when
