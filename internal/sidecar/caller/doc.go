@@ -265,13 +265,14 @@
 // # Where things are
 //
 // One type owns a session's delivery: stream (stream.go), the session's
-// worker, a goroutine per session with messages in flight. Each step of the
-// pipeline, receive → order → deliver → commit (journal) → settle (ack), is
-// a method of it, in a file per step. It stays one type because the steps
-// hand one state on to each other (the tracker, the ready events, the
-// barriers, the latest group commit) on the one goroutine that runs them:
-// there is no lock to split it along. The Sidecar's maps (streams, lookups,
-// positions, answered) share its one mutex; they stay fields of the Sidecar
+// worker, with a goroutine only while it holds something (sleep.go). Each
+// step of the pipeline, receive → order → deliver → commit (journal) →
+// settle (ack), is a method of it, in a file per step. It stays one type
+// because the steps hand one state on to each other (the tracker, the
+// ready events, the barriers, the latest group commit) on the one
+// goroutine that runs them: there is no lock to split it along. The
+// Sidecar's maps (streams, lookups, positions, answered) share its one
+// mutex; they stay fields of the Sidecar
 // rather than types of their own, since splitting them would change the
 // locking.
 //
@@ -281,6 +282,7 @@
 //	run.go          Run, Drain and the stop sequence; housekeeping
 //	consume.go      a delivery from the queue: decode, check the sender, dispatch to its session's stream
 //	stream.go       stream: the owner of a session's delivery, its loop, its drain and exit
+//	sleep.go        stream: a worker with nothing to do ends its goroutine; the sweeper wakes it to exit
 //	receive.go      stream: take a message in (refused sessions, the callee check, answers and results as barriers)
 //	order.go        stream: sequence order through the tracker; gaps and their timeouts
 //	deliver.go      stream: POST to the app in order, one message or a batch, retried with backoff
