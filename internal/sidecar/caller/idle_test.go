@@ -36,34 +36,22 @@ func TestIdleWorkerResumesWithoutARead(t *testing.T) {
 	deliver := func(i int) {
 		t.Helper()
 		c.publish(s.msgs[i])
-		eventually(t, 20*time.Second, fmt.Sprintf("event %d at the app", i), func() error {
-			if got := b.lastSeq(s.sessionID); got != int64(i) {
-				return fmt.Errorf("last sequence %d", got)
-			}
-			return nil
-		})
+		seqAtApp(t, b, s.sessionID, int64(i))
 	}
-	workerGone := func() {
+	gone := func() {
 		t.Helper()
-		eventually(t, 10*time.Second, "the session's worker gone", func() error {
-			p.sc.mu.Lock()
-			defer p.sc.mu.Unlock()
-			if p.sc.streams[s.sessionID] != nil {
-				return fmt.Errorf("still there")
-			}
-			return nil
-		})
+		eventually(t, 10*time.Second, "the session's worker gone", func() error { return workerGone(p, s.sessionID) })
 	}
 	c.publish(s.msgs[0]) // task_accepted
 	deliver(1)
-	workerGone()
+	gone()
 
 	before := reads.reads.Load()
 	deliver(2)
 	if got := reads.reads.Load() - before; got != 0 {
 		t.Errorf("%d API reads to resume the session on the same channel; want none", got)
 	}
-	workerGone()
+	gone()
 
 	p.proxy.Cut() // the channel is lost; the transport reconnects
 	before = reads.reads.Load()
@@ -71,26 +59,20 @@ func TestIdleWorkerResumesWithoutARead(t *testing.T) {
 	if got := reads.reads.Load() - before; got == 0 {
 		t.Errorf("no API read to resume the session after its channel was lost; want the HCPSession read")
 	}
-	workerGone()
+	gone()
 
 	// An ended session's worker leaves nothing parked.
 	c.publish(s.msgs[4]) // task_completed
 	c.publish(s.msgs[5]) // session_closed
 	eventually(t, 20*time.Second, "the session complete at the app", func() error { return b.complete(s.sessionID, 4) })
-	workerGone()
+	gone()
 	p.sc.mu.Lock()
 	_, parked := p.sc.parked[s.sessionID]
 	p.sc.mu.Unlock()
 	if parked {
 		t.Errorf("the ended session's worker parked its positions; want nothing kept")
 	}
-	if snap := b.app.Snapshot(); snap.Duplicates != 0 || snap.Problems != 0 {
-		t.Errorf("the app saw %d duplicates, %d problems; want none", snap.Duplicates, snap.Problems)
-	}
-	p.stop(t)
-	if got := a.acked(hs.Name); got != 4 {
-		t.Errorf("callerAckedSequence %d after the stop, want 4", got)
-	}
+	stopClean(t, a, b, p, hs.Name, 4)
 }
 
 // TestQuietWorkerHoldsNoGoroutine: once a live session's worker holds
@@ -116,26 +98,11 @@ func TestQuietWorkerHoldsNoGoroutine(t *testing.T) {
 	c := b.callee("lab")
 	asleep := func() {
 		t.Helper()
-		eventually(t, 4*time.Second, "the quiet session's worker asleep", func() error {
-			if n := workerGoroutines(); n != 0 {
-				return fmt.Errorf("%d worker goroutines", n)
-			}
-			p.sc.mu.Lock()
-			defer p.sc.mu.Unlock()
-			if w := p.sc.streams[s.sessionID]; w == nil || !w.asleep {
-				return fmt.Errorf("the worker is gone or awake")
-			}
-			return nil
-		})
+		eventually(t, 4*time.Second, "the quiet session's worker asleep", func() error { return workerAsleep(p, s.sessionID) })
 	}
 	c.publish(s.msgs[0]) // task_accepted
 	c.publish(s.msgs[1])
-	eventually(t, 20*time.Second, "event 1 at the app", func() error {
-		if got := b.lastSeq(s.sessionID); got != 1 {
-			return fmt.Errorf("last sequence %d", got)
-		}
-		return nil
-	})
+	seqAtApp(t, b, s.sessionID, 1)
 	asleep()
 	eventually(t, 10*time.Second, "callerAckedSequence 1", func() error {
 		if got := a.acked(hs.Name); got != 1 {
@@ -146,31 +113,13 @@ func TestQuietWorkerHoldsNoGoroutine(t *testing.T) {
 
 	before := reads.reads.Load()
 	c.publish(s.msgs[2])
-	eventually(t, 20*time.Second, "event 2 at the app", func() error {
-		if got := b.lastSeq(s.sessionID); got != 2 {
-			return fmt.Errorf("last sequence %d", got)
-		}
-		return nil
-	})
+	seqAtApp(t, b, s.sessionID, 2)
 	if got := reads.reads.Load() - before; got != 0 {
 		t.Errorf("%d API reads to wake the session's worker; want none", got)
 	}
 	asleep()
-	eventually(t, 15*time.Second, "the session's worker gone after WorkerIdle", func() error {
-		p.sc.mu.Lock()
-		defer p.sc.mu.Unlock()
-		if p.sc.streams[s.sessionID] != nil {
-			return fmt.Errorf("still there")
-		}
-		return nil
-	})
-	if snap := b.app.Snapshot(); snap.Duplicates != 0 || snap.Problems != 0 {
-		t.Errorf("the app saw %d duplicates, %d problems; want none", snap.Duplicates, snap.Problems)
-	}
-	p.stop(t)
-	if got := a.acked(hs.Name); got != 2 {
-		t.Errorf("callerAckedSequence %d after the stop, want 2", got)
-	}
+	eventually(t, 15*time.Second, "the session's worker gone after WorkerIdle", func() error { return workerGone(p, s.sessionID) })
+	stopClean(t, a, b, p, hs.Name, 2)
 }
 
 // TestStopDrainsSleepingWorkers: a stop with sleeping workers wakes and
@@ -188,20 +137,8 @@ func TestStopDrainsSleepingWorkers(t *testing.T) {
 	c := b.callee("lab")
 	c.publish(s.msgs[0])
 	c.publish(s.msgs[1])
-	eventually(t, 20*time.Second, "the worker asleep after event 1", func() error {
-		if got := b.lastSeq(s.sessionID); got != 1 {
-			return fmt.Errorf("last sequence %d", got)
-		}
-		if n := workerGoroutines(); n != 0 {
-			return fmt.Errorf("%d worker goroutines", n)
-		}
-		p.sc.mu.Lock()
-		defer p.sc.mu.Unlock()
-		if w := p.sc.streams[s.sessionID]; w == nil || !w.asleep {
-			return fmt.Errorf("the worker is gone or awake")
-		}
-		return nil
-	})
+	seqAtApp(t, b, s.sessionID, 1)
+	eventually(t, 4*time.Second, "the worker asleep after event 1", func() error { return workerAsleep(p, s.sessionID) })
 	p.stop(t)
 	if n := workerGoroutines(); n != 0 {
 		t.Errorf("%d worker goroutines after the stop, want 0", n)
@@ -231,4 +168,51 @@ func workerGoroutines() int {
 		}
 	}
 	return n
+}
+
+// seqAtApp waits until the app has the session's events up to seq.
+func seqAtApp(t *testing.T, b *bed, sid string, seq int64) {
+	t.Helper()
+	eventually(t, 20*time.Second, fmt.Sprintf("event %d at the app", seq), func() error {
+		if got := b.lastSeq(sid); got != seq {
+			return fmt.Errorf("last sequence %d", got)
+		}
+		return nil
+	})
+}
+
+// workerAsleep reports why the session's worker is not asleep, if it is not.
+func workerAsleep(p *running, sid string) error {
+	if n := workerGoroutines(); n != 0 {
+		return fmt.Errorf("%d worker goroutines", n)
+	}
+	p.sc.mu.Lock()
+	defer p.sc.mu.Unlock()
+	if w := p.sc.streams[sid]; w == nil || !w.asleep {
+		return fmt.Errorf("the worker is gone or awake")
+	}
+	return nil
+}
+
+// workerGone reports whether the session's worker is gone.
+func workerGone(p *running, sid string) error {
+	p.sc.mu.Lock()
+	defer p.sc.mu.Unlock()
+	if p.sc.streams[sid] != nil {
+		return fmt.Errorf("still there")
+	}
+	return nil
+}
+
+// stopClean checks that the app saw no duplicate and no problem, stops the
+// sidecar and checks the session's callerAckedSequence.
+func stopClean(t *testing.T, a *apiBed, b *bed, p *running, hsName string, acked int64) {
+	t.Helper()
+	if snap := b.app.Snapshot(); snap.Duplicates != 0 || snap.Problems != 0 {
+		t.Errorf("the app saw %d duplicates, %d problems; want none", snap.Duplicates, snap.Problems)
+	}
+	p.stop(t)
+	if got := a.acked(hsName); got != acked {
+		t.Errorf("callerAckedSequence %d after the stop, want %d", got, acked)
+	}
 }
