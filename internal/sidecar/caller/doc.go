@@ -272,9 +272,8 @@
 // ready events, the barriers, the latest group commit) on the one
 // goroutine that runs them: there is no lock to split it along. The
 // Sidecar's maps (streams, lookups, positions, answered) share its one
-// mutex; they stay fields of the Sidecar
-// rather than types of their own, since splitting them would change the
-// locking.
+// mutex; they stay fields of the Sidecar rather than types of their own,
+// since splitting them would change the locking.
 //
 //	doc.go          this map
 //	options.go      Options and their defaults, RetryPolicy, Backoff

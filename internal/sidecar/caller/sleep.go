@@ -1,9 +1,6 @@
 package caller
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 // A session's worker keeps a goroutine only while it holds something: a
 // delivery, an event waiting for its turn or for the app, a record not yet
@@ -39,8 +36,7 @@ func (w *stream) awaitsReleased() bool {
 // the sidecar is stopping; s.mu orders it with dispatch's wake-up. It
 // notes whether the session is over, for the sweeper.
 func (w *stream) sleep() bool {
-	rec, ok := w.s.store.Session(w.id)
-	ended := ok && rec.over()
+	ended := w.over()
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
 	if w.inbox.len() != 0 || w.s.stopping {
@@ -57,13 +53,6 @@ func (s *Sidecar) wakeLocked(w *stream) {
 	go w.run()
 }
 
-// exitDue reports whether a sleeping worker has been quiet long enough to
-// exit (see idle); s.mu held.
-func (w *stream) exitDue(now time.Time) bool {
-	quiet := now.Sub(w.lastActive)
-	return quiet >= w.s.o.WorkerIdle || (w.ended && quiet >= endedLinger)
-}
-
 // sweep wakes, every tickEvery, the sleeping workers due to exit.
 func (s *Sidecar) sweep(ctx context.Context) {
 	t := s.clk.NewTicker(s.tickEvery())
@@ -78,7 +67,7 @@ func (s *Sidecar) sweep(ctx context.Context) {
 		s.mu.Lock()
 		if !s.stopping {
 			for _, w := range s.streams {
-				if w.asleep && w.exitDue(now) {
+				if w.asleep && w.exitDue(now.Sub(w.lastActive), w.ended) {
 					s.wakeLocked(w)
 				}
 			}

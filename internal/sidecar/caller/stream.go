@@ -326,21 +326,28 @@ func (w *stream) idle() bool {
 		return false
 	}
 	quiet := w.s.clk.Since(w.lastActive)
-	if quiet >= w.s.o.WorkerIdle {
-		return true
-	}
-	// A session that has ended expects nothing more: its worker goes soon
-	// (a late copy starts a new one, which finds the record over).
+	return w.exitDue(quiet, quiet >= endedLinger && w.over())
+}
+
+// exitDue reports whether a worker that holds nothing and has been quiet
+// for quiet may exit: after WorkerIdle, or after endedLinger once its
+// session has ended (it expects nothing more; a late copy starts a new
+// worker, which finds the record over).
+func (w *stream) exitDue(quiet time.Duration, ended bool) bool {
+	return quiet >= w.s.o.WorkerIdle || (ended && quiet >= endedLinger)
+}
+
+// over reports whether the session's record says it has ended.
+func (w *stream) over() bool {
 	rec, ok := w.s.store.Session(w.id)
-	return quiet >= endedLinger && ok && rec.over()
+	return ok && rec.over()
 }
 
 // tryExit removes the worker unless a message arrived meanwhile, and,
 // unless the session is over, parks what its next worker needs to skip a
 // read (park).
 func (w *stream) tryExit() bool {
-	rec, ok := w.s.store.Session(w.id)
-	over := ok && rec.over()
+	over := w.over()
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
 	if w.inbox.len() > 0 {
