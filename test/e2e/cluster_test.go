@@ -73,6 +73,7 @@ type pausedManager struct {
 
 func newSuite(t *testing.T) *suite {
 	t.Helper()
+	noteFailure(t, nil)
 	scheme, err := testbed.NewScheme(hcpv1alpha1.AddToScheme)
 	if err != nil {
 		t.Fatal(err)

@@ -131,8 +131,10 @@ func TestConformanceKit(t *testing.T) {
 		Profile:            conformance.ProfileHCPOperator,
 		Log:                testWriter{t},
 	}
+	var rep conformance.Report
+	noteFailure(t, func() string { return failedRows(&rep) })
 	start := time.Now()
-	rep := conformance.Test(t, cfg)
+	rep = conformance.Test(t, cfg)
 	t.Logf("the kit ran in %s", time.Since(start).Round(100*time.Millisecond))
 	if n := rep.Count(conformance.Pass); n != len(rep.Rows) {
 		t.Errorf("%d of %d checks passed (%d failed, %d skipped); want all", n, len(rep.Rows), rep.Count(conformance.Fail), rep.Count(conformance.Skip))
@@ -345,8 +347,10 @@ func TestConformanceKitCaller(t *testing.T) {
 	mgmt.User = url.UserPassword(s.cfg.username, s.cfg.password)
 
 	d := &sampleCallerDriver{hc: s.podHTTP(t, pod, 9090, 8080)}
+	var rep conformance.Report
+	noteFailure(t, func() string { return failedRows(&rep) })
 	start := time.Now()
-	rep := conformance.TestCaller(t, conformance.CallerConfig{
+	rep = conformance.TestCaller(t, conformance.CallerConfig{
 		AMQPURL: s.broker.AMQPURI(user, password, s.vhost), CalleeID: kitCalleeID, CallerID: callerID, Driver: d,
 		DataClassification: "T1", ManagementURL: mgmt.String(), Timeout: time.Minute,
 		RetryWait: 45 * time.Second, // the sidecar republishes an unanswered task_submit after 30 s

@@ -75,6 +75,7 @@ func run(m *testing.M) int {
 	}
 	record("total", time.Since(start))
 	printTimings(os.Stdout)
+	printFailures(os.Stdout)
 	// go test shows a passing package's output only with -v; the summary
 	// can go to a file too.
 	if path := os.Getenv("HCP_E2E_TIMINGS"); path != "" {
