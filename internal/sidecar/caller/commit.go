@@ -1,6 +1,8 @@
 package caller
 
 import (
+	"slices"
+
 	"github.com/hcp-io/hcp-operator/pkg/hcp/envelope"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/session"
 )
@@ -81,11 +83,15 @@ func (w *stream) commitEvents(batch []session.Entry[*item]) {
 		items[i] = e.Item
 	}
 	w.s.ackAfter(t, items)
+	closes := slices.ContainsFunc(items, func(it *item) bool { _, ok := it.eventData.(*session.SessionClosedData); return ok })
 	t.Then(func(err error) {
 		if err != nil {
 			w.log().Error(err, "Failed to persist last_processed_sequence; acked anyway (after a restart these events may be delivered again)", "upTo", last)
 		}
 		raise(&w.acked, last)
+		if closes {
+			w.s.writeFinalPosition(w.id, last)
+		}
 	})
 	if int(w.s.holding.Load()) >= w.s.lingerCap() {
 		t.Hurry()

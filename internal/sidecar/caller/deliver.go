@@ -235,13 +235,11 @@ func (w *stream) deliverBarrier(b *barrier) bool {
 	w.s.settle(it, true)
 	if isTerminal(b.kind) {
 		// The synchronous write of commitBarrier covered every earlier
-		// event, and their acks ran before it returned: the final
-		// callerAckedSequence is known. It is written at once, not after
-		// the status interval.
+		// event, and their acks ran before it returned. The position goes
+		// to the status writer (fresh: the HCPSession is looked up again
+		// if it was missing); the write that holds the session's last
+		// sequence follows session_closed (writeFinalPosition).
 		w.reportAcked(true)
-		if !w.unreported {
-			w.s.flushStatus(w.id)
-		}
 	}
 	return true
 }

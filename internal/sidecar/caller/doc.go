@@ -158,10 +158,11 @@
 //   - the HCPSession's status.callerAckedSequence: the highest sequence
 //     acked after its fsync, written through the coalescing status writer at
 //     most once per Options.StatusInterval (default 5 s, coarser than the
-//     callee sidecar's 1 s: both sidecars write the same object), at once
-//     when the session's task_completed or task_failed has been delivered,
-//     and exactly at Drain and at a graceful stop (see above). It survives
-//     the pod.
+//     callee sidecar's 1 s: both sidecars write the same object), 200 ms
+//     after the session's last message (session_closed) is durable, so a
+//     session shorter than the interval costs one write (after the callee
+//     sidecar's terminal status, not racing it), and exactly at Drain and
+//     at a graceful stop (see above). It survives the pod.
 //
 // Both are positions the app has processed (2xx) and the sidecar recorded,
 // so neither is ever ahead of the app: resuming from either can redeliver,

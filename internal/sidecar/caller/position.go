@@ -101,6 +101,34 @@ func (s *Sidecar) notePosition(sid string, seq int64) {
 	}
 }
 
+// finalPositionDelay is how long after a session's session_closed is
+// durable its callerAckedSequence is written. The callee sidecar writes
+// the terminal status once the broker has confirmed the messages that end
+// the session, so within it that write normally lands first: a short
+// session's first status write replaces the status whole, and finding the
+// caller's field there it would read the object and write again.
+const finalPositionDelay = 200 * time.Millisecond
+
+// writeFinalPosition writes seq, the sequence of sid's session_closed
+// (the session's last message, durable and acked), as callerAckedSequence
+// finalPositionDelay from now, without waiting for the status interval:
+// so a session shorter than the interval costs one write, which holds its
+// last sequence. A session that ends without session_closed (a callee
+// that does not send it) has its last position written after the
+// interval. At a stop, flushPositions writes every position instead.
+func (s *Sidecar) writeFinalPosition(sid string, seq int64) {
+	s.clk.AfterFunc(finalPositionDelay, func() {
+		select {
+		case <-s.stopCh:
+			return
+		default:
+		}
+		if s.recordAcked(sid, seq, true) {
+			s.flushStatus(sid)
+		}
+	})
+}
+
 // statusFlusher is implemented by *status.Writer.
 type statusFlusher interface {
 	Flush(ctx context.Context, name string) error
