@@ -2,8 +2,11 @@ package benchutil
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/common/expfmt"
@@ -109,4 +112,18 @@ func (w APIWrites) Of(resource string) float64 {
 		}
 	}
 	return n
+}
+
+// PerEach prints the counts divided by n, the most first, as "POST
+// hcp.io/hcpsessions 1.00, PATCH hcp.io/hcpsessions/status 2.10".
+func (w APIWrites) PerEach(n int) string {
+	keys := slices.Collect(maps.Keys(w))
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(w[b], w[a]), cmp.Compare(a, b)) })
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if w[k] != 0 {
+			parts = append(parts, fmt.Sprintf("%s %.2f", k, w[k]/float64(max(n, 1))))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

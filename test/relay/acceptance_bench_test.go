@@ -249,7 +249,7 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 	var relay, onPathL, countedL, spaced, raw, bare, bareHS, rawSpaced, bareHSSpaced, floor benchutil.Latencies
 	api, err := kubernetes.NewForConfig(r.bed.env.Config)
 	must(b, err)
-	var writes float64
+	writes := benchutil.APIWrites{}
 	per := n / rounds
 	for round := range rounds {
 		// The three series in an order that rotates each round.
@@ -264,7 +264,9 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 					b.Fatal(err)
 				}
 				relay = append(relay, l...)
-				writes += settledSessionWrites(ctx, b, api.RESTClient()) - before
+				for k, v := range settledSessionWrites(ctx, b, api.RESTClient()) {
+					writes[k] += v - before[k]
+				}
 			case 1:
 				l, err := onPath.series(ctx, per, 0)
 				if err != nil {
@@ -341,9 +343,10 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 	b.Logf("each after %s of quiet, as in the spaced series: raw two-hop round trip: %s; bare create of an HCPSession like the gate's: %s", spacingQuiet, rawSpaced, bareHSSpaced)
 	b.Logf("the acceptance floor of the create on the path, back to back (a raw two-hop round trip and the HCPSession create, the session's two other writes beside the next): %s",
 		floor)
-	b.Logf("API writes to HCPSessions in the back-to-back series (the reply first), both sidecars: %.2f per session", writes/float64(len(relay)))
+	perSession := writes.Of(hcpSessions) / float64(len(relay))
+	b.Logf("API writes to HCPSessions in the back-to-back series (the reply first), both sidecars: %.2f per session (%s)", perSession, writes.PerEach(len(relay)))
 	b.Logf("acceptance p50 %.1f ms %s (target ≤ %.0f ms; the create on the path %.1f ms, under a limit %.1f ms); p99 %.1f ms %s (target ≤ raw round-trip p99 + 5 ms = %.1f ms; the create on the path %.1f ms, under a limit %.1f ms)",
 		ms(relay.Percentile(0.5)), mark(relay.Percentile(0.5) <= acceptanceP50Target), ms(acceptanceP50Target), ms(onPathL.Percentile(0.5)), ms(countedL.Percentile(0.5)),
 		ms(relay.Percentile(0.99)), mark(relay.Percentile(0.99) <= budget), ms(budget), ms(onPathL.Percentile(0.99)), ms(countedL.Percentile(0.99)))
-	return acceptanceResult{relay: relay, onPath: onPathL, counted: countedL, spaced: spaced, raw: raw, bare: bare, floor: floor, writesPerSession: writes / float64(len(relay))}
+	return acceptanceResult{relay: relay, onPath: onPathL, counted: countedL, spaced: spaced, raw: raw, bare: bare, floor: floor, writesPerSession: perSession}
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,29 +42,39 @@ func floorSessionWrites(ctx context.Context, c client.Client, hs *v1alpha1.HCPSe
 	return c.Patch(ctx, hs, client.RawPatch(types.MergePatchType, []byte(label)), owner)
 }
 
-// settledSessionWrites is sessionWrites once it has not moved for a
-// second (at most 10 s): the writes of what ran before have landed, so a
-// difference of two counts is the writes of what ran between them, its
-// late ones included.
-func settledSessionWrites(ctx context.Context, b testing.TB, api rest.Interface) float64 {
+// settledSessionWrites is sessionWrites once their total has not moved
+// for a second (at most 10 s): the writes of what ran before have landed,
+// so a difference of two counts is the writes of what ran between them,
+// their late ones included.
+func settledSessionWrites(ctx context.Context, b testing.TB, api rest.Interface) benchutil.APIWrites {
 	last, since, start := sessionWrites(ctx, b, api), time.Now(), time.Now()
 	for time.Since(since) < time.Second && time.Since(start) < 10*time.Second {
 		time.Sleep(200 * time.Millisecond)
-		if n := sessionWrites(ctx, b, api); n != last {
-			last, since = n, time.Now()
+		if w := sessionWrites(ctx, b, api); w.Of(hcpSessions) != last.Of(hcpSessions) {
+			last, since = w, time.Now()
 		}
 	}
 	return last
 }
 
+// hcpSessions is the HCPSessions' resource in benchutil.APIWrites' keys.
+const hcpSessions = "hcp.io/hcpsessions"
+
 // sessionWrites is the API server's count so far of the writes to
-// HCPSessions (their creates, status and label patches) from every client.
-func sessionWrites(ctx context.Context, b testing.TB, api rest.Interface) float64 {
+// HCPSessions (their creates, status and label patches) from every
+// client, by verb and subresource.
+func sessionWrites(ctx context.Context, b testing.TB, api rest.Interface) benchutil.APIWrites {
 	w, err := benchutil.ReadAPIWrites(ctx, api)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return w.Of("hcp.io/hcpsessions")
+	out := benchutil.APIWrites{}
+	for k, v := range w {
+		if _, what, _ := strings.Cut(k, " "); what == hcpSessions || strings.HasPrefix(what, hcpSessions+"/") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // bareSession is an HCPSession as the callee sidecar's gate creates one for
