@@ -29,8 +29,8 @@ import (
 // after its create needs to show its end, as the callee sidecar's status
 // writer makes them (JSON merge patches under its field manager): the
 // terminal status (the status subresource; a create cannot carry it), then
-// the state label. The relay's sidecars make about 2.9, with the RUNNING
-// status and the caller's.
+// the state label. The relay's sidecars make three: the terminal record
+// (its label with it), the terminal status and the caller's position.
 func floorSessionWrites(ctx context.Context, c client.Client, hs *v1alpha1.HCPSession) error {
 	owner := client.FieldOwner(status.FieldOwner)
 	done := string(v1alpha1.SessionCompleted)
