@@ -26,42 +26,9 @@ import (
 // names, so another callee's events are still dropped; a session whose
 // HCPSession lives elsewhere is delivered without a status write.
 func TestHCPSessionStatusAndBinding(t *testing.T) {
-	env := testbed.StartEnv(t, testbed.Options{WithoutTopologyCRDs: true, AddToScheme: []func(*runtime.Scheme) error{v1alpha1.AddToScheme}})
-	ns := env.CreateNamespace(t, "caller-")
-	b := newBed(t, "lab", "evil")
-	writer := status.New(status.Options{Client: env.Client, Namespace: ns, Interval: 200 * time.Millisecond, Metrics: b.metrics, Log: b.logger().WithName("status")})
-	wctx, wcancel := context.WithCancel(context.Background())
-	wdone := make(chan error, 1)
-	go func() { wdone <- writer.Run(wctx) }()
-	t.Cleanup(func() {
-		wcancel()
-		<-wdone
-	})
-	r := b.start(func(o *Options) {
-		o.Client = env.Client
-		o.Status = writer
-		o.Config.Namespace = ns
-	})
-	ctx := context.Background()
-	newSession := func(taskID string) *v1alpha1.HCPSession {
-		sid := topology.SessionID("lab", "alpha", taskID)
-		hs := &v1alpha1.HCPSession{
-			ObjectMeta: metav1.ObjectMeta{Name: sid, Namespace: ns},
-			Spec: v1alpha1.HCPSessionSpec{SessionID: sid, CalleeID: "lab", CallerID: b.callerID, Capability: "analyze",
-				TaskMessageID: taskID, RiskLevel: "R1", DataClassification: "T1"},
-		}
-		if err := env.Client.Create(ctx, hs); err != nil {
-			t.Fatal(err)
-		}
-		return hs
-	}
-	acked := func(name string) int64 {
-		var hs v1alpha1.HCPSession
-		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &hs); err != nil {
-			t.Fatal(err)
-		}
-		return hs.Status.CallerAckedSequence
-	}
+	sb := newStatusBed(t, 200*time.Millisecond, "lab", "evil")
+	b, r := sb.b, sb.r
+	newSession, acked := sb.newSession, sb.acked
 
 	// 1. A session submitted through the sidecar, its HCPSession here.
 	const n = 30
@@ -133,4 +100,58 @@ func TestHCPSessionStatusAndBinding(t *testing.T) {
 	if after := testutil.ToFloat64(b.metrics.StatusWrites.WithLabelValues("error")); after != before {
 		t.Errorf("status write errors %.0f → %.0f for a session without HCPSession", before, after)
 	}
+}
+
+// statusBed is a caller sidecar on the real broker whose status writer
+// (with its interval) writes HCPSessions in namespace ns of envtest.
+type statusBed struct {
+	t   *testing.T
+	env *testbed.Env
+	ns  string
+	b   *bed
+	r   *running
+}
+
+func newStatusBed(t *testing.T, interval time.Duration, callees ...string) *statusBed {
+	env := testbed.StartEnv(t, testbed.Options{WithoutTopologyCRDs: true, AddToScheme: []func(*runtime.Scheme) error{v1alpha1.AddToScheme}})
+	ns := env.CreateNamespace(t, "caller-")
+	b := newBed(t, callees...)
+	writer := status.New(status.Options{Client: env.Client, Namespace: ns, Interval: interval, Metrics: b.metrics, Log: b.logger().WithName("status")})
+	wctx, wcancel := context.WithCancel(context.Background())
+	wdone := make(chan error, 1)
+	go func() { wdone <- writer.Run(wctx) }()
+	t.Cleanup(func() {
+		wcancel()
+		<-wdone
+	})
+	r := b.start(func(o *Options) {
+		o.Client = env.Client
+		o.Status = writer
+		o.Config.Namespace = ns
+	})
+	return &statusBed{t: t, env: env, ns: ns, b: b, r: r}
+}
+
+// newSession creates the HCPSession of the bed caller's task taskID on
+// callee lab, as the callee sidecar does.
+func (sb *statusBed) newSession(taskID string) *v1alpha1.HCPSession {
+	sid := topology.SessionID("lab", "alpha", taskID)
+	hs := &v1alpha1.HCPSession{
+		ObjectMeta: metav1.ObjectMeta{Name: sid, Namespace: sb.ns},
+		Spec: v1alpha1.HCPSessionSpec{SessionID: sid, CalleeID: "lab", CallerID: sb.b.callerID, Capability: "analyze",
+			TaskMessageID: taskID, RiskLevel: "R1", DataClassification: "T1"},
+	}
+	if err := sb.env.Client.Create(context.Background(), hs); err != nil {
+		sb.t.Fatal(err)
+	}
+	return hs
+}
+
+// acked is the stored callerAckedSequence of HCPSession name.
+func (sb *statusBed) acked(name string) int64 {
+	var hs v1alpha1.HCPSession
+	if err := sb.env.Client.Get(context.Background(), types.NamespacedName{Namespace: sb.ns, Name: name}, &hs); err != nil {
+		sb.t.Fatal(err)
+	}
+	return hs.Status.CallerAckedSequence
 }
