@@ -106,12 +106,21 @@ func (w APIWrites) verbs(writes bool) APIWrites {
 // included, whatever the verb.
 func (w APIWrites) Of(resource string) float64 {
 	var n float64
-	for k, v := range w {
-		if _, what, _ := strings.Cut(k, " "); what == resource || strings.HasPrefix(what, resource+"/") {
-			n += v
-		}
+	for _, v := range w.Only(resource) {
+		n += v
 	}
 	return n
+}
+
+// Only keeps the counts of resource, its subresources included.
+func (w APIWrites) Only(resource string) APIWrites {
+	out := APIWrites{}
+	for k, v := range w {
+		if _, what, _ := strings.Cut(k, " "); what == resource || strings.HasPrefix(what, resource+"/") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // PerEach prints the counts divided by n, the most first, as "POST

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -68,13 +67,7 @@ func sessionWrites(ctx context.Context, b testing.TB, api rest.Interface) benchu
 	if err != nil {
 		b.Fatal(err)
 	}
-	out := benchutil.APIWrites{}
-	for k, v := range w {
-		if _, what, _ := strings.Cut(k, " "); what == hcpSessions || strings.HasPrefix(what, hcpSessions+"/") {
-			out[k] = v
-		}
-	}
-	return out
+	return w.Only(hcpSessions)
 }
 
 // bareSession is an HCPSession as the callee sidecar's gate creates one for
