@@ -82,6 +82,10 @@ pause_image=localhost/hcp-local/pause:1
 crictl_version=v1.37.0
 mto_namespace=rabbitmq-system
 wait_s=${HCP_STACK_WAIT_SECONDS:-120}
+# kube-controller-manager's client rate (its garbage collector's too); its
+# own defaults unless set.
+kcm_qps=${HCP_KCM_API_QPS:-20}
+kcm_burst=${HCP_KCM_API_BURST:-30}
 
 # First addresses of the ranges: the node (bridge) and the kubernetes Service.
 first_ip() { local net=${1%/*}; echo "${net%.*}.$(( ${net##*.} + 1 ))"; }
@@ -347,6 +351,7 @@ up() {
     --kubeconfig="$stack/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$stack/controller-manager.kubeconfig" --authorization-kubeconfig="$stack/controller-manager.kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$kcm_port" --leader-elect=false \
+    --kube-api-qps="$kcm_qps" --kube-api-burst="$kcm_burst" \
     --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
