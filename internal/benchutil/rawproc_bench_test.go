@@ -292,7 +292,7 @@ func rawCPU(tb testing.TB, p *rawProc) time.Duration {
 func rawVhost(tb testing.TB) string {
 	broker := testbed.EnsureRabbitMQ(tb)
 	vhost := testbed.RandomName("hcp-raw-cpu-")
-	must(tb, testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
+	must(tb, broker.CreateVhost(vhost))
 	tb.Cleanup(func() {
 		if err := broker.DeleteVhost(vhost); err != nil {
 			tb.Errorf("delete vhost %s: %v", vhost, err)

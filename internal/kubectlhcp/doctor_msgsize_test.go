@@ -59,7 +59,7 @@ func TestMessageSizeCheck(t *testing.T) {
 func TestProbeMaxMessageSize(t *testing.T) {
 	b := testbed.EnsureRabbitMQ(t)
 	vhost := "doctor-probe-" + uuid.NewString()[:8]
-	if _, err := b.API.PutVhost(vhost, rabbithole.VhostSettings{}); err != nil {
+	if err := b.CreateVhost(vhost); err != nil {
 		t.Fatal(err)
 	}
 	b.CleanupVhost(t, vhost)

@@ -82,6 +82,8 @@ type Broker struct {
 	AMQPURL string
 	// API is the underlying client, for what the helpers do not cover.
 	API *rabbithole.Client
+	// VhostOpTimeout overrides the package's VhostOpTimeout when set.
+	VhostOpTimeout time.Duration
 }
 
 // NewBroker returns a Broker for a management API; the AMQP endpoint comes
@@ -178,12 +180,6 @@ func Answered(r *http.Response, err error) error {
 	return nil
 }
 
-// DeleteVhost deletes vhost and everything in it; a missing vhost is fine.
-func (b *Broker) DeleteVhost(vhost string) error {
-	_, err := b.API.DeleteVhost(vhost)
-	return err
-}
-
 // DeleteUsers deletes users; missing ones are fine (rabbit-hole takes a
 // 404 on DELETE as done).
 func (b *Broker) DeleteUsers(names ...string) error {
@@ -194,36 +190,6 @@ func (b *Broker) DeleteUsers(names ...string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// CleanupVhost deletes vhost, and the users named for it, when the test
-// ends. Register it before DumpOnFailure so the dump still sees the vhost
-// (cleanups run last first).
-func (b *Broker) CleanupVhost(t testing.TB, vhost string) {
-	t.Helper()
-	t.Cleanup(func() {
-		if err := b.DeleteVhost(vhost); err != nil {
-			t.Errorf("testbed: delete vhost %s: %v", vhost, err)
-		}
-		// Users named for it (role.id@vhost) that the test left, for
-		// instance when the topology operator stopped before their
-		// finalizers ran: deleting a vhost does not delete users.
-		// Best effort: the test's own subject is not at stake here.
-		users, err := b.Users()
-		if err != nil {
-			t.Logf("testbed: list users: %v", err)
-			return
-		}
-		var left []string
-		for _, u := range users {
-			if strings.HasSuffix(u.Name, "@"+vhost) {
-				left = append(left, u.Name)
-			}
-		}
-		if err := b.DeleteUsers(left...); err != nil {
-			t.Logf("testbed: %v", err)
-		}
-	})
 }
 
 // CloseConnectionsIn force-closes the client connections to vhost

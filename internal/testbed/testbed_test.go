@@ -123,7 +123,7 @@ func TestBrokerCloseConnections(t *testing.T) {
 	}
 	b := testbed.EnsureRabbitMQ(t)
 	vhost := testbed.RandomName("hcp-testbed-conn-")
-	if _, err := b.API.PutVhost(vhost, rabbithole.VhostSettings{}); err != nil {
+	if err := b.CreateVhost(vhost); err != nil {
 		t.Fatal(err)
 	}
 	b.CleanupVhost(t, vhost)

@@ -197,7 +197,7 @@ func measureAcceptance(b testing.TB, n int) acceptanceResult {
 	// The raw round trip's vhost and queues.
 	broker := r.bed.broker
 	vhost := testbed.RandomName("hcp-accept-raw-")
-	must(b, testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
+	must(b, broker.CreateVhost(vhost))
 	b.Cleanup(func() { _ = broker.DeleteVhost(vhost) })
 	must(b, testbed.Answered(broker.API.UpdatePermissionsIn(vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	rawURL := broker.AMQPURI(broker.Username, broker.Password, vhost)

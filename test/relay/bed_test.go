@@ -199,7 +199,7 @@ func newBed(tb testing.TB, o bedOptions) *bed {
 	// Broker: a vhost, the two users as the operator names and permits them,
 	// the topology as the operator declares it.
 	b.vhost = testbed.RandomName("hcp-relay-")
-	must(tb, testbed.Answered(broker.API.PutVhost(b.vhost, rabbithole.VhostSettings{})))
+	must(tb, broker.CreateVhost(b.vhost))
 	b.onClose(func() { _ = broker.DeleteVhost(b.vhost) })
 	must(tb, testbed.Answered(broker.API.UpdatePermissionsIn(b.vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	b.callee = b.newUser(topology.RoleCallee, calleeID)

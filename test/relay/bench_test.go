@@ -324,7 +324,7 @@ func relayScenario(tb testing.TB, sc scenario, n, rounds int) (benchRow, float64
 // relay's event exchange and a queue like the relay's event queue.
 func rawConfig(tb testing.TB, broker *testbed.Broker, name string, cfg benchutil.Config) (benchutil.Config, error) {
 	vhost := testbed.RandomName("hcp-relay-" + name + "-")
-	if err := testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})); err != nil {
+	if err := broker.CreateVhost(vhost); err != nil {
 		return cfg, err
 	}
 	tb.Cleanup(func() { _ = broker.DeleteVhost(vhost) })

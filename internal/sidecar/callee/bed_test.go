@@ -180,7 +180,7 @@ func newBed(t *testing.T, o bedOptions) *bed {
 
 	// Broker: vhost, users with the spec permissions, topology declared by
 	// an administrator (the operator's job).
-	must(t, testbed.Answered(broker.API.PutVhost(b.vhost, rabbithole.VhostSettings{})))
+	must(t, broker.CreateVhost(b.vhost))
 	broker.CleanupVhost(t, b.vhost)
 	must(t, testbed.Answered(broker.API.UpdatePermissionsIn(b.vhost, broker.Username, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})))
 	for _, u := range []struct {

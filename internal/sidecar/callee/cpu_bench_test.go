@@ -119,7 +119,7 @@ func benchCalleeCPU(b *testing.B, url, user, api string, rate float64) {
 func benchVhost(b *testing.B) (url, user string) {
 	broker := testbed.EnsureRabbitMQ(b)
 	vhost := testbed.RandomName("hcp-callee-cpu-")
-	must(b, testbed.Answered(broker.API.PutVhost(vhost, rabbithole.VhostSettings{})))
+	must(b, broker.CreateVhost(vhost))
 	b.Cleanup(func() {
 		for try := 0; ; try++ {
 			err := broker.DeleteVhost(vhost)
