@@ -91,3 +91,16 @@ func TestVhostOpsGiveUpAfterTheirTimeout(t *testing.T) {
 		t.Errorf("gave up after %s, want about 1.5 s", d)
 	}
 }
+
+// A 5xx (the management API's answer when a vhost's start timed out on
+// the node) is retried like a stall.
+func TestVhostOpsRetryAServerError(t *testing.T) {
+	b, seen := stallingAPI(t, 0, http.StatusInternalServerError)
+	b.VhostOpTimeout = 1500 * time.Millisecond
+	if err := b.CreateVhost("v"); err == nil {
+		t.Fatal("CreateVhost answered 500 every time: no error")
+	}
+	if got := seen.Load(); got < 2 {
+		t.Errorf("PUT attempts: %d, want 2 or more", got)
+	}
+}
