@@ -236,11 +236,12 @@ func topologyObjects(s resource.Subject) []client.Object {
 
 // watchChildren adds to b what a Callee and a Caller (owner, an empty
 // one) both own and watch: every kind of childKinds (a topology child
-// that becomes Ready puts its owner first: readyFirst), the shared
+// that becomes Ready puts its owner first and holds first statuses longer:
+// readyFirst), the shared
 // topology objects, and the Secrets they use.
 func (c *core) watchChildren(b *builder.Builder, owner client.Object) *builder.Builder {
 	// What Owns uses, with a child becoming Ready put first.
-	toOwner := readyFirst(handler.EnqueueRequestForOwner(c.scheme, c.RESTMapper(), owner, handler.OnlyControllerOwner()))
+	toOwner := readyFirst(handler.EnqueueRequestForOwner(c.scheme, c.RESTMapper(), owner, handler.OnlyControllerOwner()), c.pace.progress)
 	for _, k := range childKinds {
 		if k.group != groupTopology {
 			b = b.Owns(k.empty(), builder.WithPredicates(childChanged()))

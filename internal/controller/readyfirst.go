@@ -23,15 +23,21 @@ const readyChildPriority = 1
 // User is: children.go). Behind the first reconciles of a thousand new
 // objects it waited minutes (bench-scale, 1,000 Callees + 1,000 Callers:
 // no Binding was created in the first three minutes, while the topology
-// operator had Ready queues waiting for them).
-func readyFirst(h handler.EventHandler) handler.EventHandler {
+// operator had Ready queues waiting for them). It also calls onReady (nil:
+// none): the topology operator is making progress (statusPace.progress).
+func readyFirst(h handler.EventHandler, onReady func()) handler.EventHandler {
 	return handler.Funcs{
 		CreateFunc:  h.Create,
 		DeleteFunc:  h.Delete,
 		GenericFunc: h.Generic,
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok && becameReady(e.ObjectOld, e.ObjectNew) {
-				q = withPriority{PriorityQueue: pq, priority: readyChildPriority}
+			if becameReady(e.ObjectOld, e.ObjectNew) {
+				if onReady != nil {
+					onReady()
+				}
+				if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+					q = withPriority{PriorityQueue: pq, priority: readyChildPriority}
+				}
 			}
 			h.Update(ctx, e, q)
 		},

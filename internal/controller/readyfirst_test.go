@@ -20,8 +20,8 @@ import (
 
 // TestReadyFirst: with the owner handler the manager uses for topology
 // children, a Queue that becomes Ready puts its Callee ahead of the new
-// objects already queued (priority), and any other update of it leaves
-// the order alone.
+// objects already queued (priority) and reports progress (the status
+// pace's), and any other update of it does neither.
 func TestReadyFirst(t *testing.T) {
 	s := runtime.NewScheme()
 	if err := hcpv1alpha1.AddToScheme(s); err != nil {
@@ -29,7 +29,8 @@ func TestReadyFirst(t *testing.T) {
 	}
 	mapper := meta.NewDefaultRESTMapper(nil)
 	mapper.Add(hcpv1alpha1.GroupVersion.WithKind("Callee"), meta.RESTScopeNamespace)
-	h := readyFirst(handler.EnqueueRequestForOwner(s, mapper, &hcpv1alpha1.Callee{}, handler.OnlyControllerOwner()))
+	progressed := 0
+	h := readyFirst(handler.EnqueueRequestForOwner(s, mapper, &hcpv1alpha1.Callee{}, handler.OnlyControllerOwner()), func() { progressed++ })
 
 	queueOf := func(owner string, ready corev1.ConditionStatus, rv string) *topologyv1beta1.Queue {
 		q := &topologyv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "hcp-callee-" + owner, ResourceVersion: rv, Generation: 1,
@@ -54,6 +55,7 @@ func TestReadyFirst(t *testing.T) {
 		{"Ready before and after", queueOf("c9", corev1.ConditionTrue, "1"), queueOf("c9", corev1.ConditionTrue, "2"), "c0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			progressed = 0
 			q := priorityqueue.New[reconcile.Request]("test")
 			defer q.ShutDown()
 			for _, n := range []string{"c0", "c1", "c2"} { // new objects, queued first
@@ -66,6 +68,9 @@ func TestReadyFirst(t *testing.T) {
 			got, _ := q.Get()
 			if got.Name != tc.wantFirst {
 				t.Fatalf("first out: %s, want %s", got.Name, tc.wantFirst)
+			}
+			if want := map[bool]int{true: 1}[tc.wantFirst == "c9"]; progressed != want {
+				t.Fatalf("progress reported %d times, want %d", progressed, want)
 			}
 		})
 	}

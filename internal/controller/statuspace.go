@@ -25,26 +25,36 @@ const pendingPace = 5 * time.Second
 // DefaultFirstStatusWait is how long a Callee or Caller whose status was
 // never written may stay without one while its first rollout only waits
 // (Ready False TopologyPending or DeploymentProgressing: for the topology
-// operator, the Deployment controller) and makes no progress, counted from
-// the first reconcile that would have written that wait, and again from
-// each one whose wait says something else (a child came up: the message
-// changed) (Options.FirstStatusWait): a rollout that keeps converging
-// writes its status once, Ready, instead of once for the wait, once per
-// step (pendingPace) and once for Ready (a status patch is the API
-// server's most costly write of a rollout). That matters most when many
-// objects come at once: the topology operator declares them one at a
-// time, their rollouts outlast any fixed wait, and writes for each step
-// of each one slow every other (docs/performance.md, Scale). Anything else
-// (an error, a problem to fix, a failed child, Ready) is written at once,
-// and a wait that stays the same that long is written then. Meanwhile the
-// object reads as not yet observed: the CRDs
-// default status.observedGeneration to 0, below metadata.generation, so
-// kstatus says InProgress and Argo CD Progressing; Ready is absent, so
-// `kubectl wait --for=condition=Ready` waits. A minute: a burst of new
-// objects waits in the manager's queue and the topology operator's (13 to
-// 27 s per object for 20 Callees + 20 Callers on envtest sharing two busy
-// cores), and a wait longer than that is worth saying.
+// operator, the Deployment controller) and nothing moves
+// (Options.FirstStatusWait). The clock starts at the first reconcile that
+// would have written that wait, and again at each one whose wait says
+// something else (a child of its own came up: the message changed), and
+// whenever a topology child of any object of its kind becomes Ready (the
+// topology operator is working through its queue, which this object is
+// in). So a rollout that keeps converging writes its status once, Ready,
+// instead of once for the wait, once per step (pendingPace) and once for
+// Ready (a status patch is the API server's most costly write of a
+// rollout). That matters most when many objects come at once: the
+// topology operator declares them one at a time with one worker per kind,
+// so the last of 1,000 + 1,000 wait over ten minutes for theirs, and
+// writes for each wait slow every other (docs/performance.md, Scale). A
+// hold ends after maxFirstHolds FirstStatusWaits in any case. Anything
+// else (an error, a problem to fix, a failed child, Ready) is written at
+// once, and a wait during which nothing moved for FirstStatusWait (the
+// topology operator stalled or stopped) is written then. Meanwhile the
+// object reads as not yet observed: the CRDs default
+// status.observedGeneration to 0, below metadata.generation, so kstatus
+// says InProgress and Argo CD Progressing; Ready is absent, so `kubectl
+// wait --for=condition=Ready` waits. A minute: a burst of new objects
+// waits in the manager's queue and the topology operator's (13 to 27 s
+// per object for 20 Callees + 20 Callers on envtest sharing two busy
+// cores), and a minute with no progress at all is worth saying.
 const DefaultFirstStatusWait = time.Minute
+
+// maxFirstHolds bounds a first status's hold, in FirstStatusWaits since
+// the first reconcile that held it (15 minutes by default), however the
+// rollouts around it progress.
+const maxFirstHolds = 15
 
 // statusPace (nil: none) remembers when each Callee's or Caller's status
 // was last written, for pendingPace, and since when its first write has
@@ -54,16 +64,20 @@ type statusPace struct {
 	at    map[types.UID]time.Time
 	first map[types.UID]heldWait
 	swept time.Time
-	now   func() time.Time
+	// progressed is when a topology child of this kind last became Ready
+	// (progress).
+	progressed time.Time
+	now        func() time.Time
 	// firstWait is Options.FirstStatusWait.
 	firstWait time.Duration
 }
 
-// heldWait is an object's first status held back: the wait's message and
-// since when it has said that.
+// heldWait is an object's first status held back: since when, the wait's
+// message and since when it has said that, and whether the hold is over.
 type heldWait struct {
-	since  time.Time
-	detail string
+	first, since time.Time
+	detail       string
+	over         bool
 }
 
 func newStatusPace(firstWait time.Duration) *statusPace {
@@ -83,11 +97,21 @@ func (p *statusPace) wrote(uid types.UID) {
 	delete(p.first, uid)
 }
 
+// progress records that a topology child of this kind became Ready.
+func (p *statusPace) progress() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.progressed = p.now()
+}
+
 // forgetHeldAfter is how long a first write's hold is remembered when no
-// write ends it (the object was deleted meanwhile), or twice
-// FirstStatusWait if that is longer: so that the hold of an object whose
-// reconcile comes late after it does not start again. (A restart of the
-// manager forgets them all: a hold then starts again, once.)
+// write ends it (the object was deleted meanwhile), or twice its longest
+// hold if that is longer: so that the hold of an object whose reconcile
+// comes late after it does not start again. (A restart of the manager
+// forgets them all: a hold then starts again, once.)
 const forgetHeldAfter = 10 * time.Minute
 
 // sweep forgets, at most every pendingPace, the writes older than
@@ -103,7 +127,7 @@ func (p *statusPace) sweep(now time.Time) {
 		}
 	}
 	for k, h := range p.first {
-		if now.Sub(h.since) > max(forgetHeldAfter, 2*p.firstWait) {
+		if now.Sub(h.first) > max(forgetHeldAfter, 2*maxFirstHolds*p.firstWait) {
 			delete(p.first, k)
 		}
 	}
@@ -113,9 +137,11 @@ func (p *statusPace) sweep(now time.Time) {
 // holdFirst returns how long the first status write of obj, from before to
 // after, may still wait (0: write now): only when before has no Ready
 // condition (no status was ever written), after only waits, the reconcile
-// returned no error, and less than firstWait has passed since the
-// first reconcile that held it, or since the last whose wait said
-// something else.
+// returned no error, less than firstWait has passed since the first
+// reconcile that held it, the last whose wait said something else, or the
+// last progress of its kind, whichever came last, and less than
+// maxFirstHolds firstWaits since the first. Once over, a hold does not
+// start again until a write.
 func (p *statusPace) holdFirst(obj client.Object, before, after view, err error) time.Duration {
 	if p == nil || p.firstWait <= 0 || err != nil || meta.FindStatusCondition(*before.conditions, hcpv1alpha1.ConditionReady) != nil {
 		return 0
@@ -131,13 +157,27 @@ func (p *statusPace) holdFirst(obj client.Object, before, after view, err error)
 	h, ok := p.first[obj.GetUID()]
 	switch {
 	case !ok:
-		h = heldWait{since: now, detail: r.Message}
-	case h.detail != r.Message && now.Sub(h.since) < p.firstWait:
+		h = heldWait{first: now, since: now, detail: r.Message}
+	case !h.over && p.holdLeft(h, now) <= 0:
+		h.over = true
+	case h.detail != r.Message:
 		// A step of the rollout: it goes on, so the hold does.
-		h = heldWait{since: now, detail: r.Message}
+		h.since, h.detail = now, r.Message
 	}
 	p.first[obj.GetUID()] = h
-	return max(p.firstWait-now.Sub(h.since), 0)
+	if h.over {
+		return 0
+	}
+	return max(p.holdLeft(h, now), 0)
+}
+
+// holdLeft is what is left at now of h's hold. Call it with mu held.
+func (p *statusPace) holdLeft(h heldWait, now time.Time) time.Duration {
+	moved := h.since
+	if p.progressed.After(moved) {
+		moved = p.progressed
+	}
+	return min(p.firstWait-now.Sub(moved), maxFirstHolds*p.firstWait-now.Sub(h.first))
 }
 
 // hold returns how long the write of obj's status from before to after

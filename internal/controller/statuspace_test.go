@@ -144,3 +144,68 @@ func TestFirstStatusHold(t *testing.T) {
 		t.Errorf("FirstStatusWait 0: held %s, want 0", d)
 	}
 }
+
+// TestFirstStatusHoldWhileOthersProgress: a first wait that says the same
+// thing stays held while topology children of other objects keep becoming
+// Ready (the topology operator works through its queue: 1,000 + 1,000 new
+// objects wait over ten minutes for their turn), is written a
+// FirstStatusWait after progress stops, and in any case after
+// maxFirstHolds FirstStatusWaits.
+func TestFirstStatusHoldWhileOthersProgress(t *testing.T) {
+	start := time.Unix(1000, 0)
+	now := start
+	p := newStatusPace(DefaultFirstStatusWait)
+	p.now = func() time.Time { return now }
+	fresh := &hcpv1alpha1.Callee{ObjectMeta: metav1.ObjectMeta{UID: "uid-1"}}
+	pending := fresh.DeepCopy()
+	pending.Status.Conditions = []metav1.Condition{{Type: hcpv1alpha1.ConditionReady, Status: metav1.ConditionFalse,
+		Reason: hcpv1alpha1.ReasonTopologyPending, Message: "Queue q, User u: not yet declared"}}
+	hold := func() time.Duration { return p.holdFirst(pending, calleeView(fresh), calleeView(pending), nil) }
+	if d := hold(); d != DefaultFirstStatusWait {
+		t.Fatalf("first wait: held %s, want %s", d, DefaultFirstStatusWait)
+	}
+	// Another object's Queue comes up every 20 s for 5 minutes.
+	for range 15 {
+		now = now.Add(20 * time.Second)
+		p.progress()
+		if d := hold(); d != DefaultFirstStatusWait {
+			t.Fatalf("%s in, just after progress: held %s, want %s", now.Sub(start), d, DefaultFirstStatusWait)
+		}
+	}
+	now = now.Add(DefaultFirstStatusWait / 2)
+	if d := hold(); d != DefaultFirstStatusWait/2 {
+		t.Errorf("half a wait after the last progress: held %s, want %s", d, DefaultFirstStatusWait/2)
+	}
+	now = now.Add(DefaultFirstStatusWait / 2)
+	if d := hold(); d != 0 {
+		t.Errorf("a wait after the last progress: held %s, want 0 (written)", d)
+	}
+	p.progress()
+	if d := hold(); d != 0 {
+		t.Errorf("progress after the hold ended: held %s, want 0 (not held again)", d)
+	}
+
+	// Progress that never stops: the hold ends at maxFirstHolds waits.
+	pending.UID, fresh.UID = "uid-2", "uid-2"
+	start = now
+	if d := hold(); d != DefaultFirstStatusWait {
+		t.Fatalf("uid-2's first wait: held %s, want %s", d, DefaultFirstStatusWait)
+	}
+	for now.Sub(start) < maxFirstHolds*DefaultFirstStatusWait-DefaultFirstStatusWait {
+		now = now.Add(30 * time.Second)
+		p.progress()
+		if d := hold(); d <= 0 {
+			t.Fatalf("%s in, with progress every 30 s: written, want held", now.Sub(start))
+		}
+	}
+	now = start.Add(maxFirstHolds*DefaultFirstStatusWait - time.Second)
+	p.progress()
+	if d := hold(); d != time.Second {
+		t.Errorf("a second before maxFirstHolds waits: held %s, want 1s", d)
+	}
+	now = now.Add(time.Second)
+	p.progress()
+	if d := hold(); d != 0 {
+		t.Errorf("maxFirstHolds waits in: held %s, want 0 (written)", d)
+	}
+}
