@@ -78,7 +78,7 @@ func (r *results) targets() string {
 	objs := float64(2 * r.n)
 	var sb strings.Builder
 	w := r.opWrites / objs
-	fmt.Fprintf(&sb, "%s manager API writes per Callee/Caller, %d + %d: %.1f (%.0f writes, %.1f reconciles per Callee/Caller) | target ≤ %d | anchors: %s\n",
+	fmt.Fprintf(&sb, "%s manager API writes per Callee/Caller, %d + %d: %.3f (%.0f writes, %.1f reconciles per Callee/Caller) | target ≤ %d | anchors: %s\n",
 		mark(w <= targetWritesPerObject), r.n, r.n, w, r.opWrites, r.opReconciles/objs, targetWritesPerObject, anchorOperatorWrites)
 	ratio := r.opReady.Seconds() / r.floorReady.Seconds()
 	fmt.Fprintf(&sb, "%s time to Ready against the floor, %d + %d: %.2f× (operator %s, floor %s; one A-B-A run, baseline %s and %s: make bench-scale-runs takes the mean of %d) | target ≤ %.1f× | anchors: %s\n",
