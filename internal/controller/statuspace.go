@@ -168,7 +168,7 @@ func (p *statusPace) holdFirst(obj client.Object, before, after view, err error)
 	if h.over {
 		return 0
 	}
-	return max(p.holdLeft(h, now), 0)
+	return p.holdLeft(h, now) // > 0: a hold not over has time left
 }
 
 // holdLeft is what is left at now of h's hold. Call it with mu held.
