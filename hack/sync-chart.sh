@@ -5,6 +5,8 @@
 #
 #   charts/hcp-operator/templates/crds/*.yaml       <- config/crd/bases (controller-gen), wrapped
 #   charts/hcp-operator/templates/manager-rbac.yaml <- config/rbac/role.yaml (kubebuilder RBAC markers)
+#   charts/hcp-operator/templates/sidecar-rbac.yaml and config/rbac/callee_sidecar_role.yaml
+#                                                   <- internal/resource.CalleeSidecarClusterRole
 #   charts/hcp-operator/README.md                   <- values.yaml "# --" comments + README.md.gotmpl (helm-docs)
 #
 # Deterministic: the same inputs give byte-identical outputs.
@@ -59,6 +61,7 @@ done
 # RBAC.
 [ -f config/rbac/role.yaml ] || { echo "sync-chart: config/rbac/role.yaml is missing; run make manifests" >&2; exit 1; }
 go run ./hack/chartrbac config/rbac/role.yaml "$chart/templates/manager-rbac.yaml"
+go run ./hack/sidecarrbac config/rbac/callee_sidecar_role.yaml "$chart/templates/sidecar-rbac.yaml"
 
 # README: the values table. A value without a "# --" comment fails.
 if [ -z "${HELM_DOCS:-}" ]; then

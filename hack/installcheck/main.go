@@ -90,10 +90,10 @@ func children(namespace string) ([]client.Object, error) {
 		if v.s.Role == topology.RoleCallee {
 			resource.WithTokenKeys(creds, resource.TokenKeys{PrivatePEM: []byte("dry-run"), PublicPEM: []byte("dry-run"), VerifyPEM: []byte("dry-run")})
 		}
-		objs = append(objs, creds, resource.ServiceAccount(v.s), resource.Role(v.s), resource.RoleBinding(v.s),
+		objs = append(objs, creds, resource.ServiceAccount(v.s),
 			resource.Binding(v.s, v.b), resource.User(v.s, v.b), resource.Permission(v.s, v.b))
 		if v.s.Role == topology.RoleCallee {
-			objs = append(objs, resource.CalleeQueue(callee, v.b))
+			objs = append(objs, resource.CalleeRoleBinding(v.s, resource.DefaultCalleeSidecarClusterRole), resource.CalleeQueue(callee, v.b))
 			if p := resource.CalleeLimitsPolicy(callee, v.b); p != nil {
 				objs = append(objs, p)
 			}
@@ -106,7 +106,7 @@ func children(namespace string) ([]client.Object, error) {
 			if err != nil {
 				return nil, err
 			}
-			objs = append(objs, q)
+			objs = append(objs, resource.Role(v.s), resource.RoleBinding(v.s), q)
 			if p != nil { // none with the default limits: the vhost's policy
 				objs = append(objs, p)
 			}

@@ -19,7 +19,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -37,6 +36,7 @@ import (
 	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
 	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/testbed"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // The authorization matrix of the sidecars' ServiceAccounts: the real Roles
@@ -313,23 +313,24 @@ func setUpMatrix(t *testing.T) *fixtures {
 	return f
 }
 
-// installSidecarRBAC creates the sidecar's ServiceAccount, Role and
-// RoleBinding exactly as resource builds them (the manager may have applied
-// them already: then they must be equal).
+// installSidecarRBAC creates the sidecar's ServiceAccount and its rights
+// exactly as resource builds them (the manager may have applied them
+// already): a callee's RoleBinding to the callee sidecars' ClusterRole
+// (installed by the suite from config/rbac), a caller's Role and
+// RoleBinding.
 func installSidecarRBAC(t *testing.T, s resource.Subject) {
 	t.Helper()
 	ctx := t.Context()
-	for _, o := range []client.Object{resource.ServiceAccount(s), resource.Role(s), resource.RoleBinding(s)} {
+	objs := []client.Object{resource.ServiceAccount(s)}
+	if s.Role == topology.RoleCallee {
+		objs = append(objs, resource.CalleeRoleBinding(s, resource.DefaultCalleeSidecarClusterRole))
+	} else {
+		objs = append(objs, resource.Role(s), resource.RoleBinding(s))
+	}
+	for _, o := range objs {
 		if err := k8sClient.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
-	}
-	live := &rbacv1.Role{}
-	if err := k8sClient.Get(ctx, key(s.Namespace, s.BaseName()), live); err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(live.Rules, resource.RoleRules(s)) {
-		t.Fatalf("Role %s/%s: rules %v, want resource.RoleRules %v", s.Namespace, s.BaseName(), live.Rules, resource.RoleRules(s))
 	}
 }
 
@@ -560,11 +561,13 @@ func matrixRows() []matrixRow {
 		{hss, "patch (podName: release another pod's session)", row(byVAP, byVAP, byVAP, byRBAC), patchOf(gvrSessions, moved, `{"status":{"podName":""}}`, "status")},
 
 		// alpha's Callee, and the Caller client.
-		{"callees", "get", row(allow, byRBAC, byRBAC, byRBAC), get(gvrCallees, nsA, func(f *fixtures) string { return f.alpha.Name })},
-		{"callees", "list", row(byRBAC, byRBAC, byRBAC, byRBAC), list(gvrCallees, nil)},
-		{"callees", "list (metadata.name=alpha)", row(allow, byRBAC, byRBAC, byRBAC), list(gvrCallees, func(f *fixtures) string { return f.alpha.Name })},
-		{"callees", "watch", row(byRBAC, byRBAC, byRBAC, byRBAC), watch(gvrCallees, nil)},
-		{"callees", "watch (metadata.name=alpha)", row(allow, byRBAC, byRBAC, byRBAC), watch(gvrCallees, func(f *fixtures) string { return f.alpha.Name })},
+		// Every callee sidecar holds one ClusterRole: it reads the Callees
+		// of its namespace, as it reads their Callers.
+		{"callees", "get", row(allow, allow, byRBAC, byRBAC), get(gvrCallees, nsA, func(f *fixtures) string { return f.alpha.Name })},
+		{"callees", "list", row(allow, allow, byRBAC, byRBAC), list(gvrCallees, nil)},
+		{"callees", "list (metadata.name=alpha)", row(allow, allow, byRBAC, byRBAC), list(gvrCallees, func(f *fixtures) string { return f.alpha.Name })},
+		{"callees", "watch", row(allow, allow, byRBAC, byRBAC), watch(gvrCallees, nil)},
+		{"callees", "watch (metadata.name=alpha)", row(allow, allow, byRBAC, byRBAC), watch(gvrCallees, func(f *fixtures) string { return f.alpha.Name })},
 		{"callees", "create", row(byRBAC, byRBAC, byRBAC, byRBAC), createOf(gvrCallees, func(f *fixtures) client.Object { return renamed(f.alpha, "gamma") })},
 		{"callees", "update", row(byRBAC, byRBAC, byRBAC, byRBAC), updateOf(gvrCallees, func(f *fixtures) client.Object { return f.alpha }, label("x", "y"))},
 		{"callees", "patch", row(byRBAC, byRBAC, byRBAC, byRBAC), patchOf(gvrCallees, func(f *fixtures) client.Object { return f.alpha }, `{"metadata":{"labels":{"x":"y"}}}`)},

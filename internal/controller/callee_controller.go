@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -146,21 +147,23 @@ func (r *CalleeReconciler) reconcile(ctx context.Context, callee *hcpv1alpha1.Ca
 	if p := callee.Spec.Sidecar.Prefetch; p != nil {
 		prefetch = *p
 	}
+	sidecarRole := cmp.Or(r.Options.CalleeSidecarClusterRole, resource.DefaultCalleeSidecarClusterRole)
 	h, res, err := r.core.deployHarness(ctx, v, holdsSidecar(callee, load), resource.HarnessParams{
-		Subject:   v.sub,
-		Harness:   callee.Spec.Harness,
-		Sidecar:   callee.Spec.Sidecar,
-		Vhost:     b.Vhost,
-		Addresses: b.AMQPAddresses,
-		Image:     r.Options.SidecarImage,
-		Tracing:   r.Options.SidecarTracing,
-		Prefetch:  prefetch,
+		Subject:            v.sub,
+		Harness:            callee.Spec.Harness,
+		Sidecar:            callee.Spec.Sidecar,
+		Vhost:              b.Vhost,
+		Addresses:          b.AMQPAddresses,
+		Image:              r.Options.SidecarImage,
+		Tracing:            r.Options.SidecarTracing,
+		Prefetch:           prefetch,
+		SidecarClusterRole: sidecarRole,
 		// No hash of the credentials Secret (token keys included): the
 		// sidecar reads it as files and follows a rotation without a
 		// restart.
 	})
 	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, explainMissingRole(err, sidecarRole)
 	}
 	if h.dep != nil {
 		// Not when the harness could not be applied: the hold (or its

@@ -102,9 +102,16 @@ func TestCalleeLifecycle(t *testing.T) {
 		!strings.HasSuffix(string(creds.Data["uri"]), "@rabbitmq.hcp-system.svc:5672/%2F"+ns) {
 		t.Errorf("credentials Secret labels %v data keys %v uri %q", creds.Labels, slices.Sorted(maps.Keys(creds.Data)), redact(creds.Data["uri"]))
 	}
-	role := harness[2].(*rbacv1.Role)
-	if !reflect.DeepEqual(role.Rules, resource.RoleRules(resource.Subject{Role: "callee", Name: "lab-cvd"})) {
-		t.Errorf("role rules %+v", role.Rules)
+	// Its sidecar's rights: the callee sidecars' ClusterRole, bound to
+	// its ServiceAccount; no Role of its own.
+	if rb := harness[2].(*rbacv1.RoleBinding); rb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: resource.DefaultCalleeSidecarClusterRole}) ||
+		len(rb.Subjects) != 1 || rb.Subjects[0].Name != base || rb.Subjects[0].Namespace != ns {
+		t.Errorf("role binding %+v %+v", rb.RoleRef, rb.Subjects)
+	}
+	for _, o := range []client.Object{&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}} {
+		if err := gone(o)(t.Context()); err != nil {
+			t.Errorf("a Callee has a %T of its own: %v", o, err)
+		}
 	}
 	dep := harness[0].(*appsv1.Deployment)
 	if ps := dep.Spec.Template.Spec; ps.ServiceAccountName != base || len(ps.Containers) != 1 || len(ps.InitContainers) != 1 ||

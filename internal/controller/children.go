@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 
@@ -141,11 +142,20 @@ var childKinds = []childKind{
 	{group: groupOther, empty: func() client.Object { return &corev1.Secret{} }},
 	{group: groupHarness, empty: func() client.Object { return &corev1.ServiceAccount{} },
 		build: ifHarness(func(in desiredInput) client.Object { return resource.ServiceAccount(in.sub) })},
+	// A callee's rights: its RoleBinding to the callee sidecars'
+	// ClusterRole, created before a Role and RoleBinding of its own from
+	// before are deleted (the rows below build none for a callee).
+	{group: groupHarness, empty: func() client.Object { return &rbacv1.RoleBinding{} },
+		build: ifHarness(func(in desiredInput) client.Object {
+			return nilIfNone(resource.CalleeRoleBinding(in.sub, in.harness.SidecarClusterRole))
+		}),
+		name: resource.Subject.SidecarRoleBindingName},
+	// A caller's: a Role naming its own Caller, and its RoleBinding.
 	{group: groupHarness, empty: func() client.Object { return &rbacv1.Role{} },
-		build:    ifHarness(func(in desiredInput) client.Object { return resource.Role(in.sub) }),
+		build:    ifHarness(func(in desiredInput) client.Object { return nilIfNone(resource.Role(in.sub)) }),
 		upToDate: roleUpToDate},
 	{group: groupHarness, empty: func() client.Object { return &rbacv1.RoleBinding{} },
-		build: ifHarness(func(in desiredInput) client.Object { return resource.RoleBinding(in.sub) })},
+		build: ifHarness(func(in desiredInput) client.Object { return nilIfNone(resource.RoleBinding(in.sub)) })},
 	{group: groupHarness, empty: func() client.Object { return &policyv1.PodDisruptionBudget{} },
 		build: ifHarness(func(in desiredInput) client.Object {
 			if in.pdb == nil {
@@ -180,6 +190,18 @@ func readyDeadLetterQueue(applied []client.Object) bool {
 		}
 	}
 	return false
+}
+
+// nilIfNone turns a builder's nil pointer into a nil client.Object.
+func nilIfNone[T interface {
+	client.Object
+	comparable
+}](o T) client.Object {
+	var none T
+	if o == none {
+		return nil
+	}
+	return o
 }
 
 // ifHarness builds nothing for an object without a harness.
@@ -242,7 +264,13 @@ func topologyObjects(s resource.Subject) []client.Object {
 func (c *core) watchChildren(b *builder.Builder, owner client.Object) *builder.Builder {
 	// What Owns uses, with a child becoming Ready put first.
 	toOwner := readyFirst(handler.EnqueueRequestForOwner(c.scheme, c.RESTMapper(), owner, handler.OnlyControllerOwner()), c.pace.progress)
+	watched := map[reflect.Type]bool{} // one watch per kind, however many rows
 	for _, k := range childKinds {
+		t := reflect.TypeOf(k.empty())
+		if watched[t] {
+			continue
+		}
+		watched[t] = true
 		if k.group != groupTopology {
 			b = b.Owns(k.empty(), builder.WithPredicates(childChanged()))
 			continue

@@ -223,12 +223,17 @@ func policyDefinition(p *topologyv1beta1.Policy) map[string]any {
 }
 
 func harnessChildren(ns, base string) []client.Object {
-	return []client.Object{
+	out := []client.Object{
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
-		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
-		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
 	}
+	if strings.HasPrefix(base, "hcp-callee-") {
+		// The callee sidecars' ClusterRole, bound (resource.CalleeRoleBinding).
+		return append(out, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base + "-sidecar"}})
+	}
+	return append(out,
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}})
 }
 
 // setTopologyStatus plays the topology operator: it writes a Ready

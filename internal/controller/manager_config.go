@@ -75,7 +75,7 @@ type ManagerConfig struct {
 // DefaultManagerConfig is the manager with every flag at its default.
 func DefaultManagerConfig() ManagerConfig {
 	c := ManagerConfig{
-		Options:                 Options{SidecarImage: resource.DefaultSidecarImage, FirstStatusWait: DefaultFirstStatusWait},
+		Options:                 Options{SidecarImage: resource.DefaultSidecarImage, CalleeSidecarClusterRole: resource.DefaultCalleeSidecarClusterRole, FirstStatusWait: DefaultFirstStatusWait},
 		MetricsAddr:             DefaultMetricsAddr,
 		SecureMetrics:           true,
 		HealthProbeAddr:         DefaultHealthProbeAddr,

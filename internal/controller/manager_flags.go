@@ -52,6 +52,8 @@ func (c *ManagerConfig) BindFlags(fs *flag.FlagSet) {
 			return nil
 		})
 	fs.StringVar(&c.SidecarImage, "sidecar-image", c.SidecarImage, "Image of the injected hcp-sidecar container.")
+	fs.StringVar(&c.CalleeSidecarClusterRole, "callee-sidecar-cluster-role", c.CalleeSidecarClusterRole,
+		"ClusterRole granted to each callee sidecar in its namespace, as the install names it (config/rbac, the chart).")
 	fs.StringVar(&c.SidecarTracing.OTLPEndpoint, "sidecar-otlp-endpoint", c.SidecarTracing.OTLPEndpoint,
 		"OTLP collector the sidecars export their spans to (e.g. http://otel-collector.observability:4317); empty: no spans (trace context is still passed on).")
 	fs.StringVar(&c.SidecarTracing.Protocol, "sidecar-otlp-protocol", c.SidecarTracing.Protocol, "OTLP protocol of --sidecar-otlp-endpoint: grpc (default) or http/protobuf.")

@@ -58,8 +58,14 @@ func TestManagerCache(t *testing.T) {
 	callee := newCallee(ns, "lab", func(c *hcpv1alpha1.Callee) {
 		c.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: `{"kind":"Callee","spec":"a second copy"}`}
 	})
-	create(t, plain, conn, foreign, callee)
+	// A Caller for a Role (a Callee's sidecar has none: it is bound to a
+	// ClusterRole).
+	caller := newCaller(ns, "agent", func(c *hcpv1alpha1.Caller) {
+		c.Spec.Harness = &hcpv1alpha1.HarnessSpec{Template: harnessTemplate("example.com/agent:1"), Replicas: new(int32(0))}
+	})
+	create(t, plain, conn, foreign, callee, caller)
 	base, credsName, _ := childNames("callee", "lab")
+	callerBase, callerCreds, _ := childNames("caller", "agent")
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
 	eventually(t, "the Callee's children exist", all(
 		exists(dep, callee),
@@ -83,10 +89,10 @@ func TestManagerCache(t *testing.T) {
 		if err := cache.List(ctx, &deps, client.InNamespace(ns)); err != nil {
 			return err
 		}
-		if got, want := names(&secrets), []string{"conn", credsName}; !slices.Equal(got, want) {
+		if got, want := names(&secrets), []string{"conn", credsName, callerCreds}; !slices.Equal(got, want) {
 			return fmt.Errorf("cached Secrets %v, want %v", got, want)
 		}
-		if got, want := names(&deps), []string{base}; !slices.Equal(got, want) {
+		if got, want := names(&deps), []string{base, callerBase}; !slices.Equal(got, want) {
 			return fmt.Errorf("cached Deployments %v, want %v", got, want)
 		}
 		return nil
@@ -123,12 +129,13 @@ func TestManagerCache(t *testing.T) {
 		t.Errorf("the server's Deployment lost its containers: %v", liveDep.Spec.Template.Spec.Containers)
 	}
 
-	// The harness Role: cached with a digest of its rules in their place;
-	// a rule changed on the server changes the digest, and the operator
-	// applies the Role again.
+	// The caller sidecar's Role: cached with a digest of its rules in
+	// their place; a rule changed on the server changes the digest, and
+	// the operator applies the Role again.
 	var cachedRole, liveRole rbacv1.Role
-	mustGet(t, cache, key(ns, base), &cachedRole)
-	mustGet(t, k8sClient, key(ns, base), &liveRole)
+	eventually(t, "the Caller's Role", exists(&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: callerBase}}, caller))
+	mustGet(t, cache, key(ns, callerBase), &cachedRole)
+	mustGet(t, k8sClient, key(ns, callerBase), &liveRole)
 	if len(cachedRole.Rules) != 0 || cachedRole.Annotations[cachedRulesDigest] != rulesDigest(liveRole.Rules) {
 		t.Errorf("cached Role: %d rules (want none), digest %q (want %q)", len(cachedRole.Rules), cachedRole.Annotations[cachedRulesDigest], rulesDigest(liveRole.Rules))
 	}
@@ -142,7 +149,7 @@ func TestManagerCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the operator restores the Role's rules", func(ctx context.Context) error {
-		if err := k8sClient.Get(ctx, key(ns, base), &liveRole); err != nil {
+		if err := k8sClient.Get(ctx, key(ns, callerBase), &liveRole); err != nil {
 			return err
 		}
 		if !equality.Semantic.DeepEqual(liveRole.Rules, wantRules) {

@@ -18,6 +18,11 @@ type Options struct {
 	DefaultBroker *resource.DefaultBroker
 	// SidecarImage is the hcp-sidecar image (--sidecar-image).
 	SidecarImage string
+	// CalleeSidecarClusterRole is the ClusterRole each callee sidecar is
+	// granted in its namespace (--callee-sidecar-cluster-role; the install
+	// ships it: resource.CalleeSidecarClusterRole); empty means
+	// resource.DefaultCalleeSidecarClusterRole.
+	CalleeSidecarClusterRole string
 	// SidecarTracing switches on the sidecars' span export
 	// (--sidecar-otlp-endpoint, --sidecar-otlp-protocol).
 	SidecarTracing resource.SidecarTracing

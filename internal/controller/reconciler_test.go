@@ -65,9 +65,9 @@ func TestChildrenServerSideApply(t *testing.T) {
 		return nil
 	})
 
-	// Another controller labels the Role and removes one of the
-	// operator's labels, which makes the operator apply the Role again.
-	role := &rbacv1.Role{}
+	// Another controller labels the ServiceAccount and removes one of the
+	// operator's labels, which makes the operator apply it again.
+	role := &corev1.ServiceAccount{}
 	if err := k8sClient.Get(t.Context(), key(ns, base), role); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestChildrenServerSideApply(t *testing.T) {
 	if err := k8sClient.Patch(t.Context(), role, client.RawPatch(types.MergePatchType, patch), client.FieldOwner("other-controller")); err != nil {
 		t.Fatal(err)
 	}
-	// The Role's change raises an Owns event: the operator applies again.
+	// The change raises an Owns event: the operator applies again.
 	eventually(t, "the operator's label is back and the other's stays", func(ctx context.Context) error {
 		if err := k8sClient.Get(ctx, key(ns, base), role); err != nil {
 			return err
@@ -154,9 +154,9 @@ func TestChildFieldRemovedAfterCreate(t *testing.T) {
 // records no Created Event (its children are all created; Ready says how
 // the rollout goes, and at scale the Event is one more API write per
 // object), but a child created later, here re-created after a deletion
-// once the Callee is Ready, gets one Created Event naming it. (The check
-// used to find "Binding x" inside "RoleBinding x": names() tells them
-// apart.)
+// once the Callee is Ready, gets one Created Event naming it, and no
+// other child. (The check used to find "Binding x" inside
+// "RoleBinding x": names() tells them apart.)
 func TestCreatedEventsAfterFirstRollout(t *testing.T) {
 	ns := newNamespace(t, "events-")
 	dumpOnFailure(t, ns)
@@ -174,23 +174,23 @@ func TestCreatedEventsAfterFirstRollout(t *testing.T) {
 		t.Fatalf("the first rollout recorded Created Events %v (%v), want none", created, err)
 	}
 
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: base}}
-	if err := k8sClient.Delete(t.Context(), role); err != nil {
+	rb := base + "-sidecar"
+	if err := k8sClient.Delete(t.Context(), &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: rb}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a Created Event names the re-created Role", func(ctx context.Context) error {
+	eventually(t, "a Created Event names the re-created RoleBinding", func(ctx context.Context) error {
 		created, err := eventsOf(ctx, ns, "Callee", "ev", verbCreated)
 		if err != nil {
 			return err
 		}
 		var notes []string
 		for _, e := range created {
-			if names(e.Note, "Role "+base) && !names(e.Note, "RoleBinding "+base) {
+			if names(e.Note, "RoleBinding "+rb) && !names(e.Note, "Binding "+base) {
 				return nil
 			}
 			notes = append(notes, e.Note)
 		}
-		return fmt.Errorf("no Created Event names Role %s alone: %q", base, notes)
+		return fmt.Errorf("no Created Event names RoleBinding %s alone: %q", rb, notes)
 	})
 }
 
@@ -323,7 +323,7 @@ func TestDesiredChildren(t *testing.T) {
 			s := fmt.Sprintf("%T", c.empty)
 			if c.obj == nil {
 				s += "(delete)"
-			} else if c.obj.GetName() != c.kind.childName(sub) || c.obj.GetNamespace() != "ns" {
+			} else if c.obj.GetName() != c.empty.GetName() || c.obj.GetNamespace() != "ns" {
 				s += "(bad name " + c.obj.GetNamespace() + "/" + c.obj.GetName() + ")"
 			}
 			out = append(out, s)
@@ -351,21 +351,40 @@ func TestDesiredChildren(t *testing.T) {
 
 	// No harness (an external Caller): every harness child is deleted.
 	if got, want := kinds(desiredChildren(groupHarness, in)), []string{
-		"*v1.ServiceAccount(delete)", "*v1.Role(delete)", "*v1.RoleBinding(delete)", "*v1.PodDisruptionBudget(delete)", "*v1.Deployment(delete)",
+		"*v1.ServiceAccount(delete)", "*v1.RoleBinding(delete)", "*v1.Role(delete)", "*v1.RoleBinding(delete)", "*v1.PodDisruptionBudget(delete)", "*v1.Deployment(delete)",
 	}; !slices.Equal(got, want) {
 		t.Errorf("external harness children %v, want %v", got, want)
 	}
 
 	// A harness without a PodDisruptionBudget.
 	in.harness = &resource.HarnessParams{Subject: sub, Harness: hcpv1alpha1.HarnessSpec{Template: harnessTemplate("app:1")}, Vhost: "/v", Image: "sidecar:1"}
+	// A caller's sidecar: a Role of its own (it names its Caller) and its
+	// binding; no binding to the callee sidecars' ClusterRole.
 	if got, want := kinds(desiredChildren(groupHarness, in)), []string{
-		"*v1.ServiceAccount", "*v1.Role", "*v1.RoleBinding", "*v1.PodDisruptionBudget(delete)", "*v1.Deployment",
+		"*v1.ServiceAccount", "*v1.RoleBinding(delete)", "*v1.Role", "*v1.RoleBinding", "*v1.PodDisruptionBudget(delete)", "*v1.Deployment",
 	}; !slices.Equal(got, want) {
 		t.Errorf("harness children %v, want %v", got, want)
 	}
 	in.pdb = &hcpv1alpha1.PodDisruptionBudgetSpec{}
-	if c := desiredChildren(groupHarness, in)[3]; c.obj == nil {
+	if c := desiredChildren(groupHarness, in)[4]; c.obj == nil {
 		t.Error("no PodDisruptionBudget when spec.harness.podDisruptionBudget is set")
+	}
+
+	// A callee's sidecar: the callee sidecars' ClusterRole, bound first;
+	// a Role and RoleBinding of its own (from before) are deleted after.
+	callee := resource.Subject{Role: topology.RoleCallee, Name: "e", Namespace: "ns", ID: "e", UID: "u"}
+	calleeIn := desiredInput{sub: callee, harness: &resource.HarnessParams{Subject: callee, Harness: in.harness.Harness, Vhost: "/v", Image: "sidecar:1", SidecarClusterRole: "callee-role"}}
+	harness := desiredChildren(groupHarness, calleeIn)
+	if got, want := kinds(harness), []string{
+		"*v1.ServiceAccount", "*v1.RoleBinding", "*v1.Role(delete)", "*v1.RoleBinding(delete)", "*v1.PodDisruptionBudget(delete)", "*v1.Deployment",
+	}; !slices.Equal(got, want) {
+		t.Errorf("callee harness children %v, want %v", got, want)
+	}
+	if rb := harness[1].obj.(*rbacv1.RoleBinding); rb.Name != "hcp-callee-e-sidecar" || rb.RoleRef.Kind != "ClusterRole" || rb.RoleRef.Name != "callee-role" {
+		t.Errorf("callee role binding %s -> %+v", rb.Name, rb.RoleRef)
+	}
+	if harness[3].empty.GetName() != "hcp-callee-e" {
+		t.Errorf("the callee's RoleBinding from before is %s", harness[3].empty.GetName())
 	}
 
 	// The finalizer's objects: the topology group, dependents first.

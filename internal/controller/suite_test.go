@@ -199,12 +199,26 @@ func restrictedManagerConfig(ctx context.Context, env *testbed.Env) (*rest.Confi
 			}
 		}
 	}
+	// What the install ships beside the manager's own: the ClusterRole it
+	// binds every callee sidecar to, under the manager's default name.
+	sidecars, err := rbacFromRepo[*rbacv1.ClusterRole](calleeSidecarRoleFile)
+	if err != nil {
+		return nil, err
+	}
+	sidecars.Name = resource.DefaultCalleeSidecarClusterRole
+	if err := k8sClient.Create(ctx, sidecars); err != nil {
+		return nil, err
+	}
 	user, err := env.Environment.AddUser(envtest.User{Name: managerUser}, nil)
 	if err != nil {
 		return nil, err
 	}
 	return user.Config(), nil
 }
+
+// calleeSidecarRoleFile is the callee sidecars' ClusterRole in config/rbac
+// (hack/sidecarrbac), named callee-sidecar before config/default's prefix.
+const calleeSidecarRoleFile = "callee_sidecar_role.yaml"
 
 // rbacFromRepo reads one of config/rbac's manifests.
 func rbacFromRepo[T client.Object](file string) (T, error) {

@@ -112,6 +112,9 @@ type HarnessParams struct {
 	TLS *hcpv1alpha1.BrokerTLS
 	// Tracing is the manager's span export setting for every sidecar.
 	Tracing SidecarTracing
+	// SidecarClusterRole is the ClusterRole a callee's RoleBinding grants
+	// (CalleeRoleBinding; the manager's --callee-sidecar-cluster-role).
+	SidecarClusterRole string
 }
 
 // SidecarTracing switches on the sidecars' spans and their OTLP export

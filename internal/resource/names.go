@@ -124,7 +124,7 @@ func (s Subject) meta(name string) metav1.ObjectMeta {
 }
 
 // BaseName is the name of the subject's Queue, Binding, User, Permission,
-// Deployment, ServiceAccount, Role and RoleBinding: hcp-callee-N or
+// Deployment, ServiceAccount, and a caller's Role and RoleBinding: hcp-callee-N or
 // hcp-caller-N.
 func (s Subject) BaseName() string {
 	return truncateName("hcp-"+string(s.Role)+"-"+s.Name, maxNameLength)
@@ -133,6 +133,12 @@ func (s Subject) BaseName() string {
 // CredentialsSecretName is the Secret with the subject's broker credentials.
 func (s Subject) CredentialsSecretName() string {
 	return truncateName(s.BaseName(), maxNameLength-len("-credentials")) + "-credentials"
+}
+
+// SidecarRoleBindingName is the RoleBinding that grants a callee's
+// ServiceAccount the callee sidecars' ClusterRole (CalleeRoleBinding).
+func (s Subject) SidecarRoleBindingName() string {
+	return truncateName(s.BaseName(), maxNameLength-len("-sidecar")) + "-sidecar"
 }
 
 // LegacyTokenSecretName is the Secret that held a callee's session-token

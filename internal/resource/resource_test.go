@@ -173,7 +173,7 @@ func TestCalleeGolden(t *testing.T) {
 		Vhost(c.Namespace, b, b.Reference, DeletionPolicyRetain), cmd, evt,
 		CalleeQueue(c, b), CalleeLimitsPolicy(c, b), Binding(s, b), User(s, b), Permission(s, b),
 		WithTokenKeys(creds, TokenKeys{PrivatePEM: []byte("PRIVATE"), PublicPEM: []byte("PUBLIC"), VerifyPEM: []byte("PUBLIC"), Rotation: "2026-11-25"}),
-		ServiceAccount(s), Role(s), RoleBinding(s), dep,
+		ServiceAccount(s), CalleeRoleBinding(s, DefaultCalleeSidecarClusterRole), dep,
 		PodDisruptionBudget(s, hcpv1alpha1.PodDisruptionBudgetSpec{MinAvailable: new(intstr.FromInt32(1))}))
 }
 

@@ -289,7 +289,7 @@ func TestOwnership(t *testing.T) {
 	s := ForCallee(c)
 	creds, _ := CredentialsSecret(s, b, "x")
 	owned := []metav1.Object{CalleeQueue(c, b), Binding(s, b), User(s, b), Permission(s, b), creds,
-		ServiceAccount(s), Role(s), RoleBinding(s),
+		ServiceAccount(s), CalleeRoleBinding(s, DefaultCalleeSidecarClusterRole),
 		Deployment(HarnessParams{Subject: s, Harness: c.Spec.Harness})}
 	for _, o := range owned {
 		refs := o.GetOwnerReferences()

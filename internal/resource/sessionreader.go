@@ -65,8 +65,8 @@ const CallerPositionsVerb = "record"
 func SessionReaderRules(callerID string) []rbacv1.PolicyRule {
 	group := hcpv1alpha1.GroupVersion.Group
 	return []rbacv1.PolicyRule{
-		{APIGroups: []string{group}, Resources: []string{resourceSessions}, Verbs: []string{"get"}},
-		{APIGroups: []string{group}, Resources: []string{resourceSessions + "/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{group}, Resources: []string{resourceSessions}, Verbs: []string{verbGet}},
+		{APIGroups: []string{group}, Resources: []string{resourceSessions + "/status"}, Verbs: []string{verbPatch}},
 		{APIGroups: []string{group}, Resources: []string{CallerPositionsResource}, ResourceNames: []string{callerID}, Verbs: []string{CallerPositionsVerb}},
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/sidecar/config"
 	"github.com/hcp-io/hcp-operator/pkg/hcp/token"
+	"github.com/hcp-io/hcp-operator/pkg/hcp/topology"
 )
 
 // The benchmark's Callees and Callers: harness replicas 0 (no pods), the
@@ -148,7 +149,12 @@ func callerChildren(c *hcpv1alpha1.Caller, b resource.Broker, password string) (
 }
 
 func harnessChildren(p resource.HarnessParams) []client.Object {
-	objs := []client.Object{resource.ServiceAccount(p.Subject), resource.Role(p.Subject), resource.RoleBinding(p.Subject)}
+	objs := []client.Object{resource.ServiceAccount(p.Subject)}
+	if p.Subject.Role == topology.RoleCallee {
+		objs = append(objs, resource.CalleeRoleBinding(p.Subject, resource.DefaultCalleeSidecarClusterRole))
+	} else {
+		objs = append(objs, resource.Role(p.Subject), resource.RoleBinding(p.Subject))
+	}
 	if spec := p.Harness.PodDisruptionBudget; spec != nil {
 		objs = append(objs, resource.PodDisruptionBudget(p.Subject, *spec))
 	}

@@ -122,3 +122,11 @@ fixed namespace; empty otherwise.
 {{- first (splitList "/" $ref) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The ClusterRole every callee sidecar is granted in its namespace
+(templates/sidecar-rbac.yaml, the manager's --callee-sidecar-cluster-role).
+*/}}
+{{- define "hcp-operator.calleeSidecarClusterRole" -}}
+{{- include "hcp-operator.fullname" . }}-callee-sidecar
+{{- end }}
