@@ -13,10 +13,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	hcpv1alpha1 "github.com/hcp-io/hcp-operator/api/v1alpha1"
+	"github.com/hcp-io/hcp-operator/internal/resource"
 	"github.com/hcp-io/hcp-operator/internal/samplecaller"
 )
 
@@ -56,6 +60,7 @@ func TestUpgrade(t *testing.T) {
 	row.add(1, res, true)
 	t.Logf("sessions across the upgrade:\n%s", chaosTable([]faultRow{row}))
 	s.crdsUpgraded(t)
+	s.calleeRightsUpgraded(t)
 }
 
 const (
@@ -350,4 +355,44 @@ func (s *suite) disownCRDs(t *testing.T) {
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// calleeRightsUpgraded: version N gave each Callee's sidecar a Role and
+// RoleBinding of its own; the upgraded manager binds the sidecar to the
+// release's callee sidecars' ClusterRole instead, then deletes them (the
+// sessions above streamed through it: a sidecar without its rights would
+// have failed them).
+func (s *suite) calleeRightsUpgraded(t *testing.T) {
+	t.Helper()
+	var clusterRole string
+	for _, o := range s.rendered {
+		if o.GetKind() == "ClusterRole" && strings.HasSuffix(o.GetName(), "-callee-sidecar") {
+			clusterRole = o.GetName()
+		}
+	}
+	if clusterRole == "" {
+		t.Fatal("the upgraded release renders no callee sidecars' ClusterRole")
+	}
+	var callees hcpv1alpha1.CalleeList
+	if err := s.c.List(t.Context(), &callees, client.InNamespace(s.ns)); err != nil || len(callees.Items) == 0 {
+		t.Fatalf("Callees in %s: %d, %v", s.ns, len(callees.Items), err)
+	}
+	for _, c := range callees.Items {
+		sub := resource.ForCallee(&c)
+		eventually(t, time.Minute, "the Callee "+c.Name+"'s sidecar bound to "+clusterRole+", its Role from version N gone", func(ctx context.Context) error {
+			rb := &rbacv1.RoleBinding{}
+			if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: sub.SidecarRoleBindingName()}, rb); err != nil {
+				return err
+			}
+			if rb.RoleRef.Kind != "ClusterRole" || rb.RoleRef.Name != clusterRole {
+				return fmt.Errorf("RoleBinding %s refers to %+v", rb.Name, rb.RoleRef)
+			}
+			for _, o := range []client.Object{&rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+				if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: sub.BaseName()}, o); !apierrors.IsNotFound(err) {
+					return fmt.Errorf("%T %s from version N: %v", o, sub.BaseName(), err)
+				}
+			}
+			return nil
+		})
+	}
 }
