@@ -97,7 +97,9 @@ func (d *doctor) run(ctx context.Context) []Check {
 			hcpOK = false
 		}
 	}
-	out = append(out, d.operator(ctx), d.topologyOperator(ctx))
+	out = append(out, d.operator(ctx))
+	out = append(out, d.calleeSidecarRole(ctx)...)
+	out = append(out, d.topologyOperator(ctx))
 	if hcpOK {
 		out = append(out, d.harnesses(ctx)...)
 	}

@@ -571,6 +571,35 @@ func TestDoctorCommand(t *testing.T) {
 	if !strings.Contains(r.out, "✓ hcp-operator: "+sys+"/hcp-operator-controller-manager 1/1 available") {
 		t.Error("the available operator Deployment was not recognised")
 	}
+	// Its callee sidecars' ClusterRole (the default name: no
+	// --callee-sidecar-cluster-role): missing, incomplete, then as the
+	// install ships it.
+	for _, want := range []string{
+		"✗ callee sidecar role: ClusterRole hcp-operator-callee-sidecar not found: callee sidecars have no rights",
+		"    fix: install it with the operator: helm upgrade, or kubectl apply -k config/default",
+	} {
+		if !strings.Contains(r.out, want) {
+			t.Errorf("doctor lacks %q:\n%s", want, r.out)
+		}
+	}
+	role := resource.CalleeSidecarClusterRole(resource.DefaultCalleeSidecarClusterRole)
+	role.Rules = role.Rules[1:]
+	if err := e.Client.Create(t.Context(), role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), role) })
+	r = kubectlHCP(t, e, "", "doctor", "-n", ns)
+	if want := "✗ callee sidecar role: ClusterRole hcp-operator-callee-sidecar lacks rules the callee sidecars need: hcpsessions: get,list,watch,create,update,patch,delete"; !strings.Contains(r.out, want) {
+		t.Errorf("doctor lacks %q:\n%s", want, r.out)
+	}
+	role.Rules = resource.CalleeSidecarClusterRole("").Rules
+	if err := e.Client.Update(t.Context(), role); err != nil {
+		t.Fatal(err)
+	}
+	r = kubectlHCP(t, e, "", "doctor", "-n", ns)
+	if want := "✓ callee sidecar role: ClusterRole hcp-operator-callee-sidecar grants what callee sidecars need"; !strings.Contains(r.out, want) {
+		t.Errorf("doctor lacks %q:\n%s", want, r.out)
+	}
 }
 
 // TestTopologyCommand: a Callee with the objects the operator creates for
