@@ -54,6 +54,7 @@ func TestKubectlPlugin(t *testing.T) {
 			"✓ hcp.io CRDs: callees, callers, capabilitypolicies, hcpsessions established",
 			"✓ rabbitmq.com CRDs:",
 			"✓ hcp-operator: " + r.opNS + "/",
+			"✓ callee sidecar role: ClusterRole ",
 			"✓ topology operator:",
 			"✓ broker connection Secret ",
 			"✓ credentials Secrets: present with username, password and uri for 2 harnesses",
