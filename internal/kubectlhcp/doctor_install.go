@@ -73,10 +73,14 @@ func available(dep *appsv1.Deployment) string {
 	return fmt.Sprintf("%s/%s %d/%d available", dep.Namespace, dep.Name, dep.Status.AvailableReplicas, want)
 }
 
+// operatorLabels select the manager's Deployment (the chart's and
+// config/manager's labels).
+var operatorLabels = client.MatchingLabels{"app.kubernetes.io/name": "hcp-operator", "app.kubernetes.io/component": "manager"}
+
 // operator checks the hcp-operator manager Deployment.
 func (d *doctor) operator(ctx context.Context) Check {
 	const name = "hcp-operator"
-	deps, err := d.deployments(ctx, client.MatchingLabels{"app.kubernetes.io/name": "hcp-operator", "app.kubernetes.io/component": "manager"})
+	deps, err := d.deployments(ctx, operatorLabels)
 	if err != nil {
 		return Check{Name: name, Status: CheckFail, Detail: "cannot list Deployments: " + err.Error(), Fix: "needs list on deployments in every namespace"}
 	}

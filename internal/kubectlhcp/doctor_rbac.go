@@ -21,7 +21,7 @@ const checkCalleeSidecarRole = "callee sidecar role"
 // refused what they need. Nothing to check when no operator Deployment is
 // found (the operator check says so).
 func (d *doctor) calleeSidecarRole(ctx context.Context) []Check {
-	deps, err := d.deployments(ctx, client.MatchingLabels{"app.kubernetes.io/name": "hcp-operator", "app.kubernetes.io/component": "manager"})
+	deps, err := d.deployments(ctx, operatorLabels)
 	if err != nil || len(deps) == 0 {
 		return nil
 	}
