@@ -110,8 +110,13 @@ func (a *acker) ackAll(tags []uint64) error {
 	defer a.t.sendMu.Unlock()
 	upTo, single := a.t.settleAll(tags)
 	var first error
+	// The frames go out in one socket write (wire).
+	a.t.wire.beginBatch()
+	defer a.t.wire.endBatch()
 	send := func(tag uint64, multiple bool) {
-		if err := a.sent("ack", tag, a.ch.Ack(tag, multiple)); err != nil && first == nil {
+		var err error
+		a.t.wire.own(func() { err = a.ch.Ack(tag, multiple) })
+		if err = a.sent("ack", tag, err); err != nil && first == nil {
 			first = err
 		}
 	}

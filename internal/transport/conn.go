@@ -39,6 +39,9 @@ type Conn struct {
 	// leaving, when set, is why this process closed the current
 	// connection to move to another node (leaveNode).
 	leaving atomic.Pointer[error]
+	// wire is the socket under the current connection (publishers hold
+	// its writes back in a Batch).
+	wire atomic.Pointer[wire]
 
 	// stop ends the supervisor (hard stop); stopped is closed when it has.
 	stopCtx context.Context

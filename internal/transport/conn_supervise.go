@@ -19,6 +19,7 @@ func (c *Conn) dial() (conn *amqp.Connection, node string, err error) {
 	abort := func() bool { return false }
 	defer func() { abort() }()
 	dialed := ""
+	var sock *wire
 	cfg := amqp.Config{
 		Heartbeat:  c.opts.Heartbeat,
 		Properties: props,
@@ -37,13 +38,17 @@ func (c *Conn) dial() (conn *amqp.Connection, node string, err error) {
 				return nil, err
 			}
 			abort = context.AfterFunc(c.stopCtx, func() { _ = nc.Close() })
-			return nc, nil
+			sock = &wire{Conn: nc}
+			return sock, nil
 		},
 	}
 	if c.opts.TLS != nil {
 		cfg.TLSClientConfig = c.opts.TLS.Clone()
 	}
 	conn, err = amqp.DialConfig(c.dialURL(), cfg)
+	if err == nil {
+		c.wire.Store(sock)
+	}
 	if err != nil && dialed != "" {
 		c.skipNode()
 		err = fmt.Errorf("%s: %w", dialed, err)

@@ -187,6 +187,7 @@ func (k *consumer) serve(ctx context.Context, ch *amqp.Channel, deliveries <-cha
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
 	t := newTracker()
+	t.wire = k.c.wire.Load()
 	brokerCancelled := false
 	for {
 		select {

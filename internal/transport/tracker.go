@@ -14,6 +14,9 @@ type tracker struct {
 	mu     sync.Mutex
 	tags   map[uint64]struct{}
 	idleCh chan struct{} // closed while tags is empty
+	// wire is the socket of the channel's connection (AckAll batches its
+	// frames there); nil in tests of the tracker alone.
+	wire *wire
 }
 
 func newTracker() *tracker {

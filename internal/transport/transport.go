@@ -18,7 +18,8 @@
 //	consumer.go        Consume: subscribe, dispatch, resubscribe, drain
 //	ack.go             settling deliveries once each (acker), AckAll
 //	tracker.go         the unsettled delivery tags of a channel
-//	publisher.go       ConfirmPublisher: publish, wait for a channel, Close
+//	publisher.go       ConfirmPublisher: publish, Batch, wait for a channel, Close
+//	wire.go            the socket under a connection: a batch's sends in one write
 //	confirms.go        the confirm channel: opened per connection, returns and confirms resolved
 //	retry.go           Retry: republish until confirmed
 //	topology.go        Conn.CheckTopology: the exchanges and queues checked passively
@@ -60,6 +61,17 @@ type Publisher interface {
 	PublishAsync(ctx context.Context, exchange, routingKey string, msg amqp.Publishing) (Confirmation, error)
 	// Publish is PublishAsync followed by Wait.
 	Publish(ctx context.Context, exchange, routingKey string, msg amqp.Publishing) error
+}
+
+// InBatch runs publish, which calls p.PublishAsync several times, with
+// the connection's socket writes held back until it returns, when p is a
+// ConfirmPublisher (ConfirmPublisher.Batch); other Publishers just run it.
+func InBatch(p Publisher, publish func()) {
+	if b, ok := p.(interface{ Batch(func()) }); ok {
+		b.Batch(publish)
+		return
+	}
+	publish()
 }
 
 // Confirmation is the outcome of one PublishAsync.

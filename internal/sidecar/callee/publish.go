@@ -155,20 +155,24 @@ func (ss *sess) publishEventsLocked(ctx context.Context, os []outgoing) ([]*pend
 	if err := ss.sc.wal.Append(ss.id, ms...); err != nil {
 		return nil, err
 	}
-	ps := make([]*pending, len(os))
-	for i, o := range os {
-		ss.index++
-		if o.key != "" {
-			ss.keys.Put(o.key, o.seq)
+	ps := make([]*pending, 0, len(os))
+	var err error
+	// The events go to the socket in one write (transport.InBatch).
+	transport.InBatch(ss.sc.pub, func() {
+		for _, o := range os {
+			ss.index++
+			if o.key != "" {
+				ss.keys.Put(o.key, o.seq)
+			}
+			var p *pending
+			if p, err = ss.enqueueLocked(ctx, ss.index, envelope.TypeEvent, rk, o.pub, o.seq); err != nil {
+				return
+			}
+			ss.events++
+			ps = append(ps, p)
 		}
-		p, err := ss.enqueueLocked(ctx, ss.index, envelope.TypeEvent, rk, o.pub, o.seq)
-		if err != nil {
-			return ps[:i], err
-		}
-		ss.events++
-		ps[i] = p
-	}
-	return ps, nil
+	})
+	return ps, err
 }
 
 // noteEventsLocked records in the status the events published up to last
@@ -327,13 +331,15 @@ func (ss *sess) awaitConfirm(p *pending) error {
 // runs may still go ahead of the resent ones: a gap of a few events.
 func (ss *sess) resendQueued() {
 	queued := ss.confirms.queued()
-	for _, q := range queued {
-		conf, err := ss.sc.pub.PublishAsync(ss.sc.life, topology.EventsExchange, q.rk, q.pub)
-		if err != nil {
-			conf = failedConfirmation{err}
+	transport.InBatch(ss.sc.pub, func() {
+		for _, q := range queued {
+			conf, err := ss.sc.pub.PublishAsync(ss.sc.life, topology.EventsExchange, q.rk, q.pub)
+			if err != nil {
+				conf = failedConfirmation{err}
+			}
+			q.conf = conf // read by this loop only, when it pops q
 		}
-		q.conf = conf // read by this loop only, when it pops q
-	}
+	})
 	if len(queued) > 0 {
 		ss.log().Info("Republished the unconfirmed messages queued behind it", "count", len(queued))
 	}
