@@ -96,3 +96,19 @@ func rusageCPU(t *testing.T) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestOnDefaultPort: the broker measured is the node on 5672, not a test
+// cluster's node on a port of its own (hack/rabbitmq-cluster.sh), which
+// a glob of /proc lists first when its process id sorts first.
+func TestOnDefaultPort(t *testing.T) {
+	for env, want := range map[string]bool{
+		"HOME=/root\x00PATH=/bin":                                                     true,
+		"RABBITMQ_NODE_PORT=5672\x00HOME=/root":                                       true,
+		"RABBITMQ_NODENAME=hcp-r2@localhost\x00RABBITMQ_NODE_PORT=5702\x00HOME=/root": false,
+		"": true,
+	} {
+		if got := onDefaultPort([]byte(env)); got != want {
+			t.Errorf("onDefaultPort(%q) = %v, want %v", env, got, want)
+		}
+	}
+}

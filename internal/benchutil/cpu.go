@@ -58,20 +58,42 @@ func PeakRSS() (self, broker int64) {
 	return self, broker
 }
 
-// brokerPID finds the RabbitMQ node's Erlang VM among the processes.
+// brokerPID finds the RabbitMQ node's Erlang VM among the processes: the
+// node on the default AMQP port, not one of another test's nodes on this
+// host (hack/rabbitmq-cluster.sh's, on ports of their own), whatever the
+// order of their process ids.
 func brokerPID() string {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	other := ""
 	for _, d := range dirs {
 		comm, err := os.ReadFile(filepath.Join(d, "comm"))
 		if err != nil || !bytes.HasPrefix(comm, []byte("beam.smp")) {
 			continue
 		}
 		cmd, _ := os.ReadFile(filepath.Join(d, "cmdline"))
-		if bytes.Contains(cmd, []byte("rabbit")) {
+		if !bytes.Contains(cmd, []byte("rabbit")) {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join(d, "environ"))
+		if onDefaultPort(env) {
 			return filepath.Base(d)
 		}
+		if other == "" {
+			other = filepath.Base(d)
+		}
 	}
-	return ""
+	return other
+}
+
+// onDefaultPort reports whether a node's environment (/proc/PID/environ)
+// leaves it on the default AMQP port 5672.
+func onDefaultPort(environ []byte) bool {
+	for v := range bytes.SplitSeq(environ, []byte{0}) {
+		if port, ok := bytes.CutPrefix(v, []byte("RABBITMQ_NODE_PORT=")); ok {
+			return string(port) == "5672"
+		}
+	}
+	return true
 }
 
 // clockTick is the unit of /proc/PID/stat's times (USER_HZ, 100 on Linux).
