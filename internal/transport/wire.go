@@ -121,7 +121,7 @@ func (w *wire) flushLocked() error {
 		// so that its reader fails and the connection is redialled; their
 		// messages' confirms fail with ErrConnectionLost.
 		w.err = err
-		_ = w.Conn.Close()
+		_ = w.Close() // the socket (wire does not wrap Close)
 	}
 	return err
 }
