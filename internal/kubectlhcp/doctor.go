@@ -97,8 +97,9 @@ func (d *doctor) run(ctx context.Context) []Check {
 			hcpOK = false
 		}
 	}
-	out = append(out, d.operator(ctx))
-	out = append(out, d.calleeSidecarRole(ctx)...)
+	deps, err := d.deployments(ctx, operatorLabels)
+	out = append(out, operator(deps, err))
+	out = append(out, d.calleeSidecarRole(ctx, deps)...)
 	out = append(out, d.topologyOperator(ctx))
 	if hcpOK {
 		out = append(out, d.harnesses(ctx)...)

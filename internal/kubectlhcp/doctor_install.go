@@ -77,10 +77,10 @@ func available(dep *appsv1.Deployment) string {
 // config/manager's labels).
 var operatorLabels = client.MatchingLabels{"app.kubernetes.io/name": "hcp-operator", "app.kubernetes.io/component": "manager"}
 
-// operator checks the hcp-operator manager Deployment.
-func (d *doctor) operator(ctx context.Context) Check {
+// operator checks the hcp-operator manager Deployments, deps (listed with
+// operatorLabels; err the list's error).
+func operator(deps []appsv1.Deployment, err error) Check {
 	const name = "hcp-operator"
-	deps, err := d.deployments(ctx, operatorLabels)
 	if err != nil {
 		return Check{Name: name, Status: CheckFail, Detail: "cannot list Deployments: " + err.Error(), Fix: "needs list on deployments in every namespace"}
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,14 +18,10 @@ const checkCalleeSidecarRole = "callee sidecar role"
 
 // calleeSidecarRole checks the ClusterRole each operator binds its callee
 // sidecars to (the manager's --callee-sidecar-cluster-role, or its
-// default): without it, or without one of its rules, callee sidecars are
-// refused what they need. Nothing to check when no operator Deployment is
-// found (the operator check says so).
-func (d *doctor) calleeSidecarRole(ctx context.Context) []Check {
-	deps, err := d.deployments(ctx, operatorLabels)
-	if err != nil || len(deps) == 0 {
-		return nil
-	}
+// default) in deps, the operators' Deployments: without it, or without
+// one of its rules, callee sidecars are refused what they need. Nothing to
+// check when no operator Deployment is found (the operator check says so).
+func (d *doctor) calleeSidecarRole(ctx context.Context, deps []appsv1.Deployment) []Check {
 	var names []string
 	for _, dep := range deps {
 		name := resource.DefaultCalleeSidecarClusterRole

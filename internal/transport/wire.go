@@ -3,6 +3,7 @@ package transport
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // wireHoldMax is how many bytes a wire holds back before it writes them
@@ -22,8 +23,9 @@ const wireHoldMax = 64 << 10
 type wire struct {
 	net.Conn
 
+	batches atomic.Int32 // batches in progress (beginBatch without endBatch)
+
 	mu      sync.Mutex
-	batches int    // batches in progress (beginBatch without endBatch)
 	holding bool   // a batch's own send is being written
 	held    []byte // written while holding, not yet on the socket
 	err     error  // sticky: the socket failed
@@ -57,9 +59,7 @@ func (w *wire) beginBatch() {
 	if w == nil {
 		return
 	}
-	w.mu.Lock()
-	w.batches++
-	w.mu.Unlock()
+	w.batches.Add(1)
 }
 
 // endBatch writes what is held.
@@ -69,25 +69,26 @@ func (w *wire) endBatch() {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.batches--
+	w.batches.Add(-1)
 	_ = w.flushLocked()
 }
 
 // own runs send, which writes one frame (or one message's frames): while a
 // batch is in progress its bytes are held; with none left, what is held
-// goes out after it.
+// goes out after it. Outside a batch it only sends: a batch that begins
+// meanwhile holds nothing of this send.
 func (w *wire) own(send func()) {
-	if w == nil {
+	if w == nil || w.batches.Load() == 0 {
 		send()
 		return
 	}
 	w.mu.Lock()
-	w.holding = w.batches > 0
+	w.holding = true
 	w.mu.Unlock()
 	send()
 	w.mu.Lock()
 	w.holding = false
-	if w.batches == 0 {
+	if w.batches.Load() == 0 {
 		_ = w.flushLocked()
 	}
 	w.mu.Unlock()
