@@ -153,6 +153,8 @@ type bed struct {
 	Harness       http.Handler
 	// AppConns counts the connections the caller sidecar opened to the app.
 	AppConns atomic.Int64
+	// APIWrites counts both sidecars' API writes.
+	APIWrites apiWriteCounter
 
 	alive  atomic.Bool
 	mu     sync.Mutex
@@ -472,7 +474,7 @@ func (b *bed) cachedClient(byObject map[client.Object]cache.ByObject, watched ..
 	if !c.WaitForCacheSync(syncCtx) {
 		tb.Fatal("cache did not sync")
 	}
-	kc, err := client.New(b.env.Config, client.Options{Scheme: b.env.Scheme, Cache: &client.CacheOptions{Reader: c}})
+	kc, err := client.New(b.APIWrites.wrap(b.env.Config), client.Options{Scheme: b.env.Scheme, Cache: &client.CacheOptions{Reader: c}})
 	must(tb, err)
 	return c, kc
 }
